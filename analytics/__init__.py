@@ -1,0 +1,1 @@
+"""Spark analytics over mdeci session churn logs. Reads only log files."""

@@ -1,0 +1,3 @@
+from mdeci.cli import main
+
+raise SystemExit(main())

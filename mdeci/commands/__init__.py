@@ -1,0 +1,1 @@
+"""One module per ``mdeci`` subcommand family; see :data:`mdeci.cli.COMMANDS`."""

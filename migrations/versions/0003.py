@@ -1,0 +1,22 @@
+"""broker schema (owned by mdeci.store.models)
+
+Revision ID: 0003
+Revises: "0002"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+revision: str = "0003"
+down_revision: str | None = "0002"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass

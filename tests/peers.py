@@ -1,0 +1,66 @@
+"""Real peers the tests talk to, and the one rule for when one is missing.
+
+Without CI=true a missing peer skips the test with a message saying how to install it;
+with CI=true (set by .ci/run) the same test fails, so nothing is silently skipped in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from typing import NoReturn
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def missing(what: str, how: str) -> NoReturn:
+    """Skip (or, in CI, fail) because a peer is missing; ``how`` says how to install it."""
+    message = f"{what} is not available; install it with: {how}"
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def require_binary(name: str, how: str) -> str:
+    """Path of an executable, or skip/fail with the install hint."""
+    path = shutil.which(name) or next(
+        (
+            p
+            for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}", f"/usr/local/bin/{name}")
+            if os.access(p, os.X_OK)
+        ),
+        None,
+    )
+    if path is None:
+        missing(name, how)
+    return path
+
+
+def require_tcp(host: str, port: int, what: str, how: str) -> None:
+    """Skip/fail unless something accepts TCP connections at host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return
+    except OSError:
+        missing(f"{what} at {host}:{port}", how)
+
+
+def pg_url() -> str:
+    """The PostgreSQL URL for store tests (MDECI_TEST_PG_URL), or skip/fail."""
+    url = os.environ.get("MDECI_TEST_PG_URL")
+    if not url:
+        missing(
+            "PostgreSQL (MDECI_TEST_PG_URL)",
+            "export MDECI_TEST_PG_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test",
+        )
+    return url
+
+
+def free_port(kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> int:
+    """A port the kernel just handed out on ``host`` (UDP by default)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, kind) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
