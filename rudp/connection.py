@@ -1,0 +1,507 @@
+"""The sans-IO RUDP connection: sender, receiver, fragmentation, authentication.
+
+Theory of operation (aioquic style): the caller feeds ``receive_datagram(data,
+now)``, ``handle_timer(now)`` and ``send_message(data, now)``, then pulls
+``datagrams_to_send(now)``, ``get_timer()`` and ``next_event()``. Nothing here
+reads a clock, a socket or a random source; the random sender id is injected.
+
+Sender: a message is cut into fragments, one sequence number each. Up to
+``window`` sequence numbers past the oldest unacknowledged one are in flight.
+ACKs carry a cumulative point and SACK ranges (RFC 2018 semantics). A packet
+is declared lost and sent again at once when ``reorder_threshold`` packets sent
+after it were acknowledged (fast retransmit, RFC 5681 §3.2 / RFC 9002 §6.1.1).
+One retransmission timer runs as in RFC 6298 §5; each expiry backs the RTO
+off and resends the oldest unacknowledged packet; expiry number
+``max_retries + 1`` without progress fails every pending message, in order,
+and the connection becomes DISCONNECTED. A message counts as delivered only
+when the cumulative ACK passes its last fragment.
+
+Receiver: packets below the cumulative point or already buffered are
+duplicates; packets beyond the window are dropped; the rest wait in a
+reordering buffer and leave in order into reassembly. ACKs are delayed
+(``ack_delay``/``ack_every``) except for out-of-order and duplicate packets,
+which are acknowledged at once (RFC 5681 §4.2). DATA carries the sender's
+``base``: sequence numbers below it were abandoned by a failed send and are
+skipped, so the stream resumes after ``reset()`` without a hole.
+
+Security: every packet is tagged (HMAC-SHA256/16) with the session key, and
+carries a per-sender packet number checked against a sliding replay window.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+from rudp import packet as wire
+from rudp.config import RudpConfig
+from rudp.errors import MessageTooLarge, PacketError, PeerUnreachable
+from rudp.rto import RtoEstimator
+
+MAX_U32 = 0xFFFFFFFF
+
+
+def derive_connection_id(key: bytes) -> int:
+    """The 64-bit connection id both sides derive from the SDP session key."""
+    return int.from_bytes(hmac.digest(key, b"mdeci-rudp connection id", "sha256")[:8], "big")
+
+
+class ConnectionState(Enum):
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+
+
+# One transition table (PROTOCOL.md §4; failure after retries as RFC 6298 §5.5 back-off ends).
+TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
+    (ConnectionState.CONNECTED, "retries_exhausted"): ConnectionState.DISCONNECTED,
+    (ConnectionState.CONNECTED, "reset"): ConnectionState.CONNECTED,
+    (ConnectionState.DISCONNECTED, "reset"): ConnectionState.CONNECTED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MessageAcked:
+    message_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFailed:
+    message_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDisconnected:
+    failed: int  # number of messages failed with it
+
+
+Event = MessageReceived | MessageAcked | MessageFailed | PeerDisconnected
+
+
+@dataclass(slots=True)
+class RudpStats:
+    """Counters of one connection (drops are counted here, never raised)."""
+
+    packets_sent: int = 0
+    packets_received: int = 0
+    data_sent: int = 0
+    retransmissions: int = 0
+    fast_retransmissions: int = 0
+    timeouts: int = 0
+    messages_sent: int = 0
+    messages_delivered: int = 0
+    messages_failed: int = 0
+    acks_sent: int = 0
+    pings_sent: int = 0
+    bad_tag: int = 0
+    unknown_cid: int = 0
+    malformed: int = 0
+    reflected: int = 0
+    replayed: int = 0
+    duplicates: int = 0
+    out_of_window: int = 0
+    bad_fragment: int = 0
+    buffer_full: int = 0
+    skipped: int = 0
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    seq: int
+    message_id: int
+    frag_index: int
+    frag_count: int
+    payload: bytes
+    sent_at: float = -1.0
+    pn: int = -1
+    transmissions: int = 0
+    sacked: bool = False
+
+
+class RudpConnection:
+    """One RUDP association keyed by a session key (see module docstring)."""
+
+    def __init__(self, key: bytes, config: RudpConfig, *, sender_id: int) -> None:
+        if len(key) < 16:
+            raise ValueError("session key must have at least 16 bytes")
+        self.config = config
+        self.cid = derive_connection_id(key)
+        self.sender_id = sender_id & MAX_U32
+        self.state = ConnectionState.CONNECTED
+        self.stats = RudpStats()
+        self.rto = RtoEstimator(config)
+        self._key = key
+        self._payload_size = config.mtu - wire.DATA_OVERHEAD
+        self._max_fragments = -(-config.max_message_size // self._payload_size)
+        self._events: deque[Event] = deque()
+        # sender
+        self._next_pn = 0
+        self._next_seq = 0
+        self._snd_una = 0  # oldest unacknowledged (or unsent) sequence number
+        self._next_message_id = 0
+        self._messages: dict[int, tuple[int, bytes]] = {}  # id -> (last seq, data)
+        self._unsent: deque[_Outgoing] = deque()
+        self._inflight: dict[int, _Outgoing] = {}
+        self._resend: list[_Outgoing] = []
+        self._rto_deadline: float | None = None
+        self._retries = 0
+        self._last_sent = 0.0
+        self._largest_acked_pn = -1
+        # receiver
+        self._rcv_next = 0
+        self._buffer: dict[int, wire.Data] = {}
+        self._buffer_bytes = 0
+        self._partial: list[bytes] = []
+        self._partial_count = 0
+        self._partial_bytes = 0
+        self._ack_deadline: float | None = None
+        self._ack_now = False
+        self._unacked_in_order = 0
+        self._peer_sender: int | None = None
+        self._highest_pn = -1
+        self._pn_bitmap = 0
+
+    # ---------------------------------------------------------------- commands
+
+    @property
+    def connected(self) -> bool:
+        return self.state is ConnectionState.CONNECTED
+
+    def _transition(self, event: str) -> None:
+        self.state = TRANSITIONS[(self.state, event)]
+
+    def send_message(self, data: bytes, now: float) -> int:
+        """Queue ``data``; return its message id.
+
+        Raises PeerUnreachable when DISCONNECTED, MessageTooLarge above max_message_size.
+        """
+        if self.state is ConnectionState.DISCONNECTED:
+            raise PeerUnreachable("peer is disconnected; call reset()", data)
+        if len(data) > self.config.max_message_size:
+            raise MessageTooLarge(f"{len(data)} > {self.config.max_message_size} bytes")
+        if self._next_seq + self._max_fragments > MAX_U32:
+            raise PeerUnreachable("sequence space exhausted; re-key the session", data)
+        message_id = self._next_message_id
+        self._next_message_id += 1
+        size = self._payload_size
+        count = max(1, -(-len(data) // size))
+        for index in range(count):
+            self._unsent.append(
+                _Outgoing(
+                    self._next_seq,
+                    message_id,
+                    index,
+                    count,
+                    data[index * size : (index + 1) * size],
+                )
+            )
+            self._next_seq += 1
+        self._messages[message_id] = (self._next_seq - 1, data)
+        self.stats.messages_sent += 1
+        return message_id
+
+    def reset(self, now: float) -> None:
+        """Leave DISCONNECTED: forget the failure and the RTT history so sending resumes."""
+        self._transition("reset")
+        self._retries = 0
+        self.rto.clear()
+
+    # ---------------------------------------------------------------- input
+
+    def receive_datagram(self, data: bytes, now: float) -> bool:
+        """Process one datagram. Return True when it authenticated and is the newest seen.
+
+        The adapter follows the peer to the datagram's source address only on True,
+        so a replayed old packet cannot redirect the peer. Never raises.
+        """
+        try:
+            header, body = wire.pull_header(data)
+        except PacketError:
+            self.stats.malformed += 1
+            return False
+        if header.cid != self.cid:
+            self.stats.unknown_cid += 1
+            return False
+        if not wire.verify_tag(self._key, data):
+            self.stats.bad_tag += 1
+            return False
+        if header.sender == self.sender_id:
+            self.stats.reflected += 1
+            return False
+        if self._peer_sender is not None and header.sender != self._peer_sender:
+            # The peer restarted its connection state: accept its new packet numbers.
+            self._highest_pn = -1
+            self._pn_bitmap = 0
+        fresh = self._check_replay(header.pn)
+        if fresh is None:
+            self.stats.replayed += 1
+            return False
+        try:
+            if header.type is wire.PacketType.DATA:
+                self._on_data(wire.pull_data(body), now)
+            elif header.type is wire.PacketType.ACK:
+                self._on_ack(wire.pull_ack(body), now)
+            else:
+                if body:
+                    raise PacketError("PING has a body")
+                self._ack_now = True
+        except PacketError:
+            self.stats.malformed += 1
+            return False
+        self._commit_replay(header.pn)
+        self._peer_sender = header.sender
+        self.stats.packets_received += 1
+        return fresh
+
+    def _check_replay(self, pn: int) -> bool | None:
+        """None: replay; True: newest so far; False: older but not seen (reordered)."""
+        if pn > self._highest_pn:
+            return True
+        offset = self._highest_pn - pn
+        if offset >= self.config.replay_window or (self._pn_bitmap >> offset) & 1:
+            return None
+        return False
+
+    def _commit_replay(self, pn: int) -> None:
+        mask = (1 << self.config.replay_window) - 1
+        if pn > self._highest_pn:
+            shift = pn - self._highest_pn if self._highest_pn >= 0 else 0
+            self._pn_bitmap = ((self._pn_bitmap << shift) | 1) & mask
+            self._highest_pn = pn
+        else:
+            self._pn_bitmap |= 1 << (self._highest_pn - pn)
+
+    def _on_data(self, d: wire.Data, now: float) -> None:
+        if (
+            d.frag_count == 0
+            or d.frag_index >= d.frag_count
+            or d.frag_count > self._max_fragments
+            or len(d.payload) > self._payload_size
+            or d.base > d.seq
+        ):
+            self.stats.bad_fragment += 1
+            raise PacketError("bad DATA fields")
+        if d.base > self._rcv_next:
+            # The sender abandoned [rcv_next, base) after a failure: skip it (module doc).
+            self.stats.skipped += d.base - self._rcv_next
+            for seq in [s for s in self._buffer if s < d.base]:
+                self._buffer_bytes -= len(self._buffer.pop(seq).payload)
+            self._drop_partial()
+            self._rcv_next = d.base
+        if d.seq < self._rcv_next or d.seq in self._buffer:
+            self.stats.duplicates += 1
+            self._ack_now = True
+            return
+        if d.seq >= self._rcv_next + self.config.window:
+            self.stats.out_of_window += 1
+            self._ack_now = True
+            return
+        if self._buffer_bytes + self._partial_bytes + len(d.payload) > self.config.max_buffer_bytes:
+            self.stats.buffer_full += 1
+            return
+        self._buffer[d.seq] = d
+        self._buffer_bytes += len(d.payload)
+        if d.seq != self._rcv_next:
+            self._ack_now = True  # out of order: ACK at once so the sender sees the hole
+        while self._rcv_next in self._buffer:
+            frag = self._buffer.pop(self._rcv_next)
+            self._buffer_bytes -= len(frag.payload)
+            self._rcv_next += 1
+            self._unacked_in_order += 1
+            self._reassemble(frag)
+        if self._unacked_in_order >= self.config.ack_every:
+            self._ack_now = True
+        elif self._ack_deadline is None:
+            self._ack_deadline = now + self.config.ack_delay
+
+    def _drop_partial(self) -> None:
+        self._partial = []
+        self._partial_count = 0
+        self._partial_bytes = 0
+
+    def _reassemble(self, frag: wire.Data) -> None:
+        if frag.frag_index == 0:
+            if self._partial:
+                self.stats.bad_fragment += 1
+                self._drop_partial()
+            self._partial_count = frag.frag_count
+        elif frag.frag_index != len(self._partial) or frag.frag_count != self._partial_count:
+            self.stats.bad_fragment += 1
+            self._drop_partial()
+            return
+        self._partial.append(frag.payload)
+        self._partial_bytes += len(frag.payload)
+        if len(self._partial) == self._partial_count:
+            message = b"".join(self._partial)
+            self._drop_partial()
+            self.stats.messages_delivered += 1
+            self._events.append(MessageReceived(message))
+
+    def _on_ack(self, ack: wire.Ack, now: float) -> None:
+        if ack.cumulative > self._next_seq or any(e > self._next_seq for _, e in ack.blocks):
+            raise PacketError("ACK for data never sent")
+        progress = False
+        sample: _Outgoing | None = None
+        largest_pn = self._largest_acked_pn
+        if ack.cumulative > self._snd_una:
+            progress = True
+            for seq in range(self._snd_una, ack.cumulative):
+                out = self._inflight.pop(seq, None)
+                if out is None:
+                    continue
+                largest_pn = max(largest_pn, out.pn)
+                if out.transmissions == 1 and not out.sacked:
+                    sample = out
+            self._snd_una = ack.cumulative
+            self._resend = [o for o in self._resend if o.seq >= self._snd_una]
+            while self._messages:
+                first = next(iter(self._messages))
+                if self._messages[first][0] >= self._snd_una:
+                    break
+                del self._messages[first]
+                self._events.append(MessageAcked(first))
+        for start, end in ack.blocks:
+            for seq in range(start, end):
+                out = self._inflight.get(seq)
+                if out is not None and not out.sacked:
+                    out.sacked = True
+                    progress = True
+                    largest_pn = max(largest_pn, out.pn)
+                    if out.transmissions == 1 and (sample is None or out.seq > sample.seq):
+                        sample = out
+        if sample is not None:
+            # Karn's rule (RFC 6298 §3): only packets sent once give samples.
+            self.rto.on_sample(now - sample.sent_at)
+        if progress:
+            self._retries = 0
+            # RFC 6298 §5.3: restart the timer when new data is acknowledged.
+            self._rto_deadline = now + self.rto.rto if self._inflight else None
+        if largest_pn > self._largest_acked_pn:
+            self._largest_acked_pn = largest_pn
+            limit = largest_pn - self.config.reorder_threshold
+            queued = {o.seq for o in self._resend}
+            for out in self._inflight.values():
+                if not out.sacked and out.pn <= limit and out.seq not in queued:
+                    self._resend.append(out)
+                    self.stats.fast_retransmissions += 1
+            self._resend.sort(key=lambda o: o.seq)
+
+    # ---------------------------------------------------------------- timers
+
+    def get_timer(self) -> float | None:
+        """The next time ``handle_timer`` must run, or None."""
+        times = [t for t in (self._rto_deadline, self._ack_deadline) if t is not None]
+        if self.config.keepalive_interval > 0 and self.state is ConnectionState.CONNECTED:
+            times.append(self._last_sent + self.config.keepalive_interval)
+        return min(times) if times else None
+
+    def handle_timer(self, now: float) -> None:
+        if self._ack_deadline is not None and now >= self._ack_deadline:
+            self._ack_now = True
+        if self._rto_deadline is not None and now >= self._rto_deadline:
+            self._on_rto(now)
+
+    def _on_rto(self, now: float) -> None:
+        self.stats.timeouts += 1
+        self._retries += 1
+        if self._retries > self.config.max_retries:
+            self._fail(now)
+            return
+        self.rto.back_off()  # RFC 6298 §5.5
+        oldest = min(
+            (o for o in self._inflight.values() if not o.sacked), key=lambda o: o.seq, default=None
+        )
+        if oldest is None:
+            oldest = min(self._inflight.values(), key=lambda o: o.seq, default=None)
+        if oldest is not None and all(o.seq != oldest.seq for o in self._resend):
+            self._resend.insert(0, oldest)  # RFC 6298 §5.4
+        self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.6
+
+    def _fail(self, now: float) -> None:
+        self._transition("retries_exhausted")
+        failed = 0
+        for message_id, (_, data) in self._messages.items():
+            self._events.append(MessageFailed(message_id, data))
+            failed += 1
+        self.stats.messages_failed += failed
+        self._messages.clear()
+        self._unsent.clear()
+        self._inflight.clear()
+        self._resend.clear()
+        self._snd_una = self._next_seq  # abandoned; DATA's base tells the receiver
+        self._rto_deadline = None
+        self._events.append(PeerDisconnected(failed))
+
+    # ---------------------------------------------------------------- output
+
+    def _packet(self, ptype: wire.PacketType, body: bytes, now: float) -> bytes:
+        header = wire.Header(ptype, self.cid, self.sender_id, self._next_pn)
+        self._next_pn += 1
+        self._last_sent = now
+        self.stats.packets_sent += 1
+        return wire.push_tag(self._key, wire.push_header(header) + body)
+
+    def _data_packet(self, out: _Outgoing, now: float) -> bytes:
+        if out.transmissions:
+            self.stats.retransmissions += 1
+        out.transmissions += 1
+        out.sent_at = now
+        out.pn = self._next_pn
+        self.stats.data_sent += 1
+        body = wire.push_data(
+            wire.Data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
+        )
+        if self._rto_deadline is None:
+            self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.1
+        return self._packet(wire.PacketType.DATA, body, now)
+
+    def _ack_packet(self, now: float) -> bytes:
+        blocks: list[tuple[int, int]] = []
+        for seq in sorted(self._buffer):
+            if blocks and blocks[-1][1] == seq:
+                blocks[-1] = (blocks[-1][0], seq + 1)
+            elif len(blocks) < self.config.max_sack_blocks:
+                blocks.append((seq, seq + 1))
+            else:
+                break
+        self._ack_now = False
+        self._ack_deadline = None
+        self._unacked_in_order = 0
+        self.stats.acks_sent += 1
+        body = wire.push_ack(wire.Ack(self._rcv_next, tuple(blocks)))
+        return self._packet(wire.PacketType.ACK, body, now)
+
+    def datagrams_to_send(self, now: float) -> list[bytes]:
+        """Every datagram due now: retransmissions, new data within the window, ACK, PING."""
+        out: list[bytes] = []
+        for item in self._resend:
+            if item.seq in self._inflight and not item.sacked:
+                out.append(self._data_packet(item, now))
+        self._resend.clear()
+        limit = self._snd_una + self.config.window
+        while self._unsent and self._unsent[0].seq < limit:
+            item = self._unsent.popleft()
+            self._inflight[item.seq] = item
+            out.append(self._data_packet(item, now))
+        if self._ack_now:
+            out.append(self._ack_packet(now))
+        if (
+            not out
+            and self.config.keepalive_interval > 0
+            and self.state is ConnectionState.CONNECTED
+            and now >= self._last_sent + self.config.keepalive_interval
+        ):
+            self.stats.pings_sent += 1
+            out.append(self._packet(wire.PacketType.PING, b"", now))
+        return out
+
+    def next_event(self) -> Event | None:
+        """Pop the oldest pending event, or None."""
+        return self._events.popleft() if self._events else None
