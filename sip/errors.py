@@ -1,0 +1,62 @@
+"""SIP errors: one base class; parse errors carry a position, peer errors a status."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sip.message import Request, Response
+
+
+class SipError(Exception):
+    """Base class of every error raised by the ``sip`` package."""
+
+
+class SipParseError(SipError):
+    """Bytes that are not a valid SIP message (or header, URI, ...).
+
+    ``position`` is the byte/character offset where parsing failed, ``reason``
+    says why. ``message`` holds the partially parsed message when the start line
+    and headers could be read (so a UAS can still answer 400 using its Via).
+    """
+
+    def __init__(
+        self, position: int, reason: str, message: Request | Response | None = None
+    ) -> None:
+        super().__init__(f"at {position}: {reason}")
+        self.position = position
+        self.reason = reason
+        self.message = message
+
+
+class SdpError(SipError):
+    """An SDP offer we cannot answer; the UAS answers ``status`` (488)."""
+
+    status = 488
+
+    def __init__(self, reason: str, status: int = 488) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+class SipRequestFailed(SipError):
+    """A request of ours was answered with a final non-2xx ``status`` (or timed out: 408)."""
+
+    def __init__(self, status: int, reason: str = "") -> None:
+        super().__init__(f"{status} {reason}".strip())
+        self.status = status
+        self.reason = reason
+
+
+class TransactionError(SipError):
+    """A transaction was used in a way its state machine does not allow."""
+
+
+class DialogError(SipError):
+    """A request that does not fit the dialog; ``status`` is the answer (481, 491, 500)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
