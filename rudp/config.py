@@ -25,9 +25,10 @@ class RudpConfig:
     ack_delay: float = 0.02  # delayed ACK timer (RFC 1122 §4.2.3.2 allows up to 0.5 s)
     ack_every: int = 2  # ACK at once after this many in-order packets (RFC 5681 §4.2)
     reorder_threshold: int = 3  # packets sent later and acked before a packet is lost
+    reorder_time: float = 1.25  # ...and its age must exceed this many RTTs (RFC 9002 §6.1.2)
     keepalive_interval: float = 15.0  # idle time before a PING (0 disables)
     replay_window: int = 1024  # packet numbers remembered below the highest seen
-    max_sack_blocks: int = 16  # selective-ACK ranges per ACK
+    max_sack_blocks: int = 32  # selective-ACK ranges per ACK
 
     def __post_init__(self) -> None:
         if not 0 < self.rto_min <= self.rto_initial <= self.rto_max:

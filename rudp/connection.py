@@ -154,6 +154,8 @@ class RudpConnection:
         self._retries = 0
         self._last_sent = 0.0
         self._largest_acked_pn = -1
+        self._highest_reported = 0
+        self._latest_rtt = 0.0
         # receiver
         self._rcv_next = 0
         self._buffer: dict[int, wire.Data] = {}
@@ -378,19 +380,40 @@ class RudpConnection:
                         sample = out
         if sample is not None:
             # Karn's rule (RFC 6298 §3): only packets sent once give samples.
-            self.rto.on_sample(now - sample.sent_at)
+            self._latest_rtt = now - sample.sent_at
+            self.rto.on_sample(self._latest_rtt)
         if progress:
             self._retries = 0
             # RFC 6298 §5.3: restart the timer when new data is acknowledged.
             self._rto_deadline = now + self.rto.rto if self._inflight else None
-        if largest_pn > self._largest_acked_pn:
-            self._largest_acked_pn = largest_pn
-            limit = largest_pn - self.config.reorder_threshold
-            queued = {o.seq for o in self._resend}
-            for out in self._inflight.values():
-                if not out.sacked and out.pn <= limit and out.seq not in queued:
-                    self._resend.append(out)
-                    self.stats.fast_retransmissions += 1
+        if ack.blocks:
+            self._highest_reported = max(self._highest_reported, ack.blocks[-1][1])
+        self._largest_acked_pn = max(self._largest_acked_pn, largest_pn)
+        if progress:
+            self._detect_losses(now)
+
+    def _detect_losses(self, now: float) -> None:
+        # RFC 9002 §6.1 style: lost when `reorder_threshold` later-sent packets were acked
+        # AND it is older than reorder_time * max(SRTT, latest RTT), so link jitter that
+        # reorders packets does not trigger spurious retransmissions; and only below the
+        # highest sequence the peer reported (SACK lists its lowest ranges only).
+        limit = self._largest_acked_pn - self.config.reorder_threshold
+        rtt = max(self.rto.srtt or self.config.rto_initial, self._latest_rtt)
+        sent_before = now - self.config.reorder_time * rtt
+        queued = {o.seq for o in self._resend}
+        found = False
+        for out in self._inflight.values():
+            if (
+                not out.sacked
+                and out.pn <= limit
+                and out.sent_at <= sent_before
+                and out.seq < self._highest_reported
+                and out.seq not in queued
+            ):
+                self._resend.append(out)
+                self.stats.fast_retransmissions += 1
+                found = True
+        if found:
             self._resend.sort(key=lambda o: o.seq)
 
     # ---------------------------------------------------------------- timers
@@ -415,13 +438,13 @@ class RudpConnection:
             self._fail(now)
             return
         self.rto.back_off()  # RFC 6298 §5.5
-        oldest = min(
-            (o for o in self._inflight.values() if not o.sacked), key=lambda o: o.seq, default=None
-        )
-        if oldest is None:
-            oldest = min(self._inflight.values(), key=lambda o: o.seq, default=None)
-        if oldest is not None and all(o.seq != oldest.seq for o in self._resend):
-            self._resend.insert(0, oldest)  # RFC 6298 §5.4
+        # RFC 6298 §5.4 resends the earliest packet; with SACK knowledge every packet not
+        # reported received is resent too (as TCP does after an RTO, RFC 6675 §5.1), so a
+        # lost tail does not cost one backed-off timeout per packet.
+        pending = sorted((o for o in self._inflight.values() if not o.sacked), key=lambda o: o.seq)
+        if not pending:
+            pending = sorted(self._inflight.values(), key=lambda o: o.seq)[:1]
+        self._resend = pending
         self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.6
 
     def _fail(self, now: float) -> None:

@@ -1,0 +1,382 @@
+"""User-space link impairment proxy (the kernel here has no netem).
+
+Library: ``ImpairmentProxy(listen=..., forward=..., impairment=Impairment(...), seed=1)``
+then ``await proxy.start()`` / ``await proxy.close()``. Command::
+
+    python -m rudp.impair --listen 127.0.0.1:9000 --forward 127.0.0.1:9001 \\
+        --loss 0.1 --dup 0.05 --reorder 0.05 --delay 20 --jitter 10 --rate 1mbit --seed 1
+
+UDP (default): clients send to ``listen``; each client address gets its own
+upstream socket towards ``forward``, so the server sees a distinct source per
+client (a client that rebinds looks like a peer that moved). Replies travel
+back impaired the same way. Every decision (loss, duplicate, reorder, delay)
+comes from one ``random.Random(seed)`` per direction, so a given packet
+sequence meets the same fate on every run.
+
+TCP (``protocol="tcp"``): a byte stream cannot lose, duplicate or reorder
+bytes, so the proxy imposes what TCP would suffer from the same link: every
+chunk is delayed by ``delay ± jitter`` (order kept); a chunk that the UDP link
+would have lost is held back ``tcp_loss_penalty`` seconds (a retransmission:
+Linux's minimum RTO is 200 ms), delaying everything behind it (head-of-line
+blocking); duplicates cost nothing (the receiver drops them); ``rate`` limits
+as for UDP. This is an approximation, not a packet-level TCP model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Impairment:
+    """What the link does to each packet. Probabilities in [0, 1]; times in seconds."""
+
+    loss: float = 0.0  # probability a packet is dropped
+    dup: float = 0.0  # probability a packet is delivered twice
+    reorder: float = 0.0  # probability a packet is held back so later ones overtake it
+    delay: float = 0.0  # one-way base delay
+    jitter: float = 0.0  # uniform +- added to the delay
+    rate: float | None = None  # link rate in bits/s (None = unlimited)
+    reorder_extra: float = 0.01  # extra hold-back of a reordered packet (+ delay + jitter)
+    queue_limit: int = 10_000  # packets waiting on a rate-limited link before tail drop
+    tcp_loss_penalty: float = 0.2  # TCP mode: extra hold of a "lost" chunk
+
+
+@dataclass(slots=True)
+class DirectionStats:
+    packets_in: int = 0
+    dropped: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    packets_out: int = 0
+
+
+@dataclass(slots=True)
+class Link:
+    """One direction of the link: decides each packet's fate from its own seeded RNG."""
+
+    rng: random.Random
+    impairment: Impairment
+    stats: DirectionStats = field(default_factory=DirectionStats)
+    link_free: float = 0.0
+    last_departure: float = 0.0
+    queued: int = 0
+
+    def schedule(self, now: float, size: int) -> list[float]:
+        """Departure times of one packet's copies (empty: dropped)."""
+        imp = self.impairment
+        self.stats.packets_in += 1
+        # Draw every decision each time so the random stream stays aligned with packets.
+        lost = self.rng.random() < imp.loss
+        dup = self.rng.random() < imp.dup
+        reorder = self.rng.random() < imp.reorder
+        jitters = [self.rng.uniform(-imp.jitter, imp.jitter) for _ in range(2)]
+        if lost:
+            self.stats.dropped += 1
+            return []
+        start = now
+        if imp.rate:
+            if self.queued >= imp.queue_limit:
+                self.stats.dropped += 1
+                return []
+            start = max(now, self.link_free) + size * 8 / imp.rate
+            self.link_free = start
+        times = [start + max(0.0, imp.delay + jitters[0])]
+        if reorder:
+            self.stats.reordered += 1
+            times[0] += imp.delay + imp.jitter + imp.reorder_extra
+        if dup:
+            self.stats.duplicated += 1
+            times.append(start + max(0.0, imp.delay + jitters[1]))
+        return times
+
+    def schedule_stream(self, now: float, size: int) -> float:
+        """TCP mode: one departure time, never earlier than the previous chunk's."""
+        imp = self.impairment
+        self.stats.packets_in += 1
+        lost = self.rng.random() < imp.loss
+        jitter = self.rng.uniform(-imp.jitter, imp.jitter)
+        start = now
+        if imp.rate:
+            start = max(now, self.link_free) + size * 8 / imp.rate
+            self.link_free = start
+        when = start + max(0.0, imp.delay + jitter)
+        if lost:
+            self.stats.dropped += 1
+            when += imp.tcp_loss_penalty
+        when = max(when, self.last_departure)
+        self.last_departure = when
+        return when
+
+
+class _Listener(asyncio.DatagramProtocol):
+    def __init__(self, proxy: ImpairmentProxy) -> None:
+        self.proxy = proxy
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self.proxy._from_client(data, (str(addr[0]), int(addr[1])))
+
+
+class _Upstream(asyncio.DatagramProtocol):
+    def __init__(self, proxy: ImpairmentProxy, client: tuple[str, int]) -> None:
+        self.proxy = proxy
+        self.client = client
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self.proxy._from_server(data, self.client)
+
+
+class ImpairmentProxy:
+    """A bidirectional impairing relay between ``listen`` and ``forward`` (see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        listen: tuple[str, int],
+        forward: tuple[str, int],
+        impairment: Impairment,
+        seed: int = 0,
+        reverse: Impairment | None = None,
+        protocol: str = "udp",
+        max_clients: int = 64,
+    ) -> None:
+        if protocol not in ("udp", "tcp"):
+            raise ValueError("protocol must be 'udp' or 'tcp'")
+        self.listen = listen
+        self.forward = forward
+        self.protocol = protocol
+        self.max_clients = max_clients
+        self.upstream = Link(random.Random(seed * 2 + 1), impairment)
+        self.downstream = Link(random.Random(seed * 2 + 2), reverse or impairment)
+        self._listener: asyncio.DatagramTransport | None = None
+        self._server: asyncio.Server | None = None
+        self._clients: dict[tuple[str, int], asyncio.DatagramTransport | None] = {}
+        self._pending: dict[tuple[str, int], list[bytes]] = {}
+        self._handles: set[asyncio.TimerHandle] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def stats(self) -> tuple[DirectionStats, DirectionStats]:
+        """(client->server, server->client) counters."""
+        return self.upstream.stats, self.downstream.stats
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        if self._listener is not None:
+            name = self._listener.get_extra_info("sockname")
+        elif self._server is not None:
+            name = self._server.sockets[0].getsockname()
+        else:
+            raise RuntimeError("proxy not started")
+        return (str(name[0]), int(name[1]))
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self.protocol == "udp":
+            self._listener, _ = await self._loop.create_datagram_endpoint(
+                lambda: _Listener(self), local_addr=self.listen
+            )
+        else:
+            self._server = await asyncio.start_server(self._serve_tcp, *self.listen)
+
+    async def close(self) -> None:
+        for handle in self._handles:
+            handle.cancel()
+        self._handles.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        for transport in self._clients.values():
+            if transport is not None:
+                transport.close()
+        self._clients.clear()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    # ---------------------------------------------------------------- UDP
+
+    def _later(self, when: float, callback: object, *args: object) -> None:
+        assert self._loop is not None
+        handle: asyncio.TimerHandle
+
+        def fire() -> None:
+            self._handles.discard(handle)
+            callback(*args)  # type: ignore[operator]
+
+        handle = self._loop.call_at(when, fire)
+        self._handles.add(handle)
+
+    def _from_client(self, data: bytes, client: tuple[str, int]) -> None:
+        assert self._loop is not None
+        if client not in self._clients:
+            if len(self._clients) >= self.max_clients:
+                return
+            self._clients[client] = None
+            self._pending[client] = [data]
+            task = self._loop.create_task(self._open_upstream(client))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        if self._clients[client] is None:
+            self._pending[client].append(data)
+            return
+        self._relay_up(data, client)
+
+    async def _open_upstream(self, client: tuple[str, int]) -> None:
+        assert self._loop is not None
+        transport, _ = await self._loop.create_datagram_endpoint(
+            lambda: _Upstream(self, client), remote_addr=self.forward
+        )
+        self._clients[client] = transport
+        for data in self._pending.pop(client, []):
+            self._relay_up(data, client)
+
+    def _relay_up(self, data: bytes, client: tuple[str, int]) -> None:
+        assert self._loop is not None
+        for when in self.upstream.schedule(self._loop.time(), len(data)):
+            self.upstream.queued += 1
+            self._later(when, self._emit_up, data, client)
+
+    def _emit_up(self, data: bytes, client: tuple[str, int]) -> None:
+        self.upstream.queued -= 1
+        transport = self._clients.get(client)
+        if transport is not None:
+            self.upstream.stats.packets_out += 1
+            transport.sendto(data)
+
+    def _from_server(self, data: bytes, client: tuple[str, int]) -> None:
+        assert self._loop is not None
+        for when in self.downstream.schedule(self._loop.time(), len(data)):
+            self.downstream.queued += 1
+            self._later(when, self._emit_down, data, client)
+
+    def _emit_down(self, data: bytes, client: tuple[str, int]) -> None:
+        self.downstream.queued -= 1
+        if self._listener is not None:
+            self.downstream.stats.packets_out += 1
+            self._listener.sendto(data, client)
+
+    # ---------------------------------------------------------------- TCP
+
+    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.forward)
+        except OSError:
+            writer.close()
+            return
+        pumps = [
+            asyncio.ensure_future(self._pump_tcp(reader, up_writer, self.upstream)),
+            asyncio.ensure_future(self._pump_tcp(up_reader, writer, self.downstream)),
+        ]
+        for task in pumps:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        for task in pumps:
+            task.cancel()
+        writer.close()
+        up_writer.close()
+
+    async def _pump_tcp(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: Link
+    ) -> None:
+        assert self._loop is not None
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                when, chunk = await queue.get()
+                if not chunk:
+                    writer.write_eof()
+                    return
+                wait = when - self._loop.time()  # type: ignore[union-attr]
+                if wait > 0:
+                    await asyncio.sleep(wait)  # timed release, not synchronisation
+                direction.stats.packets_out += 1
+                writer.write(chunk)
+                await writer.drain()
+
+        sender = asyncio.ensure_future(deliver())
+        try:
+            while True:
+                chunk = await reader.read(1400)  # about one segment per decision
+                if not chunk:
+                    queue.put_nowait((0.0, b""))
+                    break
+                queue.put_nowait((direction.schedule_stream(self._loop.time(), len(chunk)), chunk))
+            await sender
+        finally:
+            sender.cancel()
+
+
+# ---------------------------------------------------------------- command line
+
+
+def parse_rate(text: str) -> float:
+    """'1mbit' -> 1e6 bits/s; accepts bit, kbit, mbit, gbit (and bps suffixes)."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmg]?)(bit|bps)?\s*", text.lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"bad rate {text!r}")
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rudp.impair", description=__doc__)
+    parser.add_argument("--listen", type=parse_addr, required=True)
+    parser.add_argument("--forward", type=parse_addr, required=True)
+    parser.add_argument("--loss", type=float, default=0.0)
+    parser.add_argument("--dup", type=float, default=0.0)
+    parser.add_argument("--reorder", type=float, default=0.0)
+    parser.add_argument("--delay", type=float, default=0.0, help="milliseconds")
+    parser.add_argument("--jitter", type=float, default=0.0, help="milliseconds")
+    parser.add_argument("--rate", type=parse_rate, default=None, help="e.g. 1mbit")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tcp", action="store_true", help="relay TCP instead of UDP")
+    args = parser.parse_args(argv)
+    impairment = Impairment(
+        loss=args.loss,
+        dup=args.dup,
+        reorder=args.reorder,
+        delay=args.delay / 1000,
+        jitter=args.jitter / 1000,
+        rate=args.rate,
+    )
+
+    async def run() -> None:
+        proxy = ImpairmentProxy(
+            listen=args.listen,
+            forward=args.forward,
+            impairment=impairment,
+            seed=args.seed,
+            protocol="tcp" if args.tcp else "udp",
+        )
+        await proxy.start()
+        print(f"impairing {proxy.listen_addr} -> {args.forward}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await proxy.close()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
