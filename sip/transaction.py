@@ -1,0 +1,732 @@
+"""SIP transactions (RFC 3261 §17, with the Accepted state of RFC 6026), sans-IO.
+
+Theory of operation: each of the four machines is driven by inputs
+``send(msg, now)`` (from the transaction user), ``receive(msg, now)`` (from
+the transport) and ``handle_timer(now)``; it produces outputs the caller
+pulls: ``datagrams_to_send()`` (bytes + destination), ``get_timer()`` (the
+next deadline, absolute, same clock as ``now``) and ``next_event()``
+(:class:`ResponseReceived`, :class:`RequestReceived`,
+:class:`TransactionTimedOut`, :class:`TransactionTerminated`). The next state
+of every machine comes from one table; the side effects of a transition live
+in the method that feeds the input. An input the table does not list is, for
+network input, absorbed (that is what a transaction does with strays and
+retransmissions), and for TU input a :class:`TransactionError`.
+
+:class:`TransactionLayer` owns the transactions of one endpoint, matches
+responses to client transactions by (top Via branch, CSeq method) (§17.1.3)
+and requests to server transactions by (branch, sent-by, method, with ACK
+matching its INVITE) (§17.2.3), and creates a server transaction for every new
+request except ACK.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sip.errors import SipParseError, TransactionError
+from sip.headers import Headers
+from sip.message import Request, Response, make_response, serialize
+
+Address = tuple[str, int]
+Datagram = tuple[bytes, Address]
+MAGIC_COOKIE = "z9hG4bK"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimerConfig:
+    """Transaction timer base values (RFC 3261 §17.1.1.1, table 4).
+
+    ``t1``: RTT estimate, 0.5 s; ``t2``: maximum retransmit interval for
+    non-INVITE requests and INVITE responses, 4 s; ``t4``: maximum time a
+    message stays in the network, 5 s; ``timer_d``: wait for response
+    retransmissions after a non-2xx INVITE final over UDP, at least 32 s.
+    """
+
+    t1: float = 0.5
+    t2: float = 4.0
+    t4: float = 5.0
+    timer_d: float = 32.0
+
+
+TransactionKey = tuple[str, str, str]  # (branch, sent-by, method)
+
+
+def make_branch(random: Callable[[int], bytes]) -> str:
+    """A fresh RFC 3261 branch (magic cookie + 16 random bytes in hex)."""
+    return MAGIC_COOKIE + random(16).hex()
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReceived:
+    """A new request (or an ACK to pass up) arrived for the TU."""
+
+    request: Request
+    source: Address
+    key: TransactionKey | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseReceived:
+    """A response the TU must see (provisional, final, 2xx retransmission in Accepted)."""
+
+    response: Response
+    key: TransactionKey | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionTimedOut:
+    """Timer B, F or H fired (or the transport failed): the request failed (408 to the TU)."""
+
+    key: TransactionKey
+    request: Request
+    timer: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionTerminated:
+    """The transaction reached Terminated and was forgotten."""
+
+    key: TransactionKey
+
+
+Event = RequestReceived | ResponseReceived | TransactionTimedOut | TransactionTerminated
+
+
+class State(enum.Enum):
+    """States of all four machines (RFC 3261 figures 5-8, RFC 6026 figures 3-4)."""
+
+    CALLING = "Calling"
+    TRYING = "Trying"
+    PROCEEDING = "Proceeding"
+    ACCEPTED = "Accepted"
+    COMPLETED = "Completed"
+    CONFIRMED = "Confirmed"
+    TERMINATED = "Terminated"
+
+
+class Input(enum.Enum):
+    """Abstract inputs of the machines."""
+
+    TU_REQUEST = "send request"
+    TU_1XX = "send 1xx"
+    TU_2XX = "send 2xx"
+    TU_FINAL = "send 300-699"
+    RECV_1XX = "receive 1xx"
+    RECV_2XX = "receive 2xx"
+    RECV_FINAL = "receive 300-699"
+    RECV_REQUEST = "receive request retransmission"
+    RECV_ACK = "receive ACK"
+    TIMER_A = "A"
+    TIMER_B = "B"
+    TIMER_D = "D"
+    TIMER_E = "E"
+    TIMER_F = "F"
+    TIMER_G = "G"
+    TIMER_H = "H"
+    TIMER_I = "I"
+    TIMER_J = "J"
+    TIMER_K = "K"
+    TIMER_L = "L"
+    TIMER_M = "M"
+    TRANSPORT_ERROR = "transport error"
+
+
+S, I = State, Input  # noqa: E741  (short aliases keep the tables readable)
+
+# RFC 3261 §17.1.1 (figure 5) as amended by RFC 6026 §8.4 (figure 3): INVITE client.
+CLIENT_INVITE_TABLE: dict[tuple[State, Input], State] = {
+    (S.CALLING, I.TIMER_A): S.CALLING,
+    (S.CALLING, I.TIMER_B): S.TERMINATED,
+    (S.CALLING, I.RECV_1XX): S.PROCEEDING,
+    (S.CALLING, I.RECV_2XX): S.ACCEPTED,
+    (S.CALLING, I.RECV_FINAL): S.COMPLETED,
+    (S.CALLING, I.TRANSPORT_ERROR): S.TERMINATED,
+    (S.PROCEEDING, I.RECV_1XX): S.PROCEEDING,
+    (S.PROCEEDING, I.RECV_2XX): S.ACCEPTED,
+    (S.PROCEEDING, I.RECV_FINAL): S.COMPLETED,
+    (S.COMPLETED, I.RECV_FINAL): S.COMPLETED,
+    (S.COMPLETED, I.TIMER_D): S.TERMINATED,
+    (S.COMPLETED, I.TRANSPORT_ERROR): S.TERMINATED,
+    (S.ACCEPTED, I.RECV_2XX): S.ACCEPTED,
+    (S.ACCEPTED, I.TIMER_M): S.TERMINATED,
+}
+
+# RFC 3261 §17.1.2 (figure 6): non-INVITE client.
+CLIENT_NON_INVITE_TABLE: dict[tuple[State, Input], State] = {
+    (S.TRYING, I.TIMER_E): S.TRYING,
+    (S.TRYING, I.TIMER_F): S.TERMINATED,
+    (S.TRYING, I.RECV_1XX): S.PROCEEDING,
+    (S.TRYING, I.RECV_2XX): S.COMPLETED,
+    (S.TRYING, I.RECV_FINAL): S.COMPLETED,
+    (S.TRYING, I.TRANSPORT_ERROR): S.TERMINATED,
+    (S.PROCEEDING, I.TIMER_E): S.PROCEEDING,
+    (S.PROCEEDING, I.TIMER_F): S.TERMINATED,
+    (S.PROCEEDING, I.RECV_1XX): S.PROCEEDING,
+    (S.PROCEEDING, I.RECV_2XX): S.COMPLETED,
+    (S.PROCEEDING, I.RECV_FINAL): S.COMPLETED,
+    (S.PROCEEDING, I.TRANSPORT_ERROR): S.TERMINATED,
+    (S.COMPLETED, I.TIMER_K): S.TERMINATED,
+}
+
+# RFC 3261 §17.2.1 (figure 7) as amended by RFC 6026 §8.7 (figure 4): INVITE server.
+SERVER_INVITE_TABLE: dict[tuple[State, Input], State] = {
+    (S.PROCEEDING, I.RECV_REQUEST): S.PROCEEDING,
+    (S.PROCEEDING, I.TU_1XX): S.PROCEEDING,
+    (S.PROCEEDING, I.TU_2XX): S.ACCEPTED,
+    (S.PROCEEDING, I.TU_FINAL): S.COMPLETED,
+    (S.PROCEEDING, I.TRANSPORT_ERROR): S.TERMINATED,
+    (S.ACCEPTED, I.RECV_REQUEST): S.ACCEPTED,
+    (S.ACCEPTED, I.RECV_ACK): S.ACCEPTED,
+    (S.ACCEPTED, I.TU_2XX): S.ACCEPTED,
+    (S.ACCEPTED, I.TIMER_L): S.TERMINATED,
+    (S.COMPLETED, I.RECV_REQUEST): S.COMPLETED,
+    (S.COMPLETED, I.TIMER_G): S.COMPLETED,
+    (S.COMPLETED, I.TIMER_H): S.TERMINATED,
+    (S.COMPLETED, I.RECV_ACK): S.CONFIRMED,
+    (S.COMPLETED, I.TRANSPORT_ERROR): S.TERMINATED,
+    (S.CONFIRMED, I.RECV_ACK): S.CONFIRMED,
+    (S.CONFIRMED, I.RECV_REQUEST): S.CONFIRMED,
+    (S.CONFIRMED, I.TIMER_I): S.TERMINATED,
+}
+
+# RFC 3261 §17.2.2 (figure 8): non-INVITE server.
+SERVER_NON_INVITE_TABLE: dict[tuple[State, Input], State] = {
+    (S.TRYING, I.RECV_REQUEST): S.TRYING,
+    (S.TRYING, I.TU_1XX): S.PROCEEDING,
+    (S.TRYING, I.TU_2XX): S.COMPLETED,
+    (S.TRYING, I.TU_FINAL): S.COMPLETED,
+    (S.PROCEEDING, I.RECV_REQUEST): S.PROCEEDING,
+    (S.PROCEEDING, I.TU_1XX): S.PROCEEDING,
+    (S.PROCEEDING, I.TU_2XX): S.COMPLETED,
+    (S.PROCEEDING, I.TU_FINAL): S.COMPLETED,
+    (S.PROCEEDING, I.TRANSPORT_ERROR): S.TERMINATED,
+    (S.COMPLETED, I.RECV_REQUEST): S.COMPLETED,
+    (S.COMPLETED, I.TIMER_J): S.TERMINATED,
+    (S.COMPLETED, I.TRANSPORT_ERROR): S.TERMINATED,
+}
+
+TU_INPUTS = frozenset({I.TU_REQUEST, I.TU_1XX, I.TU_2XX, I.TU_FINAL})
+
+
+def _response_input(status: int, tu: bool) -> Input:
+    if status < 200:
+        return I.TU_1XX if tu else I.RECV_1XX
+    if status < 300:
+        return I.TU_2XX if tu else I.RECV_2XX
+    return I.TU_FINAL if tu else I.RECV_FINAL
+
+
+def transaction_key(msg: Request | Response) -> TransactionKey:
+    """(branch, sent-by, method) of a message; ACK maps to INVITE (§17.2.3).
+
+    Raises :class:`SipParseError` if the top Via or CSeq is unreadable.
+    """
+    via = msg.top_via
+    method = msg.cseq.method if isinstance(msg, Response) else msg.method
+    if method == "ACK":
+        method = "INVITE"
+    branch = via.branch or ""
+    if not branch.startswith(MAGIC_COOKIE):
+        # RFC 2543 peers: fall back on Call-ID + CSeq number (§17.2.3 simplified).
+        branch = f"{msg.call_id}/{msg.cseq.seq}"
+    sent_by = f"{via.host}:{via.port or ''}"
+    return (branch, sent_by.lower(), method)
+
+
+class Transaction:
+    """Common machinery: state, timers, output queues. Use the four subclasses."""
+
+    TABLE: dict[tuple[State, Input], State] = {}
+    INITIAL: State = S.TERMINATED
+
+    def __init__(
+        self, request: Request, dest: Address, config: TimerConfig, reliable: bool
+    ) -> None:
+        self.request = request
+        self.dest = dest
+        self.config = config
+        self.reliable = reliable
+        self.state = self.INITIAL
+        self.key = transaction_key(request)
+        self._timers: dict[str, float] = {}
+        self._intervals: dict[str, float] = {}
+        self._out: list[Datagram] = []
+        self._events: deque[Event] = deque()
+
+    # ---- outputs
+    def datagrams_to_send(self) -> list[Datagram]:
+        """Messages to put on the wire now, each with its destination."""
+        out, self._out = self._out, []
+        return out
+
+    def get_timer(self) -> float | None:
+        """The earliest pending timer deadline, or None."""
+        return min(self._timers.values(), default=None)
+
+    def timers(self) -> dict[str, float]:
+        """Pending timers by RFC letter and deadline (for tests and diagnostics)."""
+        return dict(self._timers)
+
+    def next_event(self) -> Event | None:
+        """The next event for the TU, or None."""
+        return self._events.popleft() if self._events else None
+
+    @property
+    def terminated(self) -> bool:
+        """True once the machine reached Terminated."""
+        return self.state is S.TERMINATED
+
+    # ---- internals
+    def _step(self, inp: Input) -> bool:
+        """Apply the table; False when the input is absorbed (network) — TU misuse raises."""
+        nxt = self.TABLE.get((self.state, inp))
+        if nxt is None:
+            if inp in TU_INPUTS:
+                raise TransactionError(f"{type(self).__name__}: {inp.value} in {self.state.value}")
+            return False
+        self.state = nxt
+        if nxt is S.TERMINATED:
+            self._timers.clear()
+            self._events.append(TransactionTerminated(self.key))
+        return True
+
+    def _start(self, name: str, now: float, interval: float) -> None:
+        self._intervals[name] = interval
+        self._timers[name] = now + interval
+
+    def _stop(self, *names: str) -> None:
+        for name in names:
+            self._timers.pop(name, None)
+
+    def handle_timer(self, now: float) -> None:
+        """Fire every timer whose deadline is ``<= now`` (earliest first)."""
+        for _ in range(64):  # bounded: each firing re-arms at most one later timer
+            due = [(t, n) for n, t in self._timers.items() if t <= now]
+            if not due:
+                return
+            _, name = min(due)
+            del self._timers[name]
+            self._fire(name, now)
+
+    def _fire(self, name: str, now: float) -> None:
+        raise NotImplementedError
+
+    def transport_error(self, now: float) -> None:
+        """The transport could not deliver (§17.1.4, §17.2.4): the transaction ends."""
+        if self._step(I.TRANSPORT_ERROR):
+            self._events.appendleft(TransactionTimedOut(self.key, self.request, "transport"))
+
+
+class ClientTransaction(Transaction):
+    """Base of the two client machines."""
+
+    def __init__(
+        self,
+        request: Request,
+        dest: Address,
+        config: TimerConfig = TimerConfig(),
+        reliable: bool = False,
+    ) -> None:
+        super().__init__(request, dest, config, reliable)
+        self._wire = b""
+        self.last_response: Response | None = None
+
+    def send(self, msg: Request, now: float) -> None:
+        """Start the transaction by sending ``msg`` (the request it was built with)."""
+        raise NotImplementedError
+
+    def receive(self, msg: Response, now: float) -> None:
+        """Feed a response matched to this transaction."""
+        raise NotImplementedError
+
+
+class ClientInviteTransaction(ClientTransaction):
+    """INVITE client transaction (§17.1.1, RFC 6026)."""
+
+    TABLE = CLIENT_INVITE_TABLE
+    INITIAL = S.CALLING
+
+    def __init__(
+        self,
+        request: Request,
+        dest: Address,
+        config: TimerConfig = TimerConfig(),
+        reliable: bool = False,
+    ) -> None:
+        super().__init__(request, dest, config, reliable)
+        self._sent = False
+        self._ack: bytes | None = None
+
+    def send(self, msg: Request, now: float) -> None:
+        """Send the INVITE; start timers A (UDP only) and B."""
+        if self._sent:
+            raise TransactionError("INVITE already sent")
+        self._sent = True
+        self.request = msg
+        self._wire = serialize(msg)
+        self._out.append((self._wire, self.dest))
+        if not self.reliable:
+            self._start("A", now, self.config.t1)
+        self._start("B", now, 64 * self.config.t1)
+
+    def receive(self, msg: Response, now: float) -> None:
+        """Feed a response (1xx, 2xx or 300-699)."""
+        inp = _response_input(msg.status, tu=False)
+        before = self.state
+        if not self._step(inp):
+            return
+        if inp is I.RECV_FINAL and before is S.COMPLETED:
+            # Retransmitted final: resend our ACK, TU already told (§17.1.1.2).
+            if self._ack is not None:
+                self._out.append((self._ack, self.dest))
+            return
+        self.last_response = msg
+        self._stop("A", "B")
+        if inp is I.RECV_FINAL:
+            self._ack = serialize(build_ack_for_non2xx(self.request, msg))
+            self._out.append((self._ack, self.dest))
+            self._start("D", now, 0.0 if self.reliable else self.config.timer_d)
+        elif inp is I.RECV_2XX and before is not S.ACCEPTED:
+            self._start("M", now, 64 * self.config.t1)
+        self._events.append(ResponseReceived(msg, self.key))
+
+    def _fire(self, name: str, now: float) -> None:
+        inp = {"A": I.TIMER_A, "B": I.TIMER_B, "D": I.TIMER_D, "M": I.TIMER_M}[name]
+        if not self._step(inp):
+            return
+        if inp is I.TIMER_A:
+            self._out.append((self._wire, self.dest))
+            self._start("A", now, 2 * self._intervals["A"])  # §17.1.1.2: doubles, no cap
+        elif inp is I.TIMER_B:
+            self._events.appendleft(TransactionTimedOut(self.key, self.request, "B"))
+
+
+class ClientNonInviteTransaction(ClientTransaction):
+    """Non-INVITE client transaction (§17.1.2)."""
+
+    TABLE = CLIENT_NON_INVITE_TABLE
+    INITIAL = S.TRYING
+
+    def __init__(
+        self,
+        request: Request,
+        dest: Address,
+        config: TimerConfig = TimerConfig(),
+        reliable: bool = False,
+    ) -> None:
+        super().__init__(request, dest, config, reliable)
+        self._sent = False
+
+    def send(self, msg: Request, now: float) -> None:
+        """Send the request; start timers E (UDP only) and F."""
+        if self._sent:
+            raise TransactionError("request already sent")
+        self._sent = True
+        self.request = msg
+        self._wire = serialize(msg)
+        self._out.append((self._wire, self.dest))
+        if not self.reliable:
+            self._start("E", now, self.config.t1)
+        self._start("F", now, 64 * self.config.t1)
+
+    def receive(self, msg: Response, now: float) -> None:
+        """Feed a response."""
+        inp = _response_input(msg.status, tu=False)
+        if not self._step(inp):
+            return
+        self.last_response = msg
+        if self.state is S.COMPLETED:
+            self._stop("E", "F")
+            self._start("K", now, 0.0 if self.reliable else self.config.t4)
+        self._events.append(ResponseReceived(msg, self.key))
+
+    def _fire(self, name: str, now: float) -> None:
+        inp = {"E": I.TIMER_E, "F": I.TIMER_F, "K": I.TIMER_K}[name]
+        if not self._step(inp):
+            return
+        if inp is I.TIMER_E:
+            self._out.append((self._wire, self.dest))
+            # Trying: min(2E, T2); Proceeding: T2 (§17.1.2.2).
+            interval = (
+                min(2 * self._intervals["E"], self.config.t2)
+                if self.state is S.TRYING
+                else self.config.t2
+            )
+            self._start("E", now, interval)
+        elif inp is I.TIMER_F:
+            self._events.appendleft(TransactionTimedOut(self.key, self.request, "F"))
+
+
+class ServerTransaction(Transaction):
+    """Base of the two server machines; created from the received request."""
+
+    def __init__(
+        self,
+        request: Request,
+        dest: Address,
+        config: TimerConfig = TimerConfig(),
+        reliable: bool = False,
+        source: Address | None = None,
+    ) -> None:
+        super().__init__(request, dest, config, reliable)
+        self.last_response: Response | None = None
+        self._wire: bytes | None = None
+        self._events.append(RequestReceived(request, source or dest, self.key))
+
+    def send(self, msg: Response, now: float) -> None:
+        """Send a response from the TU."""
+        raise NotImplementedError
+
+    def receive(self, msg: Request, now: float) -> None:
+        """Feed a retransmitted request (or ACK) matched to this transaction."""
+        raise NotImplementedError
+
+    def _emit(self, msg: Response) -> None:
+        self.last_response = msg
+        self._wire = serialize(msg)
+        self._out.append((self._wire, self.dest))
+
+    def _resend(self) -> None:
+        if self._wire is not None:
+            self._out.append((self._wire, self.dest))
+
+
+class ServerInviteTransaction(ServerTransaction):
+    """INVITE server transaction (§17.2.1, RFC 6026). Sends 100 Trying at once."""
+
+    TABLE = SERVER_INVITE_TABLE
+    INITIAL = S.PROCEEDING
+
+    def __init__(
+        self,
+        request: Request,
+        dest: Address,
+        config: TimerConfig = TimerConfig(),
+        reliable: bool = False,
+        source: Address | None = None,
+    ) -> None:
+        super().__init__(request, dest, config, reliable, source)
+        # §17.2.1: a 100 stops the client's INVITE retransmissions at once.
+        self._emit(make_response(request, 100))
+
+    def send(self, msg: Response, now: float) -> None:
+        """Send 1xx (stay), 2xx (Accepted, timer L) or 300-699 (Completed, G and H)."""
+        inp = _response_input(msg.status, tu=True)
+        before = self.state
+        self._step(inp)
+        self._emit(msg)
+        if inp is I.TU_2XX and before is S.PROCEEDING:
+            self._start("L", now, 64 * self.config.t1)
+        elif inp is I.TU_FINAL:
+            if not self.reliable:
+                self._start("G", now, self.config.t1)
+            self._start("H", now, 64 * self.config.t1)
+
+    def receive(self, msg: Request, now: float) -> None:
+        """Absorb INVITE retransmissions (resend the last response); handle ACK."""
+        inp = I.RECV_ACK if msg.method == "ACK" else I.RECV_REQUEST
+        before = self.state
+        if not self._step(inp):
+            return
+        if inp is I.RECV_REQUEST:
+            if before in (S.PROCEEDING, S.COMPLETED):
+                self._resend()
+            return
+        if before is S.ACCEPTED:
+            # RFC 6026 §8.7: an ACK for the 2xx goes to the TU (it stops 2xx retransmission).
+            self._events.append(RequestReceived(msg, self.dest, self.key))
+        elif before is S.COMPLETED:
+            self._stop("G", "H")
+            self._start("I", now, 0.0 if self.reliable else self.config.t4)
+
+    def _fire(self, name: str, now: float) -> None:
+        inp = {"G": I.TIMER_G, "H": I.TIMER_H, "I": I.TIMER_I, "L": I.TIMER_L}[name]
+        if not self._step(inp):
+            return
+        if inp is I.TIMER_G:
+            self._resend()
+            self._start("G", now, min(2 * self._intervals["G"], self.config.t2))
+        elif inp is I.TIMER_H:
+            self._events.appendleft(TransactionTimedOut(self.key, self.request, "H"))
+
+
+class ServerNonInviteTransaction(ServerTransaction):
+    """Non-INVITE server transaction (§17.2.2)."""
+
+    TABLE = SERVER_NON_INVITE_TABLE
+    INITIAL = S.TRYING
+
+    def send(self, msg: Response, now: float) -> None:
+        """Send 1xx (Proceeding) or a final response (Completed, timer J)."""
+        inp = _response_input(msg.status, tu=True)
+        self._step(inp)
+        self._emit(msg)
+        if self.state is S.COMPLETED:
+            self._start("J", now, 0.0 if self.reliable else 64 * self.config.t1)
+
+    def receive(self, msg: Request, now: float) -> None:
+        """Absorb a retransmitted request, resending the last response if any."""
+        if msg.method == "ACK":
+            return
+        before = self.state
+        if self._step(I.RECV_REQUEST) and before is not S.TRYING:
+            self._resend()
+
+    def _fire(self, name: str, now: float) -> None:
+        self._step(I.TIMER_J)
+
+
+def build_ack_for_non2xx(request: Request, response: Response) -> Request:
+    """The ACK a client INVITE transaction sends for a 300-699 (§17.1.1.3)."""
+    headers = Headers()
+    top = request.headers.get("Via")
+    if top is not None:
+        headers.add("Via", top)
+    for route in request.headers.get_raw("Route"):
+        headers.add("Route", route)
+    headers.add("Max-Forwards", "70")
+    headers.add("From", request.headers.get("From") or "")
+    headers.add("To", response.headers.get("To") or request.headers.get("To") or "")
+    headers.add("Call-ID", request.call_id)
+    headers.add("CSeq", f"{request.cseq.seq} ACK")
+    return Request(method="ACK", uri=request.uri, headers=headers)
+
+
+class TransactionLayer:
+    """All transactions of one endpoint; matches messages to them (§17.1.3, §17.2.3).
+
+    Inputs: :meth:`send_request`, :meth:`send_response`, :meth:`receive`,
+    :meth:`handle_timer`. Outputs: :meth:`datagrams_to_send`,
+    :meth:`get_timer`, :meth:`next_event`. Requests that match no transaction
+    (a new request) create a server transaction and surface as
+    :class:`RequestReceived`; an ACK matching nothing (ACK for a 2xx) and a
+    response matching nothing (a late 2xx retransmission) surface with
+    ``key=None`` so the dialog layer can handle them.
+    """
+
+    def __init__(self, config: TimerConfig = TimerConfig()) -> None:
+        self.config = config
+        self.clients: dict[TransactionKey, ClientTransaction] = {}
+        self.servers: dict[TransactionKey, ServerTransaction] = {}
+        self._out: list[Datagram] = []
+        self._events: deque[Event] = deque()
+        self.dropped = 0  # messages unusable for matching (no readable Via/CSeq)
+
+    def send_request(
+        self, request: Request, dest: Address, now: float, reliable: bool = False
+    ) -> ClientTransaction:
+        """Start a client transaction (ACK for a 2xx is sent statelessly: no transaction).
+
+        Raises :class:`TransactionError` if that branch is already in use.
+        """
+        if request.method == "ACK":
+            self._out.append((serialize(request), dest))
+            return ClientNonInviteTransaction(request, dest, self.config, reliable)
+        cls = ClientInviteTransaction if request.method == "INVITE" else ClientNonInviteTransaction
+        txn = cls(request, dest, self.config, reliable)
+        if txn.key in self.clients:
+            raise TransactionError(f"branch already in use: {txn.key[0]}")
+        self.clients[txn.key] = txn
+        txn.send(request, now)
+        self._collect(txn)
+        return txn
+
+    def send_response(self, response: Response, now: float, dest: Address | None = None) -> None:
+        """Send a response through its server transaction, or statelessly when none matches
+        (to ``dest`` or the top Via's response address, §18.2.2)."""
+        try:
+            key = transaction_key(response)
+        except SipParseError as exc:
+            raise TransactionError(f"response without Via/CSeq: {exc.reason}") from None
+        txn = self.servers.get(key)
+        if txn is not None and not txn.terminated:
+            txn.send(response, now)
+            self._collect(txn)
+            return
+        target = dest or response.top_via.response_address()
+        self._out.append((serialize(response), target))
+
+    def receive(
+        self, msg: Request | Response, source: Address, now: float, reliable: bool = False
+    ) -> None:
+        """Feed a parsed message from the transport."""
+        try:
+            key = transaction_key(msg)
+        except SipParseError:
+            self.dropped += 1
+            return
+        if isinstance(msg, Response):
+            client = self.clients.get(key)
+            if client is None:
+                self._events.append(ResponseReceived(msg, None))
+                return
+            client.receive(msg, now)
+            self._collect(client)
+            return
+        server = self.servers.get(key)
+        if server is not None:
+            server.receive(msg, now)
+            self._collect(server)
+            return
+        if msg.method == "ACK":
+            self._events.append(RequestReceived(msg, source, None))
+            return
+        # §18.2.1: note where the request really came from before answering.
+        via = msg.top_via
+        via.stamp(source[0], source[1])
+        msg.headers.remove_first("Via")
+        msg.headers.prepend("Via", str(via))
+        dest = source if reliable else via.response_address()
+        cls = ServerInviteTransaction if msg.method == "INVITE" else ServerNonInviteTransaction
+        txn = cls(msg, dest, self.config, reliable, source)
+        self.servers[key] = txn
+        self._collect(txn)
+
+    def handle_timer(self, now: float) -> None:
+        """Fire due timers of every transaction."""
+        for txn in [*self.clients.values(), *self.servers.values()]:
+            deadline = txn.get_timer()
+            if deadline is not None and deadline <= now:
+                txn.handle_timer(now)
+                self._collect(txn)
+
+    def _collect(self, txn: Transaction) -> None:
+        self._out.extend(txn.datagrams_to_send())
+        while (event := txn.next_event()) is not None:
+            self._events.append(event)
+        if txn.terminated:
+            table: dict[TransactionKey, ClientTransaction] | dict[TransactionKey, ServerTransaction]
+            table = self.clients if isinstance(txn, ClientTransaction) else self.servers
+            if table.get(txn.key) is txn:
+                del table[txn.key]
+
+    def transport_error(self, key: TransactionKey, now: float) -> None:
+        """Tell the transaction ``key`` its transport failed."""
+        txn: Transaction | None = self.clients.get(key) or self.servers.get(key)
+        if txn is not None:
+            txn.transport_error(now)
+            self._collect(txn)
+
+    def datagrams_to_send(self) -> list[Datagram]:
+        """Messages to send now with their destinations."""
+        out, self._out = self._out, []
+        return out
+
+    def get_timer(self) -> float | None:
+        """The earliest deadline over all transactions."""
+        deadlines = [
+            t
+            for txn in [*self.clients.values(), *self.servers.values()]
+            if (t := txn.get_timer()) is not None
+        ]
+        return min(deadlines, default=None)
+
+    def next_event(self) -> Event | None:
+        """The next event for the TU, or None."""
+        return self._events.popleft() if self._events else None

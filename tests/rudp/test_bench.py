@@ -1,0 +1,214 @@
+"""Benchmark: rudp vs plain asyncio TCP vs aioquic (one stream) through the impairment proxy.
+
+Run: ``.venv/bin/pytest -m bench -s tests/rudp/test_bench.py``. The proxy runs as a separate
+process (``python -m rudp.impair``), so the CPU seconds reported are those of both endpoints
+(sender and receiver in this process), without the proxy. Figures go to docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import re
+import ssl
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+
+import pytest
+
+from rudp import RudpConfig
+from rudp.aio import RudpEndpoint
+
+LOSSES = (0.0, 0.01, 0.05)
+SIZES = ((1024, 3000), (65536, 100))  # (message size, messages per run)
+DELAY_MS = 5.0  # one-way proxy delay, both directions
+RUN_LIMIT = 120.0  # seconds per run before it is reported as timed out
+LEN = struct.Struct("!I")
+
+
+class Proxy:
+    """``python -m rudp.impair`` in a child process, stopped by its own PID."""
+
+    def __init__(self, forward: tuple[str, int], loss: float, tcp: bool) -> None:
+        args = [
+            sys.executable, "-m", "rudp.impair", "--listen", "127.0.0.1:0",
+            "--forward", f"{forward[0]}:{forward[1]}", "--loss", str(loss),
+            "--delay", str(DELAY_MS), "--seed", "1",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            [*args, *(["--tcp"] if tcp else [])], stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()  # the proxy says where it listens once bound
+        m = re.search(r"'127\.0\.0\.1', (\d+)", line)
+        assert m, line
+        self.addr = ("127.0.0.1", int(m.group(1)))
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(5)
+
+
+async def run_rudp(size: int, n: int, loss: float) -> None:
+    config = RudpConfig(window=512, rto_initial=0.3, rto_min=0.05)
+    a = await RudpEndpoint.open("127.0.0.1", config=config)
+    b = await RudpEndpoint.open("127.0.0.1", config=config)
+    proxy = Proxy(b.local_addr, loss, tcp=False)
+    try:
+        key = b"b" * 32
+        pa, pb = a.peer(key, proxy.addr), b.peer(key, ("127.0.0.1", 9))
+        message = b"m" * size
+        sending = asyncio.gather(*(pa.send(message) for _ in range(n)))
+        for _ in range(n):
+            assert len(await pb.receive()) == size
+        await sending
+    finally:
+        proxy.stop()
+        await a.close()
+        await b.close()
+
+
+async def run_tcp(size: int, n: int, loss: float) -> None:
+    done = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(n):
+            (length,) = LEN.unpack(await reader.readexactly(4))
+            assert len(await reader.readexactly(length)) == size
+        done.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxy = Proxy(("127.0.0.1", port), loss, tcp=True)
+    try:
+        _, writer = await asyncio.open_connection(*proxy.addr)
+        frame = LEN.pack(size) + b"m" * size
+        for _ in range(n):
+            writer.write(frame)
+            await writer.drain()
+        await done.wait()
+        writer.close()
+    finally:
+        proxy.stop()
+        server.close()
+
+
+def _certificate(tmp: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def run_quic(size: int, n: int, loss: float, cert: tuple[Path, Path]) -> None:
+    from aioquic.asyncio.client import connect
+    from aioquic.asyncio.server import serve
+    from aioquic.quic.configuration import QuicConfiguration
+
+    done = asyncio.Event()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def consume(reader: asyncio.StreamReader) -> None:
+        for _ in range(n):
+            (length,) = LEN.unpack(await reader.readexactly(4))
+            assert len(await reader.readexactly(length)) == size
+        done.set()
+
+    def on_stream(reader: asyncio.StreamReader, _: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(consume(reader))
+        tasks.add(task)
+
+    server_config = QuicConfiguration(is_client=False, alpn_protocols=["bench"])
+    server_config.load_cert_chain(str(cert[0]), str(cert[1]))
+    server = await serve("127.0.0.1", 0, configuration=server_config, stream_handler=on_stream)
+    assert server._transport is not None
+    port = server._transport.get_extra_info("sockname")[1]
+    proxy = Proxy(("127.0.0.1", port), loss, tcp=False)
+    client_config = QuicConfiguration(is_client=True, alpn_protocols=["bench"])
+    client_config.verify_mode = ssl.CERT_NONE
+    try:
+        async with connect(*proxy.addr, configuration=client_config) as client:
+            _, writer = await client.create_stream()
+            frame = LEN.pack(size) + b"m" * size
+            for _ in range(n):
+                writer.write(frame)
+            await done.wait()
+    finally:
+        proxy.stop()
+        server.close()
+        for task in tasks:
+            task.cancel()
+
+
+async def measure(run: Awaitable[None]) -> tuple[float, float] | None:
+    """(wall seconds, CPU seconds of this process) or None when the run timed out."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        await asyncio.wait_for(run, RUN_LIMIT)
+    except TimeoutError:
+        return None
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+@pytest.mark.bench
+async def test_rudp_vs_tcp_vs_quic(tmp_path: Path) -> None:
+    cert = _certificate(tmp_path)
+    rows = []
+    for size, n in SIZES:
+        for loss in LOSSES:
+            results = {
+                "rudp": await measure(run_rudp(size, n, loss)),
+                "tcp": await measure(run_tcp(size, n, loss)),
+                "quic": await measure(run_quic(size, n, loss, cert)),
+            }
+            cells = []
+            rate = {}
+            for name, result in results.items():
+                if result is None:
+                    cells.append(f"{name}: timeout")
+                    continue
+                wall, cpu = result
+                rate[name] = n / wall
+                cells.append(
+                    f"{name}: {n / wall:8.0f} msg/s {n * size / wall / 1e6:7.2f} MB/s "
+                    f"cpu {cpu * 10_000 / n:6.2f} s/10k"
+                )
+            ratios = " ".join(
+                f"rudp/{other} {rate['rudp'] / rate[other]:.2f}"
+                for other in ("tcp", "quic")
+                if "rudp" in rate and other in rate
+            )
+            row = f"{size // 1024:3d} KB x{n} loss {loss:4.0%} | " + " | ".join(cells)
+            rows.append(f"{row} | {ratios}")
+            print(rows[-1], flush=True)
+    assert rows
