@@ -794,6 +794,10 @@ class UserAgent:
         if contact or (msg.method in ("INVITE", "UPDATE") and 200 <= reply.status < 300):
             transport = msg.top_via.transport.lower()
             response.headers.add("Contact", self.contact_header(transport))
+        if msg.method == "INVITE" and 100 < reply.status < 300:
+            # §12.1.1: a dialog-creating response copies the request's Record-Route.
+            for value in msg.headers.get_raw("Record-Route"):
+                response.headers.add("Record-Route", value)
         if reply.status == 405:
             response.headers.add("Allow", ALLOW)
         for name, value in reply.headers:

@@ -1,0 +1,67 @@
+"""Start and stop our own Kamailio (configs/kamailio.cfg) on a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from sip.aio.ua import UaConfig, UserAgent
+from sip.transaction import TimerConfig
+from tests.peers import free_port, require_binary
+
+CONFIG = Path(__file__).resolve().parents[3] / "configs" / "kamailio.cfg"
+
+
+class Kamailio:
+    """``kamailio -DD`` in its own session; stopped by signalling that session (ours)."""
+
+    def __init__(self, workdir: Path, children: int = 2) -> None:
+        binary = require_binary("kamailio", "apt-get install kamailio")
+        self.port = free_port()
+        self.addr = ("127.0.0.1", self.port)
+        rundir = workdir / "kamailio-run"
+        rundir.mkdir(exist_ok=True)
+        self.log = workdir / "kamailio.log"
+        self._log = self.log.open("w")
+        self.process = subprocess.Popen(
+            [
+                binary, "-f", str(CONFIG), "-DD", "-E",
+                "-l", f"udp:127.0.0.1:{self.port}", "-l", f"tcp:127.0.0.1:{self.port}",
+                "-Y", str(rundir), "-m", "64", "-M", "8", "-n", str(children),
+            ],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    async def ready(self, timeout: float = 15.0) -> None:
+        """Wait until Kamailio answers an OPTIONS (any final response will do)."""
+        ua = UserAgent(UaConfig(aor="sip:probe@example.org", timers=TimerConfig(t1=0.05)))
+        await ua.start("127.0.0.1")
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while loop.time() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"kamailio exited: {self.log.read_text()[-2000:]}")
+                request = ua.build_request(
+                    "OPTIONS", f"sip:127.0.0.1:{self.port}", to=f"<sip:127.0.0.1:{self.port}>"
+                )
+                response = await ua.request(request, self.addr)
+                if response.status != 408:
+                    return
+            raise RuntimeError(f"kamailio did not answer: {self.log.read_text()[-2000:]}")
+        finally:
+            await ua.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)  # our own session, by its leader's PID
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        self._log.close()

@@ -1,0 +1,43 @@
+"""Interop with sipp (Debian ``sip-tester``): the scenario files are in ``scenarios/``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from sip.aio.ua import UaConfig, UserAgent
+from sip.transaction import TimerConfig
+from tests.sip.interop.sippctl import SCENARIOS, Sipp
+
+pytestmark = pytest.mark.peer("sipp")
+
+OFFER = (
+    "v=0\r\no=alice 1 1 IN IP4 127.0.0.2\r\ns=mdeci\r\nc=IN IP4 127.0.0.2\r\nt=0 0\r\n"
+    "m=application 42000 UDP/MDECI-RUDP mdeci\r\na=mdeci-version:1\r\n"
+    "a=mdeci-key:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8\r\na=sendrecv\r\n"
+)
+
+
+async def test_our_uac_against_sipp_uas(tmp_path: Path) -> None:
+    """(c) INVITE with our SDP, ACK, re-INVITE with a new c= address, BYE; sipp verifies."""
+    sipp = Sipp(["-sf", str(SCENARIOS / "uas_mdeci.xml"), "-m", "1"], tmp_path)
+    ua = UserAgent(UaConfig(aor="sip:alice@example.org", timers=TimerConfig(t1=0.1)))
+    await ua.start("127.0.0.2")
+    try:
+        dialog, response = await ua.invite(
+            "sip:sipp@127.0.0.1", ("127.0.0.1", sipp.port), OFFER.encode()
+        )
+        assert response.status == 200
+        assert b"UDP/MDECI-RUDP" in response.body
+        moved = OFFER.replace("127.0.0.2", "127.0.0.3").replace(" 1 1 IN", " 1 2 IN")
+        re = await ua.reinvite(dialog, moved.encode())
+        assert re.status == 200
+        assert (await ua.bye(dialog)).status == 200
+        result = await asyncio.get_running_loop().run_in_executor(None, sipp.wait, 30)
+        assert result.returncode == 0, result.output
+        assert (result.successful, result.failed) == (1, 0), result.output
+    finally:
+        sipp.stop()
+        await ua.close()
