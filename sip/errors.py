@@ -60,3 +60,41 @@ class DialogError(SipError):
         super().__init__(f"{status} {reason}")
         self.status = status
         self.reason = reason
+
+
+class AuthError(SipError):
+    """Digest authentication could not go on (RFC 3261 §22); ``status`` is the answer."""
+
+    status = 400
+
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        if status is not None:
+            self.status = status
+
+
+class AuthHeaderError(AuthError):
+    """A malformed WWW-/Proxy-Authenticate or (Proxy-)Authorization value (answer 400).
+
+    ``position`` is the character offset in the header value where parsing failed.
+    """
+
+    status = 400
+
+    def __init__(self, position: int, reason: str) -> None:
+        super().__init__(f"at {position}: {reason}")
+        self.position = position
+        self.reason = reason
+
+
+class AuthUnsupportedError(AuthError):
+    """Client side: the server offered no challenge we can answer (scheme, algorithm, qop)."""
+
+    status = 401
+
+
+class AuthRejectedError(AuthError):
+    """Client side: the server refused credentials we already sent (do not retry, §22.2)."""
+
+    status = 401
