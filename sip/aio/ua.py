@@ -22,8 +22,16 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sip.aio.transport import Address, Transports
+from sip.auth import DigestClient
 from sip.dialog import Dialog, DialogId, DialogState, TwoXxRetransmitter
-from sip.errors import DialogError, SipError, SipParseError, SipRequestFailed, TransactionError
+from sip.errors import (
+    AuthError,
+    DialogError,
+    SipError,
+    SipParseError,
+    SipRequestFailed,
+    TransactionError,
+)
 from sip.headers import Headers
 from sip.message import Request, Response, make_response, parse_message, serialize
 from sip.transaction import (
@@ -119,6 +127,28 @@ class Authenticator(Protocol):
     def authorize(self, request: Request, challenge: Response) -> Request | None: ...
 
 
+class DigestAuthenticator:
+    """:class:`Authenticator` backed by :class:`sip.auth.DigestClient` (§22.2).
+
+    The retry is a copy of the request with CSeq + 1 and our credentials; a challenge
+    we cannot answer, or one that refuses the credentials we sent, gives up (None).
+    """
+
+    def __init__(self, client: DigestClient) -> None:
+        self.client = client
+
+    def authorize(self, request: Request, challenge: Response) -> Request | None:
+        try:
+            name, value = self.client.respond(challenge, request)
+        except AuthError:
+            return None
+        headers = request.headers.copy()
+        headers.remove(name)
+        headers.add(name, value)
+        headers.set("CSeq", f"{request.cseq.seq + 1} {request.method}")
+        return Request(method=request.method, uri=request.uri, headers=headers, body=request.body)
+
+
 @dataclass(slots=True)
 class UaStats:
     """Counters for what the UA dropped or refused."""
@@ -182,6 +212,9 @@ class UserAgent:
         if not isinstance(uri, SipUri) or uri.user is None:
             raise SipError(f"AOR must be sip:user@domain, not {config.aor!r}")
         self.aor_uri = uri
+        if authenticator is None and config.password is not None:
+            user = config.username or uri.user
+            self.authenticator = DigestAuthenticator(DigestClient(user, config.password, random))
 
     # ------------------------------------------------------------ lifecycle
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sip.aio.ua import UaConfig, UserAgent
+from sip.errors import SipRequestFailed
 from sip.transaction import TimerConfig
 from tests.sip.interop.sippctl import SCENARIOS, Sipp
 
@@ -38,6 +39,39 @@ async def test_our_uac_against_sipp_uas(tmp_path: Path) -> None:
         result = await asyncio.get_running_loop().run_in_executor(None, sipp.wait, 30)
         assert result.returncode == 0, result.output
         assert (result.successful, result.failed) == (1, 0), result.output
+    finally:
+        sipp.stop()
+        await ua.close()
+
+
+async def test_our_uac_answers_sipp_digest_challenge(tmp_path: Path) -> None:
+    """(d, sipp challenges us) REGISTER, 401 MD5/qop=auth, our answer passes verifyauth."""
+    sipp = Sipp(["-sf", str(SCENARIOS / "uas_auth.xml"), "-m", "1"], tmp_path)
+    ua = UserAgent(
+        UaConfig(aor="sip:alice@example.org", password="s3cret", timers=TimerConfig(t1=0.1))
+    )
+    await ua.start("127.0.0.2")
+    try:
+        response = await ua.register(("127.0.0.1", sipp.port), 600)
+        assert response.status == 200
+        assert ua.registered_for == 600
+        result = await asyncio.get_running_loop().run_in_executor(None, sipp.wait, 30)
+        assert result.returncode == 0, result.output
+    finally:
+        sipp.stop()
+        await ua.close()
+
+
+async def test_wrong_password_is_refused_by_sipp(tmp_path: Path) -> None:
+    sipp = Sipp(["-sf", str(SCENARIOS / "uas_auth.xml"), "-m", "1"], tmp_path)
+    ua = UserAgent(
+        UaConfig(aor="sip:alice@example.org", password="wrong", timers=TimerConfig(t1=0.1))
+    )
+    await ua.start("127.0.0.2")
+    try:
+        with pytest.raises(SipRequestFailed) as info:
+            await ua.register(("127.0.0.1", sipp.port), 600)
+        assert info.value.status == 403
     finally:
         sipp.stop()
         await ua.close()
