@@ -172,8 +172,9 @@ def main() -> int:
     acc.setRegistration(False)
     pump(2)
     acc.shutdown()
-    del call
-    del acc
+    # A Call or Account alive after libDestroy aborts at exit: drop ours first.
+    call = None  # type: ignore[assignment]
+    acc = None  # type: ignore[assignment]
     gc.collect()
     ep.libDestroy(pj.PJSUA_DESTROY_NO_RX_MSG)
     emit(event="done")
