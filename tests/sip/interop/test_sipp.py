@@ -11,6 +11,7 @@ from sip.aio.ua import UaConfig, UserAgent
 from sip.errors import SipRequestFailed
 from sip.transaction import TimerConfig
 from tests.sip.interop.sippctl import SCENARIOS, Sipp
+from tests.sip.interop.tools import Tool
 
 pytestmark = pytest.mark.peer("sipp")
 
@@ -75,3 +76,24 @@ async def test_wrong_password_is_refused_by_sipp(tmp_path: Path) -> None:
     finally:
         sipp.stop()
         await ua.close()
+
+
+def test_sipp_uac_against_our_uas(tmp_path: Path) -> None:
+    """(b) sipp: INVITE with our SDP, ACK, re-INVITE with a new c= address, BYE."""
+    uas = Tool("uas", "--listen", "127.0.0.1:0")
+    try:
+        host, port = uas.addr
+        sipp = Sipp(
+            ["-sf", str(SCENARIOS / "uac_mdeci.xml"), "-m", "1", "-s", "broker",
+             f"{host}:{port}"],
+            tmp_path,
+        )  # fmt: skip
+        result = sipp.wait(30)
+        assert result.returncode == 0, result.output
+        assert (result.successful, result.failed) == (1, 0), result.output
+        assert "media=127.0.0.1:41000 version=1" in uas.expect(r"^offer ")
+        assert "media=127.0.0.3:41002 version=2" in uas.expect(r"^offer ")
+        uas.expect(r"^refreshed ")
+        uas.expect(r"^ended .*bye received")
+    finally:
+        uas.stop()

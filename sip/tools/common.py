@@ -1,0 +1,16 @@
+"""Helpers shared by the tools: address parsing and a clean asyncio main."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def hostport(text: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` for argparse; a bad value is a one-line error."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    value = int(port)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range in {text!r}")
+    return host.strip("[]"), value
