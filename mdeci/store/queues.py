@@ -182,21 +182,23 @@ class SqlQueueStore:
                     dropped.append(Dropped(uri, None, sub_id, msg_id, policy))
                     missed = 1
                 elif depth >= max_depth:
-                    oldest = (
+                    # Keep the newest max_depth - 1, decided in the DELETE's own snapshot,
+                    # so an ack committed meanwhile never costs an extra drop.
+                    keep = (
                         select(QueuedRow.nseq)
                         .where(QueuedRow.uri == uri)
-                        .order_by(QueuedRow.nseq)
-                        .limit(depth - max_depth + 1)
+                        .order_by(QueuedRow.nseq.desc())
+                        .limit(max_depth - 1)
                     )
                     rows = conn.execute(
                         delete(QueuedRow)
-                        .where(QueuedRow.uri == uri, QueuedRow.nseq.in_(oldest))
+                        .where(QueuedRow.uri == uri, QueuedRow.nseq.not_in(keep))
                         .returning(QueuedRow.nseq, QueuedRow.sub_id, QueuedRow.msg_id)
                     ).all()
                     for nseq, old_sub, old_msg in sorted(rows):
                         dropped.append(Dropped(uri, nseq, old_sub, old_msg, policy))
                     missed = len(rows)
-                    depth -= len(rows)
+                    depth = _depth(conn, uri)
                 if missed == 0 or policy == "drop-oldest":
                     nseq = last_nseq + 1
                     conn.execute(

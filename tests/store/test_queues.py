@@ -167,6 +167,11 @@ def test_overflow_drop_oldest_reports_and_counts_missed(engine: Engine) -> None:
     assert q.take_missed("sip:nobody@x") == 0
     # A dropped nseq is never handed out again.
     assert _publish(q, "m5", [(ALICE, 1)], max_depth=10).queued[0].nseq == 6
+    # max_depth=1 keeps only the newest.
+    result = _publish(q, "m6", [(ALICE, 1)], max_depth=1)
+    assert [d.nseq for d in result.dropped] == [4, 5, 6]
+    assert result.queued == (Enqueued(ALICE, 7, 1, 1),)
+    assert [p.nseq for p in q.pending(ALICE)] == [7]
 
 
 def test_overflow_refuse_newest_keeps_old_ones(engine: Engine) -> None:
