@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +31,9 @@ def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'm.db'}"
         return
     url = pg_url()
-    schema = f"mig_{tmp_path.name[-20:].replace('-', '_').lower()}"
+    # Random, not derived from the test name: other worktrees run these same tests against
+    # the same shared database, and a shared name would drop their schema mid-test.
+    schema = f"mig_{uuid.uuid4().hex[:12]}"
     engine = make_engine(url)
     with engine.begin() as conn:
         conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))

@@ -1,0 +1,146 @@
+"""Subscriptions with a TTL (PROTOCOL.md sections 5 and 6).
+
+A subscription is alive while ``now < expires_at``; at ``now == expires_at`` it has
+expired (so a TTL of 0 would never match, which is why ``ttl`` must be positive). Expired
+ones are invisible to ``list_subscriptions`` and ``active_subscriptions`` at once, and
+``sweep_expired`` deletes them. Notifications queued for a removed subscription stay
+queued and are delivered: the queue does not refer to this table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.engine import Engine
+
+from mdeci.store._sql import reading, transaction
+from mdeci.store.errors import InvalidArgument
+from mdeci.store.models import SubscriptionRow
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """One stored subscription; ``sub_id`` is assigned by the store and never reused."""
+
+    sub_id: int
+    uri: str
+    subject: str
+    filter: str
+    created_at: float
+    expires_at: float
+
+
+_COLUMNS = (
+    SubscriptionRow.id,
+    SubscriptionRow.uri,
+    SubscriptionRow.subject,
+    SubscriptionRow.filter,
+    SubscriptionRow.created_at,
+    SubscriptionRow.expires_at,
+)
+
+
+class SqlSubscriptionStore:
+    """Subscriptions in SQL; every method is one committed transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def add_subscription(
+        self, uri: str, subject: str, filter: str, ttl: float, now: float
+    ) -> Subscription:
+        """Store a subscription of ``uri`` alive until ``now + ttl``; it gets a fresh id.
+
+        The subject and filter are stored as given: the broker parses them first.
+
+        Raises:
+            InvalidArgument: ``ttl`` is not a positive finite number.
+            StoreError: the database failed.
+        """
+        if not (math.isfinite(ttl) and ttl > 0):
+            raise InvalidArgument(f"subscription ttl must be a positive number, not {ttl!r}")
+        values = {
+            "uri": uri,
+            "subject": subject,
+            "filter": filter,
+            "created_at": now,
+            "expires_at": now + ttl,
+        }
+        with transaction(self._engine, "add_subscription") as conn:
+            row = conn.execute(insert(SubscriptionRow).values(values).returning(*_COLUMNS)).one()
+        return Subscription(*row)
+
+    def remove_subscription(self, uri: str, sub_id: int) -> bool:
+        """Delete subscription ``sub_id`` if it belongs to ``uri``; True if one was deleted.
+
+        A user can only remove its own: another user's id gives False, as does an unknown
+        or already expired-and-swept id.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with transaction(self._engine, "remove_subscription") as conn:
+            result = conn.execute(
+                delete(SubscriptionRow).where(
+                    SubscriptionRow.id == sub_id, SubscriptionRow.uri == uri
+                )
+            )
+        return bool(result.rowcount)
+
+    def get_subscription(self, sub_id: int, now: float) -> Subscription | None:
+        """Subscription ``sub_id`` if it exists and is alive at ``now``, else None.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with reading(self._engine, "get_subscription") as conn:
+            row = conn.execute(
+                select(*_COLUMNS).where(
+                    SubscriptionRow.id == sub_id, SubscriptionRow.expires_at > now
+                )
+            ).one_or_none()
+        return None if row is None else Subscription(*row)
+
+    def list_subscriptions(self, uri: str, now: float) -> list[Subscription]:
+        """The alive subscriptions of ``uri`` (``expires_at > now``), by id.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with reading(self._engine, "list_subscriptions") as conn:
+            rows = conn.execute(
+                select(*_COLUMNS)
+                .where(SubscriptionRow.uri == uri, SubscriptionRow.expires_at > now)
+                .order_by(SubscriptionRow.id)
+            ).all()
+        return [Subscription(*row) for row in rows]
+
+    def active_subscriptions(self, now: float) -> list[Subscription]:
+        """Every alive subscription of every user, by id (to fill the matcher's cache).
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with reading(self._engine, "active_subscriptions") as conn:
+            rows = conn.execute(
+                select(*_COLUMNS)
+                .where(SubscriptionRow.expires_at > now)
+                .order_by(SubscriptionRow.id)
+            ).all()
+        return [Subscription(*row) for row in rows]
+
+    def sweep_expired(self, now: float) -> list[Subscription]:
+        """Delete the subscriptions with ``expires_at <= now`` and return them, by id.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with transaction(self._engine, "sweep_expired") as conn:
+            rows = conn.execute(
+                delete(SubscriptionRow)
+                .where(SubscriptionRow.expires_at <= now)
+                .returning(*_COLUMNS)
+            ).all()
+        return sorted((Subscription(*row) for row in rows), key=lambda s: s.sub_id)

@@ -1,0 +1,193 @@
+"""Users and their digest credentials (RFC 3261 section 22, RFC 8760 for SHA-256).
+
+Only HA1 = H(username ":" realm ":" password) is stored, once per algorithm, never the
+password: the registrar's digest check needs nothing else. The ``-sess`` variants start
+from the same HA1, so ``get_credentials`` answers them too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from mdeci.store._sql import reading, transaction
+from mdeci.store.errors import DuplicateUser, InvalidArgument, StoreError, UnsupportedAlgorithm
+from mdeci.store.models import UserRow
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A user of the broker: its AOR and the digest username and realm it logs in with."""
+
+    uri: str
+    username: str
+    realm: str
+
+
+def ha1(algorithm: str, username: str, realm: str, password: str) -> str:
+    """HA1 hex digest ``H(username:realm:password)`` for ``MD5`` or ``SHA-256``.
+
+    Raises:
+        UnsupportedAlgorithm: the algorithm is neither MD5 nor SHA-256 (nor a -sess form).
+    """
+    data = f"{username}:{realm}:{password}".encode()
+    if _column(algorithm) == "md5":
+        return hashlib.md5(data, usedforsecurity=False).hexdigest()
+    return hashlib.sha256(data).hexdigest()
+
+
+def username_of(uri: str) -> str:
+    """The user part of a SIP URI: ``sip:alice@example.com`` gives ``alice``.
+
+    Raises:
+        InvalidArgument: the URI has no user part.
+    """
+    rest = uri.split(":", 1)[1] if ":" in uri else uri
+    user, at, _host = rest.partition("@")
+    if not at or not user:
+        raise InvalidArgument(f"URI {uri!r} has no user part; pass username= explicitly")
+    return user.split(";", 1)[0]
+
+
+def _column(algorithm: str) -> str:
+    name = algorithm.upper()
+    name = name.removesuffix("-SESS")
+    if name == "MD5":
+        return "md5"
+    if name == "SHA-256":
+        return "sha256"
+    raise UnsupportedAlgorithm(f"no HA1 kept for digest algorithm {algorithm!r}")
+
+
+class SqlUserStore:
+    """Users and credentials in SQL; every method is one committed transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def add_user(self, uri: str, realm: str, password: str, *, username: str | None = None) -> User:
+        """Add a user, computing its MD5 and SHA-256 HA1 from the plaintext password.
+
+        ``username`` defaults to the user part of ``uri``.
+
+        Raises:
+            DuplicateUser: the URI, or the username in that realm, exists already.
+            InvalidArgument: no username given and the URI has no user part.
+            StoreError: the database failed.
+        """
+        name = username if username is not None else username_of(uri)
+        return self.add_user_ha1(
+            uri,
+            realm,
+            ha1_md5=ha1("MD5", name, realm, password),
+            ha1_sha256=ha1("SHA-256", name, realm, password),
+            username=name,
+        )
+
+    def add_user_ha1(
+        self,
+        uri: str,
+        realm: str,
+        *,
+        ha1_md5: str,
+        ha1_sha256: str,
+        username: str | None = None,
+    ) -> User:
+        """Add a user from precomputed HA1 hex digests (e.g. imported from another server).
+
+        Raises:
+            DuplicateUser: the URI, or the username in that realm, exists already.
+            InvalidArgument: no username given and the URI has no user part.
+            StoreError: the database failed.
+        """
+        name = username if username is not None else username_of(uri)
+        row = {
+            "uri": uri,
+            "username": name,
+            "realm": realm,
+            "ha1_md5": ha1_md5.lower(),
+            "ha1_sha256": ha1_sha256.lower(),
+        }
+        try:
+            with transaction(self._engine, "add_user") as conn:
+                conn.execute(insert(UserRow).values(row))
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                raise DuplicateUser(f"user {uri!r} ({name}@{realm}) exists already") from exc
+            raise
+        return User(uri=uri, username=name, realm=realm)
+
+    def set_password(self, uri: str, password: str) -> bool:
+        """Replace a user's HA1s from a new plaintext password; False if no such user.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        user = self.get_user(uri)
+        if user is None:
+            return False
+        # username and realm never change, so reading them first cannot race.
+        with transaction(self._engine, "set_password") as conn:
+            result = conn.execute(
+                update(UserRow)
+                .where(UserRow.uri == uri)
+                .values(
+                    ha1_md5=ha1("MD5", user.username, user.realm, password),
+                    ha1_sha256=ha1("SHA-256", user.username, user.realm, password),
+                )
+            )
+        return bool(result.rowcount)
+
+    def remove_user(self, uri: str) -> bool:
+        """Delete a user; True if it existed. Its queue, subscriptions and session stay.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with transaction(self._engine, "remove_user") as conn:
+            result = conn.execute(delete(UserRow).where(UserRow.uri == uri))
+        return bool(result.rowcount)
+
+    def get_user(self, uri: str) -> User | None:
+        """The user with this URI, or None.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with reading(self._engine, "get_user") as conn:
+            row = conn.execute(
+                select(UserRow.uri, UserRow.username, UserRow.realm).where(UserRow.uri == uri)
+            ).one_or_none()
+        return None if row is None else User(*row)
+
+    def get_credentials(self, username: str, realm: str, algorithm: str) -> str | None:
+        """The HA1 hex digest for ``username`` in ``realm``, or None if there is no such user.
+
+        ``algorithm`` is the digest challenge's: ``MD5``, ``SHA-256`` or their ``-sess``
+        forms (case-insensitive).
+
+        Raises:
+            UnsupportedAlgorithm: an algorithm other than those.
+            StoreError: the database failed.
+        """
+        column = UserRow.ha1_md5 if _column(algorithm) == "md5" else UserRow.ha1_sha256
+        with reading(self._engine, "get_credentials") as conn:
+            return conn.execute(
+                select(column).where(UserRow.username == username, UserRow.realm == realm)
+            ).scalar_one_or_none()
+
+    def list_users(self) -> list[User]:
+        """Every user, ordered by URI.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with reading(self._engine, "list_users") as conn:
+            rows = conn.execute(
+                select(UserRow.uri, UserRow.username, UserRow.realm).order_by(UserRow.uri)
+            ).all()
+        return [User(*row) for row in rows]

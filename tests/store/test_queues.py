@@ -1,0 +1,216 @@
+"""Idempotent publish, nseq allocation, overflow policies, pending/ack/missed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from mdeci.store.errors import InvalidArgument
+from mdeci.store.queues import (
+    Dropped,
+    Enqueued,
+    OverflowPolicy,
+    PublishResult,
+    QueuedNotification,
+    SqlQueueStore,
+)
+
+PUB = "sip:pub@example.com"
+ALICE = "sip:alice@example.com"
+BOB = "sip:bob@example.com"
+
+
+def _publish(
+    q: SqlQueueStore,
+    msg_id: str,
+    targets: Sequence[tuple[str, int]],
+    *,
+    max_depth: int = 100,
+    policy: OverflowPolicy = "drop-oldest",
+    urgent: bool = False,
+    at: float = 1000.0,
+) -> PublishResult:
+    return q.publish(
+        PUB,
+        msg_id,
+        "stock.petr4",
+        b"\xa1eStockePETR4",
+        f"payload {msg_id}".encode(),
+        urgent=urgent,
+        published_at=at,
+        targets=targets,
+        max_depth=max_depth,
+        policy=policy,
+    )
+
+
+def test_publish_queues_per_target_and_pending_returns_them(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    result = _publish(q, "m1", [(BOB, 7), (ALICE, 3)], urgent=True)
+    assert result == PublishResult(
+        matched=2,
+        duplicate=False,
+        queued=(Enqueued(ALICE, 1, 3, 1), Enqueued(BOB, 1, 7, 1)),
+    )
+    assert q.pending(ALICE) == [
+        QueuedNotification(
+            uri=ALICE,
+            nseq=1,
+            sub_id=3,
+            publisher_uri=PUB,
+            msg_id="m1",
+            subject="stock.petr4",
+            attrs_cbor=b"\xa1eStockePETR4",
+            payload=b"payload m1",
+            urgent=True,
+            published_at=1000.0,
+        )
+    ]
+    assert q.depth(ALICE) == 1 and q.depth(BOB) == 1 and q.depth(PUB) == 0
+
+
+def test_no_targets_still_records_the_msg_id(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    assert _publish(q, "m1", []) == PublishResult(matched=0, duplicate=False)
+    assert _publish(q, "m1", [(ALICE, 1)]) == PublishResult(matched=0, duplicate=True)
+    assert q.depth(ALICE) == 0
+
+
+def test_duplicate_publish_returns_original_count_and_queues_nothing(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    first = _publish(q, "m1", [(ALICE, 1), (BOB, 2)])
+    again = _publish(q, "m1", [(ALICE, 1)])
+    assert again == PublishResult(matched=2, duplicate=True)
+    assert first.matched == 2 and not first.duplicate
+    assert q.depth(ALICE) == 1 and q.depth(BOB) == 1
+    # The same msg_id from another publisher is another message.
+    other = q.publish(
+        "sip:other@example.com",
+        "m1",
+        "s",
+        b"",
+        b"",
+        urgent=False,
+        published_at=1.0,
+        targets=[(ALICE, 1)],
+        max_depth=10,
+        policy="drop-oldest",
+    )
+    assert not other.duplicate and other.queued == (Enqueued(ALICE, 2, 1, 2),)
+
+
+def test_nseq_is_per_user_increasing_and_never_reused(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    seen: dict[str, list[int]] = {ALICE: [], BOB: []}
+    for n in range(5):
+        targets = [(ALICE, 1), (BOB, 2)] if n % 2 else [(ALICE, 1)]
+        for e in _publish(q, f"m{n}", targets).queued:
+            seen[e.uri].append(e.nseq)
+    assert seen == {ALICE: [1, 2, 3, 4, 5], BOB: [1, 2]}
+    # Ack everything: the queue is empty but the counter goes on.
+    assert q.ack(ALICE, 5) == 5
+    assert q.depth(ALICE) == 0 and q.last_nseq(ALICE) == 5
+    assert _publish(q, "m9", [(ALICE, 1)]).queued == (Enqueued(ALICE, 6, 1, 1),)
+    assert q.last_nseq("sip:nobody@x") == 0
+
+
+def test_same_user_twice_in_one_publish_gets_two_nseqs(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    result = _publish(q, "m1", [(ALICE, 1), (ALICE, 2)])
+    assert result.queued == (Enqueued(ALICE, 1, 1, 1), Enqueued(ALICE, 2, 2, 2))
+
+
+def test_pending_after_limit_and_urgent_only(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    for n in range(6):
+        _publish(q, f"m{n}", [(ALICE, 1)], urgent=n % 3 == 0, at=1000.0 + n)
+    assert [p.nseq for p in q.pending(ALICE)] == [1, 2, 3, 4, 5, 6]
+    assert [p.nseq for p in q.pending(ALICE, after_nseq=2, limit=3)] == [3, 4, 5]
+    assert [p.nseq for p in q.pending(ALICE, urgent_only=True)] == [1, 4]
+    assert [p.published_at for p in q.pending(ALICE, 5)] == [1005.0]
+    assert q.pending(BOB) == []
+    with pytest.raises(InvalidArgument):
+        q.pending(ALICE, limit=0)
+
+
+def test_ack_deletes_up_to_and_counts(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    for n in range(4):
+        _publish(q, f"m{n}", [(ALICE, 1), (BOB, 1)])
+    assert q.ack(ALICE, 2) == 2
+    assert q.ack(ALICE, 2) == 0
+    assert q.ack(ALICE, 0) == 0
+    assert [p.nseq for p in q.pending(ALICE)] == [3, 4]
+    assert q.depth(BOB) == 4
+    assert q.ack(ALICE, 100) == 2
+    assert q.depth(ALICE) == 0
+
+
+def test_overflow_drop_oldest_reports_and_counts_missed(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    for n in range(3):
+        _publish(q, f"m{n}", [(ALICE, n)], max_depth=3)
+    result = _publish(q, "m3", [(ALICE, 9), (BOB, 9)], max_depth=3)
+    assert result.queued == (Enqueued(ALICE, 4, 9, 3), Enqueued(BOB, 1, 9, 1))
+    assert result.dropped == (Dropped(ALICE, 1, 0, "m0", "drop-oldest"),)
+    assert [p.nseq for p in q.pending(ALICE)] == [2, 3, 4]
+    # A smaller bound later drops as many as needed to make room.
+    result = _publish(q, "m4", [(ALICE, 1)], max_depth=2)
+    assert [d.nseq for d in result.dropped] == [2, 3]
+    assert result.queued == (Enqueued(ALICE, 5, 1, 2),)
+    assert [p.nseq for p in q.pending(ALICE)] == [4, 5]
+    assert q.take_missed(ALICE) == 3
+    assert q.take_missed(ALICE) == 0
+    assert q.take_missed(BOB) == 0
+    assert q.take_missed("sip:nobody@x") == 0
+    # A dropped nseq is never handed out again.
+    assert _publish(q, "m5", [(ALICE, 1)], max_depth=10).queued[0].nseq == 6
+    # max_depth=1 keeps only the newest.
+    result = _publish(q, "m6", [(ALICE, 1)], max_depth=1)
+    assert [d.nseq for d in result.dropped] == [4, 5, 6]
+    assert result.queued == (Enqueued(ALICE, 7, 1, 1),)
+    assert [p.nseq for p in q.pending(ALICE)] == [7]
+
+
+def test_overflow_refuse_newest_keeps_old_ones(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    for n in range(2):
+        _publish(q, f"m{n}", [(ALICE, 1)], max_depth=2, policy="refuse-newest")
+    result = _publish(q, "m2", [(ALICE, 5), (BOB, 5)], max_depth=2, policy="refuse-newest")
+    assert result == PublishResult(
+        matched=2,
+        duplicate=False,
+        queued=(Enqueued(BOB, 1, 5, 1),),
+        dropped=(Dropped(ALICE, None, 5, "m2", "refuse-newest"),),
+    )
+    assert [p.msg_id for p in q.pending(ALICE)] == ["m0", "m1"]
+    _publish(q, "m3", [(ALICE, 5)], max_depth=2, policy="refuse-newest")
+    assert q.take_missed(ALICE) == 2
+    # Refused ones consume no nseq: the next queued one follows on.
+    q.ack(ALICE, 2)
+    assert _publish(q, "m4", [(ALICE, 1)], max_depth=2, policy="refuse-newest").queued == (
+        Enqueued(ALICE, 3, 1, 1),
+    )
+
+
+def test_bad_arguments_are_refused_before_anything_is_stored(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    with pytest.raises(InvalidArgument):
+        _publish(q, "m1", [(ALICE, 1)], max_depth=0)
+    with pytest.raises(InvalidArgument):
+        _publish(q, "m1", [(ALICE, 1)], policy="drop-newest")  # type: ignore[arg-type]
+    assert not _publish(q, "m1", [(ALICE, 1)]).duplicate
+
+
+def test_prune_published_forgets_old_msg_ids(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    _publish(q, "old", [(ALICE, 1)], at=100.0)
+    _publish(q, "edge", [(ALICE, 1)], at=200.0)
+    _publish(q, "new", [(ALICE, 1)], at=300.0)
+    assert q.prune_published(200.0) == 1
+    assert _publish(q, "edge", [(ALICE, 1)]).duplicate
+    assert _publish(q, "new", [(ALICE, 1)]).duplicate
+    # Past the horizon a re-sent msg_id is new again: the horizon must outlast retries.
+    assert not _publish(q, "old", [(ALICE, 1)]).duplicate

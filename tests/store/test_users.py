@@ -1,0 +1,91 @@
+"""Users and digest credentials."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from mdeci.store.errors import DuplicateUser, InvalidArgument, StoreError, UnsupportedAlgorithm
+from mdeci.store.users import SqlUserStore, User, ha1, username_of
+
+
+def test_ha1_matches_rfc_definition() -> None:
+    assert (
+        ha1("MD5", "alice", "example.com", "pw") == hashlib.md5(b"alice:example.com:pw").hexdigest()
+    )
+    assert (
+        ha1("SHA-256", "alice", "example.com", "pw")
+        == hashlib.sha256(b"alice:example.com:pw").hexdigest()
+    )
+    # RFC 2617 section 3.5 example: Mufasa / testrealm@host.com / Circle Of Life.
+    assert ha1("MD5", "Mufasa", "testrealm@host.com", "Circle Of Life") == (
+        "939e7578ed9e3c518a452acee763bce9"
+    )
+
+
+def test_username_of() -> None:
+    assert username_of("sip:alice@example.com") == "alice"
+    assert username_of("sips:bob;x=1@example.com") == "bob"
+    with pytest.raises(InvalidArgument):
+        username_of("sip:example.com")
+
+
+def test_add_get_credentials_list(engine: Engine) -> None:
+    users = SqlUserStore(engine)
+    alice = users.add_user("sip:alice@example.com", "example.com", "secret")
+    assert alice == User("sip:alice@example.com", "alice", "example.com")
+    users.add_user_ha1(
+        "sip:bob@example.com",
+        "example.com",
+        ha1_md5="AB" * 16,
+        ha1_sha256="cd" * 32,
+        username="bobby",
+    )
+    assert users.get_credentials("alice", "example.com", "MD5") == ha1(
+        "MD5", "alice", "example.com", "secret"
+    )
+    assert users.get_credentials("alice", "example.com", "sha-256") == ha1(
+        "SHA-256", "alice", "example.com", "secret"
+    )
+    assert users.get_credentials("alice", "example.com", "SHA-256-sess") == ha1(
+        "SHA-256", "alice", "example.com", "secret"
+    )
+    assert users.get_credentials("bobby", "example.com", "MD5") == "ab" * 16
+    assert users.get_credentials("alice", "other.org", "MD5") is None
+    assert users.get_credentials("nobody", "example.com", "MD5") is None
+    with pytest.raises(UnsupportedAlgorithm):
+        users.get_credentials("alice", "example.com", "SHA-512-256")
+    assert [u.uri for u in users.list_users()] == ["sip:alice@example.com", "sip:bob@example.com"]
+    assert users.get_user("sip:bob@example.com") == User(
+        "sip:bob@example.com", "bobby", "example.com"
+    )
+    assert users.get_user("sip:carol@example.com") is None
+
+
+def test_duplicate_user_is_refused(engine: Engine) -> None:
+    users = SqlUserStore(engine)
+    users.add_user("sip:alice@example.com", "example.com", "a")
+    with pytest.raises(DuplicateUser):
+        users.add_user("sip:alice@example.com", "example.com", "b")
+    # Same username in the same realm under another URI: digest could not tell them apart.
+    with pytest.raises(DuplicateUser):
+        users.add_user("sip:alice@other.example.com", "example.com", "c")
+    assert issubclass(DuplicateUser, StoreError)
+    assert users.get_credentials("alice", "example.com", "MD5") == ha1(
+        "MD5", "alice", "example.com", "a"
+    )
+
+
+def test_set_password_and_remove(engine: Engine) -> None:
+    users = SqlUserStore(engine)
+    users.add_user("sip:alice@example.com", "example.com", "old")
+    assert users.set_password("sip:alice@example.com", "new")
+    assert users.get_credentials("alice", "example.com", "MD5") == ha1(
+        "MD5", "alice", "example.com", "new"
+    )
+    assert not users.set_password("sip:nobody@example.com", "x")
+    assert users.remove_user("sip:alice@example.com")
+    assert not users.remove_user("sip:alice@example.com")
+    assert users.list_users() == []
