@@ -104,10 +104,16 @@ class SubjectMatcher:
     words: tuple[str, ...] = field(repr=False)
 
     def __call__(self, subject: str) -> bool:
-        """True when ``subject`` matches; an invalid subject simply does not match."""
+        """True when ``subject`` matches.
+
+        Subjects are validated once where they enter (``Pub``/``Notify`` frames); here only
+        the structural faults (empty, too long, empty word) are caught, so that matching
+        one subject against many patterns stays cheap. Such a subject matches nothing.
+        """
         if not subject or len(subject) > MAX_SUBJECT_LENGTH:
             return False
-        return _match_words(self.words, tuple(subject.split(".")))
+        words = tuple(subject.split("."))
+        return "" not in words and _match_words(self.words, words)
 
 
 def compile_pattern(pattern: str) -> SubjectMatcher:
