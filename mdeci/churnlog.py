@@ -1,0 +1,289 @@
+"""The session churn log of PROTOCOL.md §8: one JSON object per line, rotated by size.
+
+Both the broker and the agent write one; the analytics jobs read them. Each record has
+``ts`` (RFC 3339 UTC with milliseconds), ``node``, ``event`` and ``uri``, then only the
+optional fields that have a value, in the order of §8. Each line reaches the operating
+system with one ``write`` as soon as it is logged (the file is unbuffered), so a
+``kill -9`` loses at most the line being written; the analytics set aside a torn last
+line as an invalid record.
+
+The clock is injected (epoch seconds), so tests and replays control ``ts``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, Final
+
+from mdeci.errors import ChurnLogError
+
+
+class Event(StrEnum):
+    """The event names of PROTOCOL.md §8, exactly."""
+
+    REGISTERED = "registered"
+    UNREGISTERED = "unregistered"
+    REGISTRATION_EXPIRED = "registration_expired"
+    SESSION_STARTED = "session_started"
+    SESSION_REINVITED = "session_reinvited"
+    SESSION_ENDED = "session_ended"
+    IP_CHANGED = "ip_changed"
+    MEDIA_CONNECTED = "media_connected"
+    MEDIA_DISCONNECTED = "media_disconnected"
+    NOTIFY_QUEUED = "notify_queued"
+    NOTIFY_DELIVERED = "notify_delivered"
+    NOTIFY_DROPPED = "notify_dropped"
+    SMS_SENT = "sms_sent"
+    SMS_RECEIVED = "sms_received"
+    SUBSCRIPTION_ADDED = "subscription_added"
+    SUBSCRIPTION_REMOVED = "subscription_removed"
+    SUBSCRIPTION_EXPIRED = "subscription_expired"
+
+
+CHANNELS: Final = frozenset({"ip", "sms"})
+# Field order of a record (§8); the writer emits them in this order, omitting None.
+FIELDS: Final = (
+    "ts",
+    "node",
+    "event",
+    "uri",
+    "call_id",
+    "addr",
+    "prev_addr",
+    "channel",
+    "queue_depth",
+    "nseq",
+    "latency_ms",
+    "bytes",
+    "cost",
+    "reason",
+)
+DEFAULT_MAX_BYTES: Final = 10 * 1024 * 1024
+DEFAULT_BACKUPS: Final = 5
+
+
+def format_ts(epoch: float) -> str:
+    """``2026-11-22T21:05:03.123Z``: RFC 3339, UTC, milliseconds truncated (never rounded
+    up into the next second).
+
+    Raises :class:`ChurnLogError` for a time that is not finite or out of range.
+    """
+    if not math.isfinite(epoch):
+        raise ChurnLogError(f"clock gave a non-finite time {epoch!r}")
+    millis = math.floor(epoch * 1000)
+    try:
+        moment = datetime.fromtimestamp(millis // 1000, UTC)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise ChurnLogError(f"clock gave an out-of-range time {epoch!r}") from exc
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{millis % 1000:03d}Z"
+
+
+def _check(name: str, value: object, kind: type | tuple[type, ...]) -> None:
+    # bool is an int subclass; a count or a cost is never a boolean.
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ChurnLogError(f"churn log field {name!r} has type {type(value).__name__}")
+
+
+def make_record(
+    epoch: float,
+    node: str,
+    event: Event | str,
+    *,
+    uri: str,
+    call_id: str | None = None,
+    addr: str | None = None,
+    prev_addr: str | None = None,
+    channel: str | None = None,
+    queue_depth: int | None = None,
+    nseq: int | None = None,
+    latency_ms: float | None = None,
+    bytes: int | None = None,  # shadows the builtin: the field is 'bytes' in §8
+    cost: float | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """Build one record (a dict in §8 field order, None fields left out).
+
+    Raises :class:`ChurnLogError` for an unknown event, an unknown channel, or a field of
+    the wrong type (ints for counts, numbers for ``latency_ms`` and ``cost``, text else).
+    """
+    try:
+        name = Event(event)
+    except ValueError:
+        raise ChurnLogError(f"unknown churn event {str(event)[:40]!r}") from None
+    record: dict[str, Any] = {"ts": format_ts(epoch), "node": node, "event": name.value}
+    values: dict[str, Any] = {
+        "uri": uri,
+        "call_id": call_id,
+        "addr": addr,
+        "prev_addr": prev_addr,
+        "channel": channel,
+        "queue_depth": queue_depth,
+        "nseq": nseq,
+        "latency_ms": latency_ms,
+        "bytes": bytes,
+        "cost": cost,
+        "reason": reason,
+    }
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key in ("queue_depth", "nseq", "bytes"):
+            _check(key, value, int)
+        elif key in ("latency_ms", "cost"):
+            _check(key, value, (int, float))
+            if not math.isfinite(value):
+                raise ChurnLogError(f"churn log field {key!r} is not finite")
+            value = float(value)
+        else:
+            _check(key, value, str)
+        record[key] = value
+    if channel is not None and channel not in CHANNELS:
+        raise ChurnLogError(f"churn log channel must be 'ip' or 'sms', not {channel[:20]!r}")
+    return record
+
+
+class ChurnLog:
+    """Appends churn records to ``path``, rotating to ``path.1`` .. ``path.<backups>``.
+
+    A file is rotated before a line that would take it past ``max_bytes`` (a single line
+    larger than that still goes, alone, into a fresh file). ``backups == 0`` keeps no old
+    files. The parent folder is created if needed.
+
+    Raises :class:`ChurnLogError` if the file cannot be opened or written.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        node: str,
+        clock: Callable[[], float],
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        backups: int = DEFAULT_BACKUPS,
+    ) -> None:
+        if not isinstance(node, str) or not node:
+            raise ChurnLogError("churn log node name must be non-empty text")
+        if max_bytes < 1 or backups < 0:
+            raise ChurnLogError("churn log needs max_bytes >= 1 and backups >= 0")
+        self.path = Path(path)
+        self.node = node
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._clock = clock
+        self._file: BinaryIO | None = None
+        self._size = 0
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # buffering=0: every write() goes straight to the OS (one syscall per line).
+            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
+            self._size = os.fstat(self._file.fileno()).st_size
+        except OSError as exc:
+            raise ChurnLogError(f"cannot open churn log {self.path}: {exc.strerror}") from exc
+
+    def _rotate(self) -> None:
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        try:
+            if self.backups == 0:
+                self.path.unlink(missing_ok=True)
+            else:
+                for n in range(self.backups - 1, 0, -1):
+                    older = self.path.with_name(f"{self.path.name}.{n}")
+                    if older.exists():
+                        older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
+                self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        except OSError as exc:
+            raise ChurnLogError(f"cannot rotate churn log {self.path}: {exc.strerror}") from exc
+        self._open()
+
+    def write(
+        self,
+        event: Event | str,
+        *,
+        uri: str,
+        call_id: str | None = None,
+        addr: str | None = None,
+        prev_addr: str | None = None,
+        channel: str | None = None,
+        queue_depth: int | None = None,
+        nseq: int | None = None,
+        latency_ms: float | None = None,
+        bytes: int | None = None,  # shadows the builtin: the field is 'bytes' in §8
+        cost: float | None = None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
+        """Append one record stamped with the clock's time; returns the record written.
+
+        Raises :class:`ChurnLogError` for an invalid record (see :func:`make_record`),
+        after :meth:`close`, or when the file cannot be written.
+        """
+        if self._file is None:
+            raise ChurnLogError(f"churn log {self.path} is closed")
+        record = make_record(
+            self._clock(),
+            self.node,
+            event,
+            uri=uri,
+            call_id=call_id,
+            addr=addr,
+            prev_addr=prev_addr,
+            channel=channel,
+            queue_depth=queue_depth,
+            nseq=nseq,
+            latency_ms=latency_ms,
+            bytes=bytes,
+            cost=cost,
+            reason=reason,
+        )
+        try:
+            line = (
+                json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+                + "\n"
+            ).encode("utf-8")
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise ChurnLogError(f"churn log record is not valid UTF-8 JSON: {exc}") from exc
+        if self._size > 0 and self._size + len(line) > self.max_bytes:
+            self._rotate()
+        assert self._file is not None
+        try:
+            view = memoryview(line)
+            while view:  # an unbuffered write may be partial; finish the line
+                written = self._file.write(view)
+                if not written:
+                    raise OSError(0, "no progress writing")
+                view = view[written:]
+        except OSError as exc:
+            raise ChurnLogError(f"cannot write churn log {self.path}: {exc.strerror}") from exc
+        self._size += len(line)
+        return record
+
+    def close(self) -> None:
+        """Close the file; further writes raise :class:`ChurnLogError`. Idempotent."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
+    def __enter__(self) -> ChurnLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

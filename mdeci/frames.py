@@ -1,0 +1,468 @@
+"""Application frames over RUDP (PROTOCOL.md §5): one CBOR map per message, ``op`` first.
+
+Theory of operation
+-------------------
+Each op is a frozen, slotted dataclass validated on construction (types and ranges), so a
+frame object that exists is a well-formed frame. :func:`encode` writes the map with ``op``
+first and every other field under its own name; a field that has a default and holds it
+is left out (so ``sub`` with no filter and no TTL is just ``{op, req, subject}``).
+:func:`decode` is the single inbound boundary, as h11's reader is: it returns a frame or
+raises :class:`~mdeci.errors.FrameError`, never anything else, whatever the bytes. Keys it
+does not know are ignored, so later versions may add fields. Byte layout and codes:
+``docs/frames.md``.
+
+CBOR tags are refused: cbor2 would otherwise build datetimes, big integers, sets and even
+compiled regular expressions from a peer's bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import cbor2
+
+from mdeci.errors import FrameError, SubjectError
+from mdeci.filters import MAX_FILTER_LENGTH, validate_pattern, validate_subject
+
+AttrValue = str | int | float | bool
+
+MAX_FRAME_BYTES = 1 << 20  # matches RudpConfig.max_message_size's default
+MAX_ID_LENGTH = 128  # msg_id, sub_id: opaque text chosen by the sender
+MAX_ATTRS = 64
+MAX_ATTR_NAME_LENGTH = 64
+MAX_ATTR_STRING_LENGTH = 4096
+MAX_MESSAGE_LENGTH = 1024  # error text
+MAX_DEPTH = 8  # CBOR nesting: subs -> items -> item map -> (nothing deeper today)
+UINT63 = 2**63 - 1  # ids and counters fit a signed 64-bit SQL column
+INT64_MIN = -(2**63)
+ATTR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Error codes for the `error` frame; HTTP/SIP-like so they read naturally.
+BAD_REQUEST = 400  # malformed frame, bad subject or filter
+FORBIDDEN = 403  # not allowed for this user
+NOT_FOUND = 404  # no such subscription
+TOO_LARGE = 413  # frame over MAX_FRAME_BYTES
+INTERNAL = 500  # the broker failed; the request may be retried
+UNAVAILABLE = 503  # overloaded (e.g. queue full under refuse-newest); retry later
+
+
+# ---------------------------------------------------------------------------------------
+# Field checks: each raises FrameError naming the field.
+# ---------------------------------------------------------------------------------------
+
+
+def _name(value: object) -> str:
+    return type(value).__name__
+
+
+def _int(op: str, name: str, value: object, lo: int, hi: int) -> None:
+    # bool is an int subclass in Python but not an integer on the wire.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise FrameError(f"{op}: {name} must be an integer, not {_name(value)}")
+    if not lo <= value <= hi:
+        raise FrameError(f"{op}: {name} out of range {lo}..{hi}")
+
+
+def _text(op: str, name: str, value: object, lo: int, hi: int) -> None:
+    if not isinstance(value, str):
+        raise FrameError(f"{op}: {name} must be text, not {_name(value)}")
+    if not lo <= len(value) <= hi:
+        raise FrameError(f"{op}: {name} must be {lo}..{hi} characters long")
+
+
+def _bool(op: str, name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise FrameError(f"{op}: {name} must be a boolean, not {_name(value)}")
+
+
+def _bytes(op: str, name: str, value: object) -> None:
+    if not isinstance(value, bytes):
+        raise FrameError(f"{op}: {name} must be a byte string, not {_name(value)}")
+
+
+def _time(frame: object, op: str, name: str) -> None:
+    value = getattr(frame, name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FrameError(f"{op}: {name} must be a number of seconds, not {_name(value)}")
+    if not math.isfinite(value) or value < 0:
+        raise FrameError(f"{op}: {name} must be a finite time >= 0")
+    # One representation (float) so that decode(encode(f)) == f holds field by field.
+    object.__setattr__(frame, name, float(value))
+
+
+def _subject(op: str, name: str, value: object, *, pattern: bool) -> None:
+    try:
+        validate_pattern(value) if pattern else validate_subject(value)
+    except SubjectError as exc:
+        raise FrameError(f"{op}: {name}: {exc}") from None
+
+
+def _attrs(frame: object, op: str, name: str = "attrs") -> None:
+    value = getattr(frame, name)
+    if not isinstance(value, Mapping):
+        raise FrameError(f"{op}: {name} must be a map, not {_name(value)}")
+    if len(value) > MAX_ATTRS:
+        raise FrameError(f"{op}: more than {MAX_ATTRS} {name}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not ATTR_NAME.fullmatch(key):
+            raise FrameError(f"{op}: attribute name {key!r} is not [A-Za-z_][A-Za-z0-9_]*")
+        if len(key) > MAX_ATTR_NAME_LENGTH:
+            raise FrameError(f"{op}: attribute name {key[:20]!r}... too long")
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not INT64_MIN <= item <= UINT63:
+                raise FrameError(f"{op}: attribute {key!r} out of the 64-bit range")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise FrameError(f"{op}: attribute {key!r} is not a finite number")
+        elif isinstance(item, str):
+            if len(item) > MAX_ATTR_STRING_LENGTH:
+                raise FrameError(f"{op}: attribute {key!r} longer than {MAX_ATTR_STRING_LENGTH}")
+        else:
+            raise FrameError(
+                f"{op}: attribute {key!r} must be text, integer, float or boolean, "
+                f"not {_name(item)}"
+            )
+    # A private read-only copy: the frame is immutable even if the caller's dict is not.
+    object.__setattr__(frame, name, MappingProxyType(dict(value)))
+
+
+def _req(op: str, value: object) -> None:
+    _int(op, "req", value, 0, UINT63)
+
+
+def _id(op: str, name: str, value: object) -> None:
+    _text(op, name, value, 1, MAX_ID_LENGTH)
+
+
+# ---------------------------------------------------------------------------------------
+# Frames
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sub:
+    """Agent to broker: subscribe to ``subject`` (a pattern) with an optional filter.
+
+    ``ttl`` is in seconds; ``None`` asks for the broker's default TTL (the broker clamps
+    either to its maximum and answers the real expiry in ``sub-ok``).
+    """
+
+    op: ClassVar[str] = "sub"
+    req: int
+    subject: str
+    filter: str = ""
+    ttl: int | None = None
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        _subject(self.op, "subject", self.subject, pattern=True)
+        _text(self.op, "filter", self.filter, 0, MAX_FILTER_LENGTH)
+        if self.ttl is not None:
+            _int(self.op, "ttl", self.ttl, 1, UINT63)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubOk:
+    """Broker to agent: the subscription of request ``req`` is ``sub_id`` until ``expires_at``.
+
+    ``expires_at`` is UTC epoch seconds (float).
+    """
+
+    op: ClassVar[str] = "sub-ok"
+    req: int
+    sub_id: str
+    expires_at: float
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        _id(self.op, "sub_id", self.sub_id)
+        _time(self, self.op, "expires_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unsub:
+    """Agent to broker: cancel subscription ``sub_id`` (answered by ``sub-ok`` or ``error``)."""
+
+    op: ClassVar[str] = "unsub"
+    req: int
+    sub_id: str
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        _id(self.op, "sub_id", self.sub_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class List:
+    """Agent to broker: list my subscriptions (answered by ``subs``)."""
+
+    op: ClassVar[str] = "list"
+    req: int
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubInfo:
+    """One entry of ``subs.items`` (a CBOR map with these four keys)."""
+
+    sub_id: str
+    subject: str
+    filter: str
+    expires_at: float
+
+    def __post_init__(self) -> None:
+        _id("subs", "items.sub_id", self.sub_id)
+        _subject("subs", "items.subject", self.subject, pattern=True)
+        _text("subs", "items.filter", self.filter, 0, MAX_FILTER_LENGTH)
+        _time(self, "subs", "expires_at")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Subs:
+    """Broker to agent: the user's live subscriptions, answering ``list`` request ``req``."""
+
+    op: ClassVar[str] = "subs"
+    req: int
+    items: tuple[SubInfo, ...] = ()
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        if not isinstance(self.items, tuple | list):
+            raise FrameError(f"subs: items must be a list, not {_name(self.items)}")
+        for item in self.items:
+            if not isinstance(item, SubInfo):
+                raise FrameError(f"subs: items must hold SubInfo, not {_name(item)}")
+        object.__setattr__(self, "items", tuple(self.items))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pub:
+    """Agent to broker: publish; idempotent by ``msg_id`` (a re-send is not a new message)."""
+
+    op: ClassVar[str] = "pub"
+    req: int
+    msg_id: str
+    subject: str
+    attrs: Mapping[str, AttrValue] = field(default_factory=dict)
+    payload: bytes = b""
+    urgent: bool = False
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        _id(self.op, "msg_id", self.msg_id)
+        _subject(self.op, "subject", self.subject, pattern=False)
+        _attrs(self, self.op)
+        _bytes(self.op, "payload", self.payload)
+        _bool(self.op, "urgent", self.urgent)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PubOk:
+    """Broker to agent: ``msg_id`` was accepted and queued for ``matched`` subscriptions."""
+
+    op: ClassVar[str] = "pub-ok"
+    req: int
+    msg_id: str
+    matched: int
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        _id(self.op, "msg_id", self.msg_id)
+        _int(self.op, "matched", self.matched, 0, UINT63)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notify:
+    """Broker to agent: notification number ``nseq`` (per user, strictly increasing).
+
+    ``missed`` is how many of this user's notifications the broker discarded by its queue
+    overflow policy since the notification queued just before this one (0 normally): the
+    agent reports it to the application, and knows that a gap in ``nseq`` just before
+    this one is a drop, not a loss. ``published_at`` is UTC epoch seconds.
+    """
+
+    op: ClassVar[str] = "notify"
+    nseq: int
+    sub_id: str
+    subject: str
+    msg_id: str
+    published_at: float
+    attrs: Mapping[str, AttrValue] = field(default_factory=dict)
+    payload: bytes = b""
+    missed: int = 0
+
+    def __post_init__(self) -> None:
+        _int(self.op, "nseq", self.nseq, 1, UINT63)
+        _id(self.op, "sub_id", self.sub_id)
+        _subject(self.op, "subject", self.subject, pattern=False)
+        _id(self.op, "msg_id", self.msg_id)
+        _time(self, self.op, "published_at")
+        _attrs(self, self.op)
+        _bytes(self.op, "payload", self.payload)
+        _int(self.op, "missed", self.missed, 0, UINT63)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    """Agent to broker: the application has every notification up to ``nseq == upto``."""
+
+    op: ClassVar[str] = "ack"
+    upto: int
+
+    def __post_init__(self) -> None:
+        _int(self.op, "upto", self.upto, 0, UINT63)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error:
+    """Either way: request ``req`` failed with ``code`` (see the module constants).
+
+    ``req`` is ``None`` when the failed frame carried no readable request id.
+    """
+
+    op: ClassVar[str] = "error"
+    code: int
+    message: str
+    req: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.req is not None:
+            _req(self.op, self.req)
+        _int(self.op, "code", self.code, 100, 699)
+        _text(self.op, "message", self.message, 0, MAX_MESSAGE_LENGTH)
+
+
+Frame = Sub | SubOk | Unsub | List | Subs | Pub | PubOk | Notify | Ack | Error
+
+FRAME_TYPES: Mapping[str, type[Frame]] = MappingProxyType(
+    {cls.op: cls for cls in (Sub, SubOk, Unsub, List, Subs, Pub, PubOk, Notify, Ack, Error)}
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Encoding and decoding
+# ---------------------------------------------------------------------------------------
+
+
+def _to_map(obj: object) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        has_default = f.default is not f.default_factory  # both MISSING when required
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        if has_default and value == default:
+            continue  # defaults are implied on decode; keeps frames small (SMS is 140 B)
+        if isinstance(value, MappingProxyType):
+            value = dict(value)
+        elif isinstance(value, tuple):
+            value = [_to_map(v) for v in value]
+        out[f.name] = value
+    return out
+
+
+def encode(frame: Frame) -> bytes:
+    """Encode a frame as one CBOR map, key ``op`` first.
+
+    Raises :class:`FrameError` (code 413) if the result exceeds :data:`MAX_FRAME_BYTES`.
+    """
+    data = cbor2.dumps({"op": frame.op, **_to_map(frame)})
+    if len(data) > MAX_FRAME_BYTES:
+        raise FrameError(
+            f"{frame.op}: frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}",
+            code=TOO_LARGE,
+            req=getattr(frame, "req", None),
+        )
+    return data
+
+
+def _refuse_tag(*_args: object) -> object:
+    raise FrameError("CBOR tags are not allowed in frames")
+
+
+# Overriding every semantic tag cbor2 knows (all live below 65536) and the hook for the
+# rest means no tag ever turns into an object.
+_NO_TAGS: dict[int, Any] = dict.fromkeys(range(65536), _refuse_tag)
+
+
+def _from_map(cls: type[Any], m: Mapping[str, Any], op: str) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name in m:
+            value = m[f.name]
+            if f.name == "items":
+                if not isinstance(value, list):
+                    raise FrameError(f"{op}: items must be a list, not {_name(value)}")
+                value = tuple(_item(v, op) for v in value)
+            kwargs[f.name] = value
+        elif f.default is f.default_factory:  # both MISSING: a required field
+            raise FrameError(f"{op}: missing field '{f.name}'")
+    return cls(**kwargs)
+
+
+def _item(value: object, op: str) -> SubInfo:
+    if not isinstance(value, dict):
+        raise FrameError(f"{op}: each item must be a map, not {_name(value)}")
+    item: SubInfo = _from_map(SubInfo, value, op)
+    return item
+
+
+def decode(data: bytes) -> Frame:
+    """Decode one frame; unknown keys are ignored (forward compatibility).
+
+    Raises :class:`FrameError` and nothing else for any other input: 413 when ``data``
+    is longer than :data:`MAX_FRAME_BYTES`, 400 for bad CBOR, trailing bytes, a non-map,
+    an unknown ``op``, a missing field, a wrong type or a value out of range. The error's
+    ``req`` is set when the map had a valid request id, so the answer can name it.
+    """
+    if len(data) > MAX_FRAME_BYTES:
+        raise FrameError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}", code=TOO_LARGE)
+    buf = io.BytesIO(data)
+    try:
+        obj = cbor2.CBORDecoder(
+            buf,
+            tag_hook=_refuse_tag,
+            semantic_decoders=_NO_TAGS,
+            max_depth=MAX_DEPTH,
+            allow_duplicate_keys=False,
+            strict_hashable_types=True,
+        ).decode()
+    except FrameError:
+        raise
+    except Exception as exc:
+        # cbor2 raises several types (CBORDecodeError, ValueError, UnicodeDecodeError...);
+        # the boundary turns every one of them into the protocol error.
+        cause = exc.__cause__ if isinstance(exc.__cause__, FrameError) else None
+        text = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise cause or FrameError(f"bad CBOR: {text}") from None
+    if buf.tell() != len(data):
+        raise FrameError(f"{len(data) - buf.tell()} bytes after the CBOR map")
+    if not isinstance(obj, dict):
+        raise FrameError(f"a frame is a CBOR map, not {_name(obj)}")
+    if any(not isinstance(k, str) for k in obj):
+        raise FrameError("frame keys must be text")
+    req = obj.get("req")
+    valid_req = req if isinstance(req, int) and not isinstance(req, bool) else None
+    if valid_req is not None and not 0 <= valid_req <= UINT63:
+        valid_req = None
+    op = obj.get("op")
+    if not isinstance(op, str):
+        raise FrameError("missing or non-text 'op'", req=valid_req)
+    cls = FRAME_TYPES.get(op)
+    if cls is None:
+        raise FrameError(f"unknown op {op[:32]!r}", req=valid_req)
+    try:
+        frame: Frame = _from_map(cls, obj, op)
+    except FrameError as exc:
+        exc.req = valid_req
+        raise
+    return frame

@@ -1,0 +1,268 @@
+"""The churn log writer: fields, ts format, events, rotation, durability per line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mdeci.churnlog import FIELDS, ChurnLog, Event, format_ts, make_record
+from mdeci.errors import ChurnLogError, MdeciError
+
+# 2026-11-22T21:05:03.123Z
+T0 = 1795381503.123
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+
+
+PROTOCOL_EVENTS = [
+    "registered",
+    "unregistered",
+    "registration_expired",
+    "session_started",
+    "session_reinvited",
+    "session_ended",
+    "ip_changed",
+    "media_connected",
+    "media_disconnected",
+    "notify_queued",
+    "notify_delivered",
+    "notify_dropped",
+    "sms_sent",
+    "sms_received",
+    "subscription_added",
+    "subscription_removed",
+    "subscription_expired",
+]
+
+
+def test_events_are_exactly_the_protocol_ones() -> None:
+    assert sorted(e.value for e in Event) == sorted(PROTOCOL_EVENTS)
+
+
+def test_ts_format() -> None:
+    assert format_ts(T0) == "2026-11-22T21:05:03.123Z"
+    assert format_ts(0) == "1970-01-01T00:00:00.000Z"
+    assert format_ts(1.9999) == "1970-01-01T00:00:01.999Z"  # truncated, never the next second
+    assert format_ts(1.0005) == "1970-01-01T00:00:01.000Z"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 4_102_444_800, allow_nan=False))
+def test_ts_is_rfc3339_utc_millis(epoch: float) -> None:
+    text = format_ts(epoch)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", text)
+    from datetime import datetime
+
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    assert epoch - 0.001 - 1e-6 <= parsed <= epoch + 1e-6
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e20])
+def test_ts_rejects_bad_times(bad: float) -> None:
+    with pytest.raises(ChurnLogError):
+        format_ts(bad)
+
+
+def test_fields_order_and_omission(tmp_path: Path) -> None:
+    path = tmp_path / "churn.log"
+    with ChurnLog(path, "broker-1", Clock()) as log:
+        log.write(Event.REGISTERED, uri="sip:alice@example.org", addr="127.0.0.2:5070")
+        log.write(
+            "notify_delivered",
+            uri="sip:alice@example.org",
+            call_id="c1@x",
+            addr="127.0.0.3:40000",
+            prev_addr="127.0.0.2:40000",
+            channel="ip",
+            queue_depth=0,
+            nseq=17,
+            latency_ms=12,
+            bytes=90,
+            cost=0,
+            reason="flushed après re-INVITE",
+        )
+    raw = path.read_text("utf-8")
+    assert raw.endswith("\n")
+    first, second = raw.splitlines()
+    assert first == (
+        '{"ts":"2026-11-22T21:05:03.123Z","node":"broker-1","event":"registered",'
+        '"uri":"sip:alice@example.org","addr":"127.0.0.2:5070"}'
+    )
+    rec = json.loads(second)
+    assert list(rec) == list(FIELDS)  # every field, in §8 order
+    assert rec["latency_ms"] == 12.0 and isinstance(rec["latency_ms"], float)
+    assert isinstance(rec["cost"], float)
+    assert rec["queue_depth"] == 0  # zero is a value, not omitted
+    assert "après" in second  # UTF-8, not \\u escapes
+
+
+def test_write_returns_the_record(tmp_path: Path) -> None:
+    with ChurnLog(tmp_path / "c.log", "agent-1", Clock()) as log:
+        rec = log.write(Event.IP_CHANGED, uri="sip:a@x", addr="1.2.3.4:5", prev_addr="::1:5")
+    assert rec == lines(tmp_path / "c.log")[0]
+
+
+def test_clock_is_read_per_line(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    with ChurnLog(tmp_path / "c.log", "n", clock) as log:
+        log.write(Event.SESSION_STARTED, uri="sip:a@x")
+        clock.now = 60.5
+        log.write(Event.SESSION_ENDED, uri="sip:a@x")
+    assert [r["ts"] for r in lines(tmp_path / "c.log")] == [
+        "1970-01-01T00:00:00.000Z",
+        "1970-01-01T00:01:00.500Z",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"event": "registerd"}, "unknown churn event 'registerd'"),
+        ({"event": "REGISTERED"}, "unknown churn event"),
+        ({"channel": "pigeon"}, "channel must be 'ip' or 'sms'"),
+        ({"nseq": "5"}, "'nseq' has type str"),
+        ({"nseq": True}, "'nseq' has type bool"),
+        ({"queue_depth": 1.5}, "'queue_depth' has type float"),
+        ({"bytes": None, "cost": "1"}, "'cost' has type str"),
+        ({"latency_ms": float("nan")}, "not finite"),
+        ({"uri": 5}, "'uri' has type int"),
+        ({"reason": b"x"}, "'reason' has type bytes"),
+    ],
+)
+def test_invalid_records_rejected(tmp_path: Path, kwargs: dict[str, object], fragment: str) -> None:
+    args: dict[str, object] = {"event": Event.REGISTERED, "uri": "sip:a@x", **kwargs}
+    event = args.pop("event")
+    with ChurnLog(tmp_path / "c.log", "n", Clock()) as log:
+        with pytest.raises(ChurnLogError) as info:
+            log.write(event, **args)  # type: ignore[arg-type]
+        assert fragment in str(info.value)
+        assert isinstance(info.value, MdeciError)
+    assert (tmp_path / "c.log").read_bytes() == b""  # nothing half-written
+
+
+def test_unencodable_text_rejected(tmp_path: Path) -> None:
+    with ChurnLog(tmp_path / "c.log", "n", Clock()) as log, pytest.raises(ChurnLogError):
+        log.write(Event.REGISTERED, uri="sip:\ud800@x")
+
+
+def test_make_record_is_pure() -> None:
+    assert make_record(0, "n", Event.SMS_SENT, uri="u", channel="sms", bytes=140, cost=0.05) == {
+        "ts": "1970-01-01T00:00:00.000Z",
+        "node": "n",
+        "event": "sms_sent",
+        "uri": "u",
+        "channel": "sms",
+        "bytes": 140,
+        "cost": 0.05,
+    }
+
+
+def test_rotation_by_size(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "churn.log"  # the folder is created
+    with ChurnLog(path, "n", Clock(), max_bytes=300, backups=2) as log:
+        for i in range(30):
+            log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=i + 1, queue_depth=i)
+    files = sorted(p.name for p in path.parent.iterdir())
+    assert files == ["churn.log", "churn.log.1", "churn.log.2"]
+    for p in path.parent.iterdir():
+        assert 0 < p.stat().st_size <= 300
+    # newest in churn.log, then .1, then .2; consecutive and gap-free across the three
+    nseqs = [
+        r["nseq"]
+        for name in ("churn.log.2", "churn.log.1", "churn.log")
+        for r in lines(path.parent / name)
+    ]
+    assert nseqs == list(range(nseqs[0], 31))
+    assert nseqs[0] > 1  # the oldest lines were rotated out
+
+
+def test_rotation_without_backups(tmp_path: Path) -> None:
+    path = tmp_path / "churn.log"
+    with ChurnLog(path, "n", Clock(), max_bytes=200, backups=0) as log:
+        for i in range(10):
+            log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=i + 1)
+    assert [p.name for p in tmp_path.iterdir()] == ["churn.log"]
+    assert lines(path)[-1]["nseq"] == 10
+
+
+def test_oversize_line_goes_alone_into_a_fresh_file(tmp_path: Path) -> None:
+    path = tmp_path / "churn.log"
+    with ChurnLog(path, "n", Clock(), max_bytes=50, backups=3) as log:
+        log.write(Event.REGISTERED, uri="sip:a@x", reason="x" * 100)
+        log.write(Event.REGISTERED, uri="sip:a@x", reason="y" * 100)
+    assert len(lines(path)) == 1 and lines(path)[0]["reason"] == "y" * 100
+    assert lines(tmp_path / "churn.log.1")[0]["reason"] == "x" * 100
+
+
+def test_reopen_appends_and_counts_existing_size(tmp_path: Path) -> None:
+    path = tmp_path / "churn.log"
+    with ChurnLog(path, "n", Clock(), max_bytes=10_000) as log:
+        log.write(Event.REGISTERED, uri="sip:a@x")
+    size = path.stat().st_size
+    with ChurnLog(path, "n", Clock(), max_bytes=size + 10, backups=1) as log:
+        log.write(Event.UNREGISTERED, uri="sip:a@x")
+    assert [r["event"] for r in lines(path)] == ["unregistered"]
+    assert [r["event"] for r in lines(tmp_path / "churn.log.1")] == ["registered"]
+
+
+def test_each_line_reaches_the_os_at_once(tmp_path: Path) -> None:
+    """A child writes a line then is killed with SIGKILL: the line is in the file."""
+    path = tmp_path / "churn.log"
+    code = (
+        "import os, signal\n"
+        "from mdeci.churnlog import ChurnLog, Event\n"
+        f"log = ChurnLog({str(path)!r}, 'n', lambda: 0.0)\n"
+        "log.write(Event.MEDIA_DISCONNECTED, uri='sip:a@x', reason='before kill')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60, check=False)
+    assert proc.returncode == -9
+    assert lines(path) == [
+        {
+            "ts": "1970-01-01T00:00:00.000Z",
+            "node": "n",
+            "event": "media_disconnected",
+            "uri": "sip:a@x",
+            "reason": "before kill",
+        }
+    ]
+
+
+def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
+    log = ChurnLog(tmp_path / "c.log", "n", Clock())
+    assert not log.closed
+    log.close()
+    log.close()
+    assert log.closed
+    with pytest.raises(ChurnLogError, match="closed"):
+        log.write(Event.REGISTERED, uri="sip:a@x")
+
+
+def test_constructor_checks(tmp_path: Path) -> None:
+    with pytest.raises(ChurnLogError, match="node"):
+        ChurnLog(tmp_path / "c.log", "", Clock())
+    with pytest.raises(ChurnLogError, match="max_bytes"):
+        ChurnLog(tmp_path / "c.log", "n", Clock(), max_bytes=0)
+    with pytest.raises(ChurnLogError, match="backups"):
+        ChurnLog(tmp_path / "c.log", "n", Clock(), backups=-1)
+    (tmp_path / "dir.log").mkdir()
+    with pytest.raises(ChurnLogError, match="cannot open churn log"):
+        ChurnLog(tmp_path / "dir.log", "n", Clock())
