@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from sip.errors import TransactionError
 from sip.headers import Headers
-from sip.message import Request, make_response
+from sip.message import Request, make_response, serialize
 from sip.transaction import (
     CLIENT_INVITE_TABLE,
     CLIENT_NON_INVITE_TABLE,
@@ -43,6 +43,7 @@ from sip.transaction import (
     State,
     TimerConfig,
     Transaction,
+    TransactionLayer,
     TransactionTerminated,
     TransactionTimedOut,
     build_ack_for_non2xx,
@@ -330,3 +331,47 @@ def test_any_input_sequence_keeps_the_machine_sound(
         if raised:
             assert events == [] and out == []
     assert timed_out <= 1
+
+
+# ------------------------------------------------------------ the layer's boundary
+
+SEEDS = [
+    serialize(make_request("INVITE")),
+    serialize(make_request("ACK")),
+    serialize(make_request("CANCEL")),
+    serialize(make_response(make_request("INVITE"), 486, to_tag="x")),
+    serialize(make_response(make_request("OPTIONS"), 200, to_tag="x")),
+]
+
+
+@st.composite
+def mangled(draw: st.DrawFn) -> bytes:
+    data = bytearray(draw(st.sampled_from(SEEDS)))
+    for _ in range(draw(st.integers(0, 4))):
+        pos = draw(st.integers(0, len(data) - 1))
+        data[pos : pos + draw(st.integers(0, 3))] = draw(st.binary(max_size=3))
+    return bytes(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    datagrams=st.lists(
+        st.tuples(st.one_of(mangled(), st.binary(max_size=64)), st.booleans()), max_size=8
+    ),
+    ticks=st.lists(st.sampled_from([0.0, 0.5, 5.0, 40.0]), max_size=3),
+)
+def test_layer_takes_any_datagram_without_raising(
+    datagrams: list[tuple[bytes, bool]], ticks: list[float]
+) -> None:
+    layer = TransactionLayer()
+    layer.send_request(make_request("INVITE"), DEST, 0.0)
+    now = 0.0
+    for data, reliable in datagrams:
+        layer.receive_datagram(data, DEST, now, reliable)
+    for step in ticks:
+        now += step
+        layer.handle_timer(now)
+    while layer.next_event() is not None:
+        pass
+    layer.datagrams_to_send()
+    assert layer.dropped + layer.strays <= len(datagrams)
