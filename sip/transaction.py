@@ -26,7 +26,7 @@ responses to client transactions by (top Via branch, CSeq method) (§17.1.3)
 and requests to server transactions by (branch, sent-by, method, with ACK
 matching its INVITE) (§17.2.3), and creates a server transaction for every new
 request except ACK. A response that matches no client transaction is
-discarded (RFC 6026 §7.5 / §8.9, amending §18.1.2): the Accepted state of
+discarded (RFC 6026, amending RFC 3261 §18.1.2): the Accepted state of
 the INVITE client transaction already passes 2xx retransmissions up.
 """
 
@@ -670,7 +670,7 @@ class TransactionLayer:
     :class:`RequestReceived`; an ACK matching nothing (the ACK for a 2xx, its
     own transaction, §17) surfaces with ``key=None`` so the dialog layer can
     handle it. A response matching nothing is discarded and counted in
-    :attr:`strays` (RFC 6026 §8.9, amending §18.1.2). A message without a
+    :attr:`strays` (RFC 6026, amending RFC 3261 §18.1.2). A message without a
     readable top Via or CSeq, or a datagram that does not parse
     (:meth:`receive_datagram`), is discarded and counted in :attr:`dropped`.
     """
@@ -745,7 +745,7 @@ class TransactionLayer:
         if isinstance(msg, Response):
             client = self.clients.get(key)
             if client is None:
-                # RFC 6026 §8.9 (amends §18.1.2): a UA silently discards it.
+                # RFC 6026 (amending §18.1.2): any element but a stateless proxy discards it.
                 self.strays += 1
                 return
             client.receive(msg, now)

@@ -750,7 +750,7 @@ def test_layer_stray_responses_are_discarded_and_counted() -> None:
     layer.receive(wire(answer(request("BYE"), 200)), UAS, 0.1)  # same branch, other method
     assert layer.strays == 2
     assert drain(layer) == []
-    # After timer M a late 2xx retransmission is a stray too (RFC 6026 §8.9).
+    # After timer M a late 2xx retransmission is a stray too (RFC 6026 on §18.1.2).
     layer.receive(wire(answer(req, 200)), UAS, 1.0)
     assert txn.state is State.ACCEPTED
     Tx(layer).run_until(33.0)
