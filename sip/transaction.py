@@ -10,13 +10,24 @@ next deadline, absolute, same clock as ``now``) and ``next_event()``
 of every machine comes from one table; the side effects of a transition live
 in the method that feeds the input. An input the table does not list is, for
 network input, absorbed (that is what a transaction does with strays and
-retransmissions), and for TU input a :class:`TransactionError`.
+retransmissions), and for TU input a :class:`TransactionError`. The TU
+sending the request (``send``) is itself a table input, the entry arc of
+figures 5 and 6.
+
+Timers are re-armed relative to the ``now`` at which they fire (§17.1.1.2:
+"reset the timer with a value of 2*T1"), so a late ``handle_timer`` call
+delays the rest of the schedule instead of bursting retransmissions. When two
+timers fall due at the same instant, a timeout (B, F, H) fires before a
+retransmission timer (A, E, G): nothing is resent by a transaction that is
+giving up.
 
 :class:`TransactionLayer` owns the transactions of one endpoint, matches
 responses to client transactions by (top Via branch, CSeq method) (§17.1.3)
 and requests to server transactions by (branch, sent-by, method, with ACK
 matching its INVITE) (§17.2.3), and creates a server transaction for every new
-request except ACK.
+request except ACK. A response that matches no client transaction is
+discarded (RFC 6026, amending RFC 3261 §18.1.2): the Accepted state of
+the INVITE client transaction already passes 2xx retransmissions up.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from dataclasses import dataclass
 
 from sip.errors import SipParseError, TransactionError
 from sip.headers import Headers
-from sip.message import Request, Response, make_response, serialize
+from sip.message import Request, Response, make_response, parse_message, serialize
 
 Address = tuple[str, int]
 Datagram = tuple[bytes, Address]
@@ -41,14 +52,30 @@ class TimerConfig:
 
     ``t1``: RTT estimate, 0.5 s; ``t2``: maximum retransmit interval for
     non-INVITE requests and INVITE responses, 4 s; ``t4``: maximum time a
-    message stays in the network, 5 s; ``timer_d``: wait for response
-    retransmissions after a non-2xx INVITE final over UDP, at least 32 s.
+    message stays in the network, 5 s; ``timer_d``: the floor of timer D, the
+    wait for response retransmissions after a non-2xx INVITE final over UDP,
+    32 s. Timer D is ``max(timer_d, 64*t1)``: §17.1.1.2 sets it to at least
+    32 s because that is how long the server retransmits (timer H, 64*T1).
+
+    Raises :class:`ValueError` for a non-positive ``t1``/``t2`` or a negative
+    ``t4``/``timer_d``.
     """
 
     t1: float = 0.5
     t2: float = 4.0
     t4: float = 5.0
     timer_d: float = 32.0
+
+    def __post_init__(self) -> None:
+        if not (self.t1 > 0 and self.t2 > 0):
+            raise ValueError("t1 and t2 must be positive")
+        if not (self.t4 >= 0 and self.timer_d >= 0):
+            raise ValueError("t4 and timer_d must not be negative")
+
+    @property
+    def d(self) -> float:
+        """Timer D over an unreliable transport (§17.1.1.2)."""
+        return max(self.timer_d, 64 * self.t1)
 
 
 TransactionKey = tuple[str, str, str]  # (branch, sent-by, method)
@@ -140,7 +167,10 @@ class Input(enum.Enum):
 S, I = State, Input  # noqa: E741  (short aliases keep the tables readable)
 
 # RFC 3261 §17.1.1 (figure 5) as amended by RFC 6026 §8.4 (figure 3): INVITE client.
+# No timer B and no transport error in Proceeding: the figure has neither (the
+# client sends nothing there and waits for the TU to CANCEL, §9.1).
 CLIENT_INVITE_TABLE: dict[tuple[State, Input], State] = {
+    (S.CALLING, I.TU_REQUEST): S.CALLING,
     (S.CALLING, I.TIMER_A): S.CALLING,
     (S.CALLING, I.TIMER_B): S.TERMINATED,
     (S.CALLING, I.RECV_1XX): S.PROCEEDING,
@@ -159,6 +189,7 @@ CLIENT_INVITE_TABLE: dict[tuple[State, Input], State] = {
 
 # RFC 3261 §17.1.2 (figure 6): non-INVITE client.
 CLIENT_NON_INVITE_TABLE: dict[tuple[State, Input], State] = {
+    (S.TRYING, I.TU_REQUEST): S.TRYING,
     (S.TRYING, I.TIMER_E): S.TRYING,
     (S.TRYING, I.TIMER_F): S.TERMINATED,
     (S.TRYING, I.RECV_1XX): S.PROCEEDING,
@@ -212,6 +243,22 @@ SERVER_NON_INVITE_TABLE: dict[tuple[State, Input], State] = {
 }
 
 TU_INPUTS = frozenset({I.TU_REQUEST, I.TU_1XX, I.TU_2XX, I.TU_FINAL})
+TIMER_INPUTS: dict[str, Input] = {
+    "A": I.TIMER_A,
+    "B": I.TIMER_B,
+    "D": I.TIMER_D,
+    "E": I.TIMER_E,
+    "F": I.TIMER_F,
+    "G": I.TIMER_G,
+    "H": I.TIMER_H,
+    "I": I.TIMER_I,
+    "J": I.TIMER_J,
+    "K": I.TIMER_K,
+    "L": I.TIMER_L,
+    "M": I.TIMER_M,
+}
+# Retransmission timers lose a tie against the timeout they race (see the docstring).
+_RETRANSMIT_TIMERS = frozenset({"A", "E", "G"})
 
 
 def _response_input(status: int, tu: bool) -> Input:
@@ -252,7 +299,7 @@ class Transaction:
         self.dest = dest
         self.config = config
         self.reliable = reliable
-        self.state = self.INITIAL
+        self._state = self.INITIAL
         self.key = transaction_key(request)
         self._timers: dict[str, float] = {}
         self._intervals: dict[str, float] = {}
@@ -260,6 +307,11 @@ class Transaction:
         self._events: deque[Event] = deque()
 
     # ---- outputs
+    @property
+    def state(self) -> State:
+        """The current state (read-only: only the table changes it)."""
+        return self._state
+
     def datagrams_to_send(self) -> list[Datagram]:
         """Messages to put on the wire now, each with its destination."""
         out, self._out = self._out, []
@@ -280,17 +332,25 @@ class Transaction:
     @property
     def terminated(self) -> bool:
         """True once the machine reached Terminated."""
-        return self.state is S.TERMINATED
+        return self._state is S.TERMINATED
 
     # ---- internals
-    def _step(self, inp: Input) -> bool:
-        """Apply the table; False when the input is absorbed (network) — TU misuse raises."""
-        nxt = self.TABLE.get((self.state, inp))
+    def _step(self, inp: Input, failure: str | None = None) -> bool:
+        """Apply the table; False when a network input is absorbed.
+
+        Raises :class:`TransactionError` for a TU input the table does not
+        list. ``failure`` names the timer (or "transport") whose firing means
+        the request failed: :class:`TransactionTimedOut` is queued, before
+        :class:`TransactionTerminated`.
+        """
+        nxt = self.TABLE.get((self._state, inp))
         if nxt is None:
             if inp in TU_INPUTS:
-                raise TransactionError(f"{type(self).__name__}: {inp.value} in {self.state.value}")
+                raise TransactionError(f"{type(self).__name__}: {inp.value} in {self._state.value}")
             return False
-        self.state = nxt
+        self._state = nxt
+        if failure is not None:
+            self._events.append(TransactionTimedOut(self.key, self.request, failure))
         if nxt is S.TERMINATED:
             self._timers.clear()
             self._events.append(TransactionTerminated(self.key))
@@ -307,24 +367,30 @@ class Transaction:
     def handle_timer(self, now: float) -> None:
         """Fire every timer whose deadline is ``<= now`` (earliest first)."""
         for _ in range(64):  # bounded: each firing re-arms at most one later timer
-            due = [(t, n) for n, t in self._timers.items() if t <= now]
+            due = [(t, n in _RETRANSMIT_TIMERS, n) for n, t in self._timers.items() if t <= now]
             if not due:
                 return
-            _, name = min(due)
+            _, _, name = min(due)
             del self._timers[name]
-            self._fire(name, now)
+            self._fire(TIMER_INPUTS[name], now)
 
-    def _fire(self, name: str, now: float) -> None:
+    def _fire(self, inp: Input, now: float) -> None:
         raise NotImplementedError
 
     def transport_error(self, now: float) -> None:
-        """The transport could not deliver (§17.1.4, §17.2.4): the transaction ends."""
-        if self._step(I.TRANSPORT_ERROR):
-            self._events.appendleft(TransactionTimedOut(self.key, self.request, "transport"))
+        """The transport could not deliver (§17.1.4, §17.2.4): the transaction ends.
+
+        Only in the states whose figure has a "Transport Err." arc; elsewhere
+        nothing was being sent, and the report is absorbed.
+        """
+        self._step(I.TRANSPORT_ERROR, failure="transport")
 
 
 class ClientTransaction(Transaction):
     """Base of the two client machines."""
+
+    FIRST_TIMER = ""  # A or E: the retransmission timer of figure 5 or 6
+    TIMEOUT_TIMER = ""  # B or F
 
     def __init__(
         self,
@@ -335,11 +401,29 @@ class ClientTransaction(Transaction):
     ) -> None:
         super().__init__(request, dest, config, reliable)
         self._wire = b""
+        self._sent = False
         self.last_response: Response | None = None
 
     def send(self, msg: Request, now: float) -> None:
-        """Start the transaction by sending ``msg`` (the request it was built with)."""
-        raise NotImplementedError
+        """Start the transaction by sending ``msg`` (the request it was built with).
+
+        Starts the retransmission timer (A or E, unreliable transports only)
+        and the timeout (B or F) (§17.1.1.2, §17.1.2.2). Raises
+        :class:`TransactionError` when called twice or with a request of
+        another transaction.
+        """
+        if self._sent:
+            raise TransactionError("request already sent")
+        if msg is not self.request and transaction_key(msg) != self.key:
+            raise TransactionError("request does not belong to this transaction")
+        self._step(I.TU_REQUEST)
+        self._sent = True
+        self.request = msg
+        self._wire = serialize(msg)
+        self._out.append((self._wire, self.dest))
+        if not self.reliable:
+            self._start(self.FIRST_TIMER, now, self.config.t1)
+        self._start(self.TIMEOUT_TIMER, now, 64 * self.config.t1)
 
     def receive(self, msg: Response, now: float) -> None:
         """Feed a response matched to this transaction."""
@@ -351,6 +435,8 @@ class ClientInviteTransaction(ClientTransaction):
 
     TABLE = CLIENT_INVITE_TABLE
     INITIAL = S.CALLING
+    FIRST_TIMER = "A"
+    TIMEOUT_TIMER = "B"
 
     def __init__(
         self,
@@ -360,51 +446,38 @@ class ClientInviteTransaction(ClientTransaction):
         reliable: bool = False,
     ) -> None:
         super().__init__(request, dest, config, reliable)
-        self._sent = False
         self._ack: bytes | None = None
-
-    def send(self, msg: Request, now: float) -> None:
-        """Send the INVITE; start timers A (UDP only) and B."""
-        if self._sent:
-            raise TransactionError("INVITE already sent")
-        self._sent = True
-        self.request = msg
-        self._wire = serialize(msg)
-        self._out.append((self._wire, self.dest))
-        if not self.reliable:
-            self._start("A", now, self.config.t1)
-        self._start("B", now, 64 * self.config.t1)
 
     def receive(self, msg: Response, now: float) -> None:
         """Feed a response (1xx, 2xx or 300-699)."""
         inp = _response_input(msg.status, tu=False)
-        before = self.state
+        before = self._state
         if not self._step(inp):
             return
         if inp is I.RECV_FINAL and before is S.COMPLETED:
-            # Retransmitted final: resend our ACK, TU already told (§17.1.1.2).
+            # §17.1.1.2: a retransmitted final is ACKed again, not passed up.
             if self._ack is not None:
                 self._out.append((self._ack, self.dest))
             return
         self.last_response = msg
+        # §17.1.1.2: any response stops A; B lives in Calling only.
         self._stop("A", "B")
         if inp is I.RECV_FINAL:
+            # §17.1.1.3: the transaction itself ACKs a 300-699.
             self._ack = serialize(build_ack_for_non2xx(self.request, msg))
             self._out.append((self._ack, self.dest))
-            self._start("D", now, 0.0 if self.reliable else self.config.timer_d)
+            self._start("D", now, 0.0 if self.reliable else self.config.d)
         elif inp is I.RECV_2XX and before is not S.ACCEPTED:
+            # RFC 6026 §8.4: Accepted absorbs nothing, passes 2xx up, for timer M.
             self._start("M", now, 64 * self.config.t1)
         self._events.append(ResponseReceived(msg, self.key))
 
-    def _fire(self, name: str, now: float) -> None:
-        inp = {"A": I.TIMER_A, "B": I.TIMER_B, "D": I.TIMER_D, "M": I.TIMER_M}[name]
-        if not self._step(inp):
+    def _fire(self, inp: Input, now: float) -> None:
+        if not self._step(inp, failure="B" if inp is I.TIMER_B else None):
             return
         if inp is I.TIMER_A:
             self._out.append((self._wire, self.dest))
             self._start("A", now, 2 * self._intervals["A"])  # §17.1.1.2: doubles, no cap
-        elif inp is I.TIMER_B:
-            self._events.appendleft(TransactionTimedOut(self.key, self.request, "B"))
 
 
 class ClientNonInviteTransaction(ClientTransaction):
@@ -412,28 +485,8 @@ class ClientNonInviteTransaction(ClientTransaction):
 
     TABLE = CLIENT_NON_INVITE_TABLE
     INITIAL = S.TRYING
-
-    def __init__(
-        self,
-        request: Request,
-        dest: Address,
-        config: TimerConfig = TimerConfig(),
-        reliable: bool = False,
-    ) -> None:
-        super().__init__(request, dest, config, reliable)
-        self._sent = False
-
-    def send(self, msg: Request, now: float) -> None:
-        """Send the request; start timers E (UDP only) and F."""
-        if self._sent:
-            raise TransactionError("request already sent")
-        self._sent = True
-        self.request = msg
-        self._wire = serialize(msg)
-        self._out.append((self._wire, self.dest))
-        if not self.reliable:
-            self._start("E", now, self.config.t1)
-        self._start("F", now, 64 * self.config.t1)
+    FIRST_TIMER = "E"
+    TIMEOUT_TIMER = "F"
 
     def receive(self, msg: Response, now: float) -> None:
         """Feed a response."""
@@ -441,26 +494,24 @@ class ClientNonInviteTransaction(ClientTransaction):
         if not self._step(inp):
             return
         self.last_response = msg
-        if self.state is S.COMPLETED:
+        if self._state is S.COMPLETED:
+            # §17.1.2.2: timer K buffers response retransmissions (T4 on UDP, 0 reliable).
             self._stop("E", "F")
             self._start("K", now, 0.0 if self.reliable else self.config.t4)
         self._events.append(ResponseReceived(msg, self.key))
 
-    def _fire(self, name: str, now: float) -> None:
-        inp = {"E": I.TIMER_E, "F": I.TIMER_F, "K": I.TIMER_K}[name]
-        if not self._step(inp):
+    def _fire(self, inp: Input, now: float) -> None:
+        if not self._step(inp, failure="F" if inp is I.TIMER_F else None):
             return
         if inp is I.TIMER_E:
             self._out.append((self._wire, self.dest))
             # Trying: min(2E, T2); Proceeding: T2 (§17.1.2.2).
             interval = (
                 min(2 * self._intervals["E"], self.config.t2)
-                if self.state is S.TRYING
+                if self._state is S.TRYING
                 else self.config.t2
             )
             self._start("E", now, interval)
-        elif inp is I.TIMER_F:
-            self._events.appendleft(TransactionTimedOut(self.key, self.request, "F"))
 
 
 class ServerTransaction(Transaction):
@@ -480,11 +531,17 @@ class ServerTransaction(Transaction):
         self._events.append(RequestReceived(request, source or dest, self.key))
 
     def send(self, msg: Response, now: float) -> None:
-        """Send a response from the TU."""
+        """Send a response from the TU.
+
+        Raises :class:`TransactionError` when the state does not take it.
+        """
         raise NotImplementedError
 
-    def receive(self, msg: Request, now: float) -> None:
-        """Feed a retransmitted request (or ACK) matched to this transaction."""
+    def receive(self, msg: Request, now: float, source: Address | None = None) -> None:
+        """Feed a retransmitted request (or ACK) matched to this transaction.
+
+        ``source`` is where it came from (defaults to :attr:`dest`).
+        """
         raise NotImplementedError
 
     def _emit(self, msg: Response) -> None:
@@ -498,7 +555,12 @@ class ServerTransaction(Transaction):
 
 
 class ServerInviteTransaction(ServerTransaction):
-    """INVITE server transaction (§17.2.1, RFC 6026). Sends 100 Trying at once."""
+    """INVITE server transaction (§17.2.1, RFC 6026).
+
+    Sends 100 Trying at once on creation: §17.2.1 demands one unless the TU
+    is known to answer within 200 ms, and sending it at once is always
+    allowed; it quenches the client's timer A early.
+    """
 
     TABLE = SERVER_INVITE_TABLE
     INITIAL = S.PROCEEDING
@@ -512,48 +574,48 @@ class ServerInviteTransaction(ServerTransaction):
         source: Address | None = None,
     ) -> None:
         super().__init__(request, dest, config, reliable, source)
-        # §17.2.1: a 100 stops the client's INVITE retransmissions at once.
         self._emit(make_response(request, 100))
 
     def send(self, msg: Response, now: float) -> None:
         """Send 1xx (stay), 2xx (Accepted, timer L) or 300-699 (Completed, G and H)."""
         inp = _response_input(msg.status, tu=True)
-        before = self.state
+        before = self._state
         self._step(inp)
         self._emit(msg)
         if inp is I.TU_2XX and before is S.PROCEEDING:
+            # RFC 6026 §8.7: the TU retransmits the 2xx; L absorbs INVITE retransmissions.
             self._start("L", now, 64 * self.config.t1)
         elif inp is I.TU_FINAL:
             if not self.reliable:
                 self._start("G", now, self.config.t1)
             self._start("H", now, 64 * self.config.t1)
 
-    def receive(self, msg: Request, now: float) -> None:
+    def receive(self, msg: Request, now: float, source: Address | None = None) -> None:
         """Absorb INVITE retransmissions (resend the last response); handle ACK."""
         inp = I.RECV_ACK if msg.method == "ACK" else I.RECV_REQUEST
-        before = self.state
+        before = self._state
         if not self._step(inp):
             return
         if inp is I.RECV_REQUEST:
+            # §17.2.1: Proceeding resends the last provisional, Completed the final;
+            # Accepted (RFC 6026) and Confirmed absorb.
             if before in (S.PROCEEDING, S.COMPLETED):
                 self._resend()
             return
         if before is S.ACCEPTED:
             # RFC 6026 §8.7: an ACK for the 2xx goes to the TU (it stops 2xx retransmission).
-            self._events.append(RequestReceived(msg, self.dest, self.key))
+            self._events.append(RequestReceived(msg, source or self.dest, self.key))
         elif before is S.COMPLETED:
+            # §17.2.1: Confirmed absorbs ACK retransmissions for timer I.
             self._stop("G", "H")
             self._start("I", now, 0.0 if self.reliable else self.config.t4)
 
-    def _fire(self, name: str, now: float) -> None:
-        inp = {"G": I.TIMER_G, "H": I.TIMER_H, "I": I.TIMER_I, "L": I.TIMER_L}[name]
-        if not self._step(inp):
+    def _fire(self, inp: Input, now: float) -> None:
+        if not self._step(inp, failure="H" if inp is I.TIMER_H else None):
             return
         if inp is I.TIMER_G:
             self._resend()
             self._start("G", now, min(2 * self._intervals["G"], self.config.t2))
-        elif inp is I.TIMER_H:
-            self._events.appendleft(TransactionTimedOut(self.key, self.request, "H"))
 
 
 class ServerNonInviteTransaction(ServerTransaction):
@@ -567,19 +629,19 @@ class ServerNonInviteTransaction(ServerTransaction):
         inp = _response_input(msg.status, tu=True)
         self._step(inp)
         self._emit(msg)
-        if self.state is S.COMPLETED:
+        if self._state is S.COMPLETED:
             self._start("J", now, 0.0 if self.reliable else 64 * self.config.t1)
 
-    def receive(self, msg: Request, now: float) -> None:
+    def receive(self, msg: Request, now: float, source: Address | None = None) -> None:
         """Absorb a retransmitted request, resending the last response if any."""
         if msg.method == "ACK":
             return
-        before = self.state
+        before = self._state
         if self._step(I.RECV_REQUEST) and before is not S.TRYING:
             self._resend()
 
-    def _fire(self, name: str, now: float) -> None:
-        self._step(I.TIMER_J)
+    def _fire(self, inp: Input, now: float) -> None:
+        self._step(inp)
 
 
 def build_ack_for_non2xx(request: Request, response: Response) -> Request:
@@ -605,9 +667,12 @@ class TransactionLayer:
     :meth:`handle_timer`. Outputs: :meth:`datagrams_to_send`,
     :meth:`get_timer`, :meth:`next_event`. Requests that match no transaction
     (a new request) create a server transaction and surface as
-    :class:`RequestReceived`; an ACK matching nothing (ACK for a 2xx) and a
-    response matching nothing (a late 2xx retransmission) surface with
-    ``key=None`` so the dialog layer can handle them.
+    :class:`RequestReceived`; an ACK matching nothing (the ACK for a 2xx, its
+    own transaction, §17) surfaces with ``key=None`` so the dialog layer can
+    handle it. A response matching nothing is discarded and counted in
+    :attr:`strays` (RFC 6026, amending RFC 3261 §18.1.2). A message without a
+    readable top Via or CSeq, or a datagram that does not parse
+    (:meth:`receive_datagram`), is discarded and counted in :attr:`dropped`.
     """
 
     def __init__(self, config: TimerConfig = TimerConfig()) -> None:
@@ -616,7 +681,8 @@ class TransactionLayer:
         self.servers: dict[TransactionKey, ServerTransaction] = {}
         self._out: list[Datagram] = []
         self._events: deque[Event] = deque()
-        self.dropped = 0  # messages unusable for matching (no readable Via/CSeq)
+        self.dropped = 0  # datagrams that do not parse, messages without readable Via/CSeq
+        self.strays = 0  # responses that match no client transaction
 
     def send_request(
         self, request: Request, dest: Address, now: float, reliable: bool = False
@@ -652,6 +718,21 @@ class TransactionLayer:
         target = dest or response.top_via.response_address()
         self._out.append((serialize(response), target))
 
+    def receive_datagram(
+        self, data: bytes, source: Address, now: float, reliable: bool = False
+    ) -> None:
+        """Parse one datagram (or framed stream message) and feed it to :meth:`receive`.
+
+        A message that does not parse is dropped and counted in :attr:`dropped`,
+        never raised (STYLE.md: malformed datagrams never reach the event loop).
+        """
+        try:
+            msg = parse_message(data)
+        except SipParseError:
+            self.dropped += 1
+            return
+        self.receive(msg, source, now, reliable)
+
     def receive(
         self, msg: Request | Response, source: Address, now: float, reliable: bool = False
     ) -> None:
@@ -664,14 +745,15 @@ class TransactionLayer:
         if isinstance(msg, Response):
             client = self.clients.get(key)
             if client is None:
-                self._events.append(ResponseReceived(msg, None))
+                # RFC 6026 (amending §18.1.2): any element but a stateless proxy discards it.
+                self.strays += 1
                 return
             client.receive(msg, now)
             self._collect(client)
             return
         server = self.servers.get(key)
         if server is not None:
-            server.receive(msg, now)
+            server.receive(msg, now, source)
             self._collect(server)
             return
         if msg.method == "ACK":
