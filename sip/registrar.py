@@ -1,0 +1,481 @@
+"""Registrar and location service (RFC 3261 §10.3), sans-IO.
+
+Theory of operation: :meth:`Registrar.handle` takes one REGISTER (already
+parsed, and already matched to its server transaction) and the time, and
+returns the final response to send. It walks the steps of RFC 3261 §10.3 in
+order; the first step that fails decides the answer and nothing is stored
+(step 7: all binding changes of a request are committed together or not at
+all). Bindings live behind the :class:`BindingStore` port (in memory here,
+SQL in ``mdeci/store``). What changed is reported as events the embedding
+application pulls with :meth:`Registrar.next_event` (for the churn log):
+:class:`Registered`, :class:`Unregistered`, :class:`RegistrationExpired`.
+:meth:`Registrar.expire` removes bindings whose time is up (call it
+periodically); :meth:`Registrar.lookup` is the location service.
+
+The steps and their answers (table, §10.3):
+
+====  ======================================================  ===========
+step  check                                                   failure
+====  ======================================================  ===========
+ -    method is REGISTER                                      405 + Allow
+ -    headers readable (To, CSeq, Contact, Expires)           400
+ 1    Request-URI is a SIP URI of one of our domains          404
+ 2    no Require option we do not support (§8.2.2.3)         420 + Unsupported
+ 3    Digest credentials valid (§22), if auth is configured   401 / 400
+ 4    authenticated user owns the To AOR                      403
+ 5    To is a SIP AOR of that domain                          404
+ 6    ``Contact: *`` only alone and with ``Expires: 0``       400
+ 6    each non-zero expiry at least ``min_expires``           423 + Min-Expires
+ 7    same Call-ID needs a higher CSeq than the binding's     500 + Warning
+ -    at most ``max_bindings`` per AOR                        403 + Warning
+ 8    200 with every current binding and its ``expires``      (success)
+====  ======================================================  ===========
+
+Step 7 says an out-of-order REGISTER "fails" without naming a status; we
+answer 500 (the status §10.3 uses for a failed commit in the same step)
+with a Warning that says why, rather than dropping it: a client that sees
+no answer would retransmit until Timer F, and a reordered stale REGISTER is
+no error worth a 32-second wait.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from sip.auth import AuthChallenge, DigestServer
+from sip.errors import AuthHeaderError, SipParseError
+from sip.headers import is_token, quote
+from sip.message import Request, Response, make_response
+from sip.uri import NameAddr, SipUri, Via, format_hostport
+
+__all__ = [
+    "Binding",
+    "BindingStore",
+    "MemoryBindingStore",
+    "Registered",
+    "Registrar",
+    "RegistrarConfig",
+    "RegistrarEvent",
+    "RegistrationExpired",
+    "Unregistered",
+    "normalize_aor",
+]
+
+# RFC 3261 §20.19: an expiry is at most 2**32-1 seconds.
+MAX_DELTA_SECONDS = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """One AOR-to-contact binding (§10.3). ``expires_at`` uses the caller's clock."""
+
+    aor: str  # "sip:alice@example.org"
+    contact: str  # the Contact URI text, e.g. "sip:alice@127.0.0.2:5062;transport=udp"
+    expires_at: float  # absolute, same clock as `now`
+    call_id: str
+    cseq: int
+    q: float = 1.0
+    source: str | None = None  # "ip:port" the REGISTER came from, for NAT/rport (may be None)
+
+
+class BindingStore(Protocol):
+    """Where bindings live. Keyed by (aor, contact); the registrar does the rules."""
+
+    def bindings(self, aor: str, now: float) -> list[Binding]:
+        """Unexpired bindings of ``aor`` (any order)."""
+        ...
+
+    def put(self, binding: Binding) -> None:
+        """Insert or replace the binding with that (aor, contact)."""
+        ...
+
+    def remove(self, aor: str, contact: str) -> None:
+        """Delete one binding (no error if absent)."""
+        ...
+
+    def remove_all(self, aor: str) -> None:
+        """Delete every binding of ``aor``."""
+        ...
+
+    def expire(self, now: float) -> list[Binding]:
+        """Delete and return the bindings with ``expires_at <= now``."""
+        ...
+
+
+class MemoryBindingStore:
+    """A :class:`BindingStore` in a dict, for tests and the embedded default."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, dict[str, Binding]] = {}
+
+    def bindings(self, aor: str, now: float) -> list[Binding]:
+        """Unexpired bindings of ``aor``, in insertion order."""
+        return [b for b in self._data.get(aor, {}).values() if b.expires_at > now]
+
+    def put(self, binding: Binding) -> None:
+        """Insert or replace by (aor, contact)."""
+        self._data.setdefault(binding.aor, {})[binding.contact] = binding
+
+    def remove(self, aor: str, contact: str) -> None:
+        """Delete one binding if present."""
+        contacts = self._data.get(aor)
+        if contacts is not None:
+            contacts.pop(contact, None)
+            if not contacts:
+                del self._data[aor]
+
+    def remove_all(self, aor: str) -> None:
+        """Delete every binding of ``aor``."""
+        self._data.pop(aor, None)
+
+    def expire(self, now: float) -> list[Binding]:
+        """Delete and return the expired bindings."""
+        gone: list[Binding] = []
+        for aor in list(self._data):
+            contacts = self._data[aor]
+            for contact, binding in list(contacts.items()):
+                if binding.expires_at <= now:
+                    gone.append(binding)
+                    del contacts[contact]
+            if not contacts:
+                del self._data[aor]
+        return gone
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A binding was added (``refreshed`` False) or refreshed/updated (True)."""
+
+    aor: str
+    contact: str
+    expires: int
+    source: str | None = None
+    call_id: str = ""
+    refreshed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Unregistered:
+    """The client removed a binding (``Expires: 0`` or ``Contact: *``)."""
+
+    aor: str
+    contact: str
+    call_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationExpired:
+    """A binding ran out without refresh (found by :meth:`Registrar.expire`)."""
+
+    aor: str
+    contact: str
+    source: str | None = None
+
+
+RegistrarEvent = Registered | Unregistered | RegistrationExpired
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RegistrarConfig:
+    """Registrar settings.
+
+    ``domains``: the domains we hold bindings for (Request-URI and To host);
+    ``default_expires``: used when neither the contact's ``expires`` nor an
+    Expires header says (§10.3 step 6; RFC default 3600, the mdeci agent
+    asks for 600 itself); ``min_expires``: shorter non-zero requests get 423
+    (at most 3600: §10.3 only lets us refuse intervals under an hour);
+    ``max_expires``: longer requests are shortened to it; ``max_bindings``:
+    contacts per AOR, more get 403; ``warn_agent``: the warn-agent of our
+    Warning headers (§20.43).
+    """
+
+    domains: tuple[str, ...]
+    default_expires: int = 3600
+    min_expires: int = 60
+    max_expires: int = 86400
+    max_bindings: int = 16
+    warn_agent: str = "mdeci"
+
+    def __post_init__(self) -> None:
+        if not self.domains:
+            raise ValueError("a registrar needs at least one domain")
+        if not 0 < self.min_expires <= 3600:
+            raise ValueError("min_expires must be in 1..3600 (RFC 3261 §10.3 step 6)")
+        if not self.min_expires <= self.default_expires <= self.max_expires:
+            raise ValueError("need min_expires <= default_expires <= max_expires")
+        if self.max_bindings < 1:
+            raise ValueError("max_bindings must be positive")
+        if not is_token(self.warn_agent):
+            raise ValueError("warn_agent must be a token")
+
+
+def normalize_aor(uri: str) -> str:
+    """``sip:user@host`` (host lower-cased, no port or params) of a SIP URI text.
+
+    Raises :class:`SipParseError` if ``uri`` is not a SIP/SIPS URI.
+    """
+    return SipUri.parse(uri).aor
+
+
+class _Reject(Exception):
+    """Internal: a step failed; carries the response to send."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+@dataclass(frozen=True, slots=True)
+class _Contact:
+    uri: str
+    expires: int
+    q: float
+
+
+class Registrar:
+    """The REGISTER handler of one or more domains (RFC 3261 §10.3).
+
+    ``random`` gives To tags (§8.2.6.2); ``auth``, when given, makes every
+    REGISTER prove its user with Digest (§22) and lets a user touch only its
+    own AOR.
+    """
+
+    def __init__(
+        self,
+        config: RegistrarConfig,
+        store: BindingStore,
+        random: Callable[[int], bytes],
+        *,
+        auth: DigestServer | None = None,
+    ) -> None:
+        self.config = config
+        self._store = store
+        self._random = random
+        self._auth = auth
+        self._domains = {d.lower() for d in config.domains}
+        self._events: deque[RegistrarEvent] = deque()
+
+    # ------------------------------------------------------------ outputs
+
+    def next_event(self) -> RegistrarEvent | None:
+        """The oldest event not yet pulled, or None."""
+        return self._events.popleft() if self._events else None
+
+    def lookup(self, aor: str, now: float) -> list[Binding]:
+        """Current bindings of ``aor`` for routing, highest ``q`` first.
+
+        Ties go to the binding that expires last (usually the freshest
+        REGISTER, i.e. the device's newest address). ``aor`` may be any SIP
+        URI of the user (it is normalized); other text is looked up as is.
+        """
+        try:
+            key = normalize_aor(aor)
+        except SipParseError:
+            key = aor
+        return sorted(self._store.bindings(key, now), key=lambda b: (-b.q, -b.expires_at))
+
+    def expire(self, now: float) -> list[Binding]:
+        """Remove bindings whose time is up; one :class:`RegistrationExpired` each."""
+        gone = self._store.expire(now)
+        for b in gone:
+            self._events.append(RegistrationExpired(b.aor, b.contact, b.source))
+        return gone
+
+    # ------------------------------------------------------------ input
+
+    def handle(self, request: Request, now: float, *, source: str | None = None) -> Response:
+        """Process a REGISTER and return the final response (never raises).
+
+        ``source`` is the ``ip:port`` it came from; when None it is taken
+        from the top Via's ``received``/``rport`` if the transport stamped
+        them (§18.2.1, RFC 3581). See the module table for every answer.
+        """
+        try:
+            return self._handle(request, now, source)
+        except _Reject as reject:
+            return reject.response
+
+    def _response(self, request: Request, status: int, *, warning: str | None = None) -> Response:
+        resp = make_response(request, status, to_tag=self._random(8).hex())
+        if warning is not None:
+            # §20.43: 399 is "miscellaneous warning", for free text like ours.
+            resp.headers.add("Warning", f"399 {self.config.warn_agent} {quote(warning)}")
+        return resp
+
+    def _reject(self, request: Request, status: int, warning: str | None = None) -> _Reject:
+        return _Reject(self._response(request, status, warning=warning))
+
+    def _handle(self, req: Request, now: float, source: str | None) -> Response:
+        if req.method != "REGISTER":
+            resp = self._response(req, 405)
+            resp.headers.add("Allow", "REGISTER")
+            raise _Reject(resp)
+        try:
+            to = req.to
+            cseq = req.cseq.seq
+            contacts_raw = req.headers.get_all("Contact")
+            expires_header = self._expires_header(req)
+            request_uri = req.parsed_uri
+            via_source = self._via_source(req) if source is None else source
+        except SipParseError as exc:
+            raise self._reject(req, 400, f"bad request: {exc.reason}") from None
+
+        # Step 1: is this registrar responsible for the Request-URI's domain?
+        if not isinstance(request_uri, SipUri) or request_uri.host.lower() not in self._domains:
+            raise self._reject(req, 404, "domain not served here")
+        # Step 2: §8.2.2.3, we support no extension that needs Require.
+        required = [v.strip() for v in req.headers.get_all("Require") if v.strip()]
+        if required:
+            resp = self._response(req, 420)
+            resp.headers.add("Unsupported", ", ".join(required))
+            raise _Reject(resp)
+        # Step 5 (checked before 3-4 so authorization has an AOR to compare):
+        # To must be an AOR of the domain in the Request-URI.
+        aor_uri = to.uri
+        if (
+            not isinstance(aor_uri, SipUri)
+            or aor_uri.user is None
+            or aor_uri.host.lower() != request_uri.host.lower()
+        ):
+            raise self._reject(req, 404, "To is not an address-of-record of this domain")
+        aor = aor_uri.aor
+        # Steps 3-4: authenticate (§22) and authorize: only the owner of an
+        # AOR may change or read its bindings (PROTOCOL.md §2).
+        if self._auth is not None:
+            try:
+                result = self._auth.verify(req, now)
+            except AuthHeaderError as exc:
+                raise self._reject(req, 400, f"bad credentials: {exc.reason}") from None
+            if isinstance(result, AuthChallenge):
+                resp = self._response(req, result.status)
+                for name, value in result.headers:
+                    resp.headers.add(name, value)
+                raise _Reject(resp)
+            if result.username != aor_uri.user:
+                raise self._reject(req, 403, f"{result.username} may not register {aor}")
+
+        current = {b.contact: b for b in self._store.bindings(aor, now)}
+        if contacts_raw:
+            self._update(req, now, aor, current, contacts_raw, expires_header, cseq, via_source)
+            current = {b.contact: b for b in self._store.bindings(aor, now)}
+        # Step 8: 200 listing every current binding with its remaining time.
+        resp = self._response(req, 200)
+        for b in sorted(current.values(), key=lambda b: (-b.q, -b.expires_at)):
+            # Round up, but not for float noise (now + 600 - now may be 600.0000001).
+            remaining = max(1, math.ceil(b.expires_at - now - 1e-6))
+            q = "" if b.q == 1.0 else f";q={b.q:g}"
+            resp.headers.add("Contact", f"<{b.contact}>;expires={remaining}{q}")
+        return resp
+
+    @staticmethod
+    def _expires_header(req: Request) -> int | None:
+        value = req.headers.get("Expires")
+        if value is None:
+            return None
+        if not value.isdigit() or not value.isascii():
+            raise SipParseError(0, f"bad Expires {value[:20]!r}")
+        return min(int(value), MAX_DELTA_SECONDS)
+
+    @staticmethod
+    def _via_source(req: Request) -> str | None:
+        try:
+            via: Via = req.top_via
+        except SipParseError:
+            return None
+        if via.received is None and via.rport is None:
+            return None
+        host, port = via.response_address()
+        return format_hostport(host, port)
+
+    def _contacts(
+        self, req: Request, contacts_raw: list[str], expires_header: int | None
+    ) -> list[_Contact]:
+        out: dict[str, _Contact] = {}
+        for value in contacts_raw:
+            try:
+                contact = NameAddr.parse(value)
+                expires = contact.expires
+                q = contact.q
+            except SipParseError as exc:
+                raise self._reject(req, 400, f"bad Contact: {exc.reason}") from None
+            if expires is None:
+                expires = expires_header
+            if expires is None:
+                expires = self.config.default_expires
+            expires = min(expires, MAX_DELTA_SECONDS)
+            # Step 6: refuse too-short intervals (423) rather than lengthen
+            # them silently; the client retries with Min-Expires.
+            if 0 < expires < self.config.min_expires:
+                resp = self._response(req, 423)
+                resp.headers.add("Min-Expires", str(self.config.min_expires))
+                raise _Reject(resp)
+            expires = min(expires, self.config.max_expires)
+            uri = str(contact.uri)
+            # The same contact twice in one request: the last one wins.
+            out[uri] = _Contact(uri, expires, q)
+        return list(out.values())
+
+    def _update(
+        self,
+        req: Request,
+        now: float,
+        aor: str,
+        current: dict[str, Binding],
+        contacts_raw: list[str],
+        expires_header: int | None,
+        cseq: int,
+        source: str | None,
+    ) -> None:
+        call_id = req.call_id
+
+        def out_of_order(binding: Binding) -> bool:
+            # Step 7: same Call-ID needs a higher CSeq, else the update fails.
+            return binding.call_id == call_id and cseq <= binding.cseq
+
+        # Step 6: "Contact: *" removes every binding, only alone and with Expires: 0.
+        if any(v.strip() == "*" for v in contacts_raw):
+            if len(contacts_raw) != 1 or expires_header != 0:
+                raise self._reject(req, 400, "Contact: * needs Expires: 0 and no other Contact")
+            if any(out_of_order(b) for b in current.values()):
+                raise self._reject(req, 500, "CSeq not higher than that of a binding")
+            self._store.remove_all(aor)
+            for b in current.values():
+                self._events.append(Unregistered(aor, b.contact, call_id))
+            return
+
+        contacts = self._contacts(req, contacts_raw, expires_header)
+        # Plan every change first: §10.3 step 7 commits all or nothing.
+        puts: list[tuple[Binding, bool]] = []
+        removes: list[str] = []
+        for c in contacts:
+            existing = current.get(c.uri)
+            if existing is not None and out_of_order(existing):
+                raise self._reject(req, 500, f"CSeq not higher than that of binding {c.uri}")
+            if c.expires == 0:
+                if existing is not None:
+                    removes.append(c.uri)
+                continue
+            binding = Binding(aor, c.uri, now + c.expires, call_id, cseq, c.q, source)
+            puts.append((binding, existing is not None))
+        remaining = (set(current) - set(removes)) | {b.contact for b, _ in puts}
+        if len(remaining) > self.config.max_bindings:
+            raise self._reject(req, 403, f"more than {self.config.max_bindings} contacts")
+        for uri in removes:
+            self._store.remove(aor, uri)
+            self._events.append(Unregistered(aor, uri, call_id))
+        for binding, refreshed in puts:
+            self._store.put(binding)
+            expires = round(binding.expires_at - now)
+            self._events.append(
+                Registered(aor, binding.contact, expires, source, call_id, refreshed)
+            )
