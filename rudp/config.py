@@ -39,3 +39,8 @@ class RudpConfig:
             raise ValueError("max_retries >= 0, window >= 1, ack_every >= 1")
         if self.mtu < 128 or self.mtu > 65000:
             raise ValueError("mtu must be within 128..65000")
+        if self.max_message_size < 0 or self.max_sack_blocks < 1 or self.replay_window < 1:
+            raise ValueError("max_message_size >= 0, max_sack_blocks >= 1, replay_window >= 1")
+        if self.max_buffer_bytes < self.max_message_size + self.mtu:
+            # Reassembly of the largest message must always fit (see RudpConnection).
+            raise ValueError("max_buffer_bytes must be >= max_message_size + mtu")

@@ -26,6 +26,16 @@ skipped, so the stream resumes after ``reset()`` without a hole.
 
 Security: every packet is tagged (HMAC-SHA256/16) with the session key, and
 carries a per-sender packet number checked against a sliding replay window.
+The peer's sender id is pinned by its first authenticated packet: a packet
+with another sender id (our own: a reflection; any other: a replay from an
+earlier connection under the same key) is dropped, so replays can neither
+reset the replay window nor redirect the peer. Every dropped datagram is
+counted in exactly one ``RudpStats`` field and never raised.
+
+Memory: the reordering buffer holds at most ``window`` packets of at most one
+payload each, reassembly at most one message; ``max_buffer_bytes`` caps both
+together (an in-order packet evicts out-of-order ones, which the sender
+resends, so the cap cannot deadlock the stream).
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ from rudp.errors import MessageTooLarge, PacketError, PeerUnreachable
 from rudp.rto import RtoEstimator
 
 MAX_U32 = 0xFFFFFFFF
+# New messages are refused past this packet number, leaving 2**24 numbers for the
+# retransmissions and ACKs of what is in flight (packet numbers are never reused).
+PN_LIMIT = MAX_U32 - (1 << 24)
 
 
 def derive_connection_id(key: bytes) -> int:
@@ -103,7 +116,9 @@ class RudpStats:
     bad_tag: int = 0
     unknown_cid: int = 0
     malformed: int = 0
+    oversized: int = 0
     reflected: int = 0
+    unknown_sender: int = 0
     replayed: int = 0
     duplicates: int = 0
     out_of_window: int = 0
@@ -140,6 +155,7 @@ class RudpConnection:
         self._key = key
         self._payload_size = config.mtu - wire.DATA_OVERHEAD
         self._max_fragments = -(-config.max_message_size // self._payload_size)
+        self._max_sack_blocks = min(config.max_sack_blocks, wire.max_sack_blocks(config.mtu))
         self._events: deque[Event] = deque()
         # sender
         self._next_pn = 0
@@ -176,6 +192,16 @@ class RudpConnection:
     def connected(self) -> bool:
         return self.state is ConnectionState.CONNECTED
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Payload bytes held for the peer: reordering buffer plus partial reassembly."""
+        return self._buffer_bytes + self._partial_bytes
+
+    @property
+    def payload_size(self) -> int:
+        """Message bytes per DATA packet: ``mtu`` less header, DATA fields and tag."""
+        return self._payload_size
+
     def _transition(self, event: str) -> None:
         self.state = TRANSITIONS[(self.state, event)]
 
@@ -188,7 +214,7 @@ class RudpConnection:
             raise PeerUnreachable("peer is disconnected; call reset()", data)
         if len(data) > self.config.max_message_size:
             raise MessageTooLarge(f"{len(data)} > {self.config.max_message_size} bytes")
-        if self._next_seq + self._max_fragments > MAX_U32:
+        if self._next_seq + self._max_fragments > MAX_U32 or self._next_pn > PN_LIMIT:
             raise PeerUnreachable("sequence space exhausted; re-key the session", data)
         message_id = self._next_message_id
         self._next_message_id += 1
@@ -221,8 +247,12 @@ class RudpConnection:
         """Process one datagram. Return True when it authenticated and is the newest seen.
 
         The adapter follows the peer to the datagram's source address only on True,
-        so a replayed old packet cannot redirect the peer. Never raises.
+        so a replayed old packet cannot redirect the peer. Never raises: a dropped
+        datagram is counted in one ``stats`` field.
         """
+        if len(data) > self.config.mtu:
+            self.stats.oversized += 1  # no conforming peer writes more than mtu bytes
+            return False
         try:
             header, body = wire.pull_header(data)
         except PacketError:
@@ -238,18 +268,20 @@ class RudpConnection:
             self.stats.reflected += 1
             return False
         if self._peer_sender is not None and header.sender != self._peer_sender:
-            # The peer restarted its connection state: accept its new packet numbers.
-            self._highest_pn = -1
-            self._pn_bitmap = 0
+            # Not the incarnation we talk to: a replay from an earlier connection under
+            # this key. Accepting it would reset the replay window (module docstring).
+            self.stats.unknown_sender += 1
+            return False
         fresh = self._check_replay(header.pn)
         if fresh is None:
             self.stats.replayed += 1
             return False
         try:
             if header.type is wire.PacketType.DATA:
-                self._on_data(wire.pull_data(body), now)
+                if not self._on_data(wire.pull_data(body), now):
+                    return False
             elif header.type is wire.PacketType.ACK:
-                self._on_ack(wire.pull_ack(body), now)
+                self._on_ack(wire.pull_ack(body), now, newest=fresh)
             else:
                 if body:
                     raise PacketError("PING has a body")
@@ -275,12 +307,16 @@ class RudpConnection:
         mask = (1 << self.config.replay_window) - 1
         if pn > self._highest_pn:
             shift = pn - self._highest_pn if self._highest_pn >= 0 else 0
-            self._pn_bitmap = ((self._pn_bitmap << shift) | 1) & mask
+            if shift >= self.config.replay_window:
+                self._pn_bitmap = 1  # a jump past the window forgets it (bounded shift)
+            else:
+                self._pn_bitmap = ((self._pn_bitmap << shift) | 1) & mask
             self._highest_pn = pn
         else:
             self._pn_bitmap |= 1 << (self._highest_pn - pn)
 
-    def _on_data(self, d: wire.Data, now: float) -> None:
+    def _on_data(self, d: wire.Data, now: float) -> bool:
+        """Take one DATA packet; False (counted in ``bad_fragment``) when its fields are absurd."""
         if (
             d.frag_count == 0
             or d.frag_index >= d.frag_count
@@ -289,7 +325,7 @@ class RudpConnection:
             or d.base > d.seq
         ):
             self.stats.bad_fragment += 1
-            raise PacketError("bad DATA fields")
+            return False
         if d.base > self._rcv_next:
             # The sender abandoned [rcv_next, base) after a failure: skip it (module doc).
             self.stats.skipped += d.base - self._rcv_next
@@ -300,14 +336,24 @@ class RudpConnection:
         if d.seq < self._rcv_next or d.seq in self._buffer:
             self.stats.duplicates += 1
             self._ack_now = True
-            return
+            return True
         if d.seq >= self._rcv_next + self.config.window:
             self.stats.out_of_window += 1
             self._ack_now = True
-            return
-        if self._buffer_bytes + self._partial_bytes + len(d.payload) > self.config.max_buffer_bytes:
-            self.stats.buffer_full += 1
-            return
+            return True
+        if self.buffered_bytes + len(d.payload) > self.config.max_buffer_bytes:
+            if d.seq != self._rcv_next:
+                self.stats.buffer_full += 1
+                self._ack_now = True  # tell the sender what we hold (it may have been reneged)
+                return True
+            # The in-order packet always fits: evict the highest out-of-order ones (the
+            # sender resends them) rather than stall. RudpConfig guarantees room once the
+            # buffer is empty (max_buffer_bytes >= max_message_size + mtu).
+            for seq in sorted(self._buffer, reverse=True):
+                if self.buffered_bytes + len(d.payload) <= self.config.max_buffer_bytes:
+                    break
+                self._buffer_bytes -= len(self._buffer.pop(seq).payload)
+                self.stats.buffer_full += 1
         self._buffer[d.seq] = d
         self._buffer_bytes += len(d.payload)
         if d.seq != self._rcv_next:
@@ -322,6 +368,7 @@ class RudpConnection:
             self._ack_now = True
         elif self._ack_deadline is None:
             self._ack_deadline = now + self.config.ack_delay
+        return True
 
     def _drop_partial(self) -> None:
         self._partial = []
@@ -346,7 +393,7 @@ class RudpConnection:
             self.stats.messages_delivered += 1
             self._events.append(MessageReceived(message))
 
-    def _on_ack(self, ack: wire.Ack, now: float) -> None:
+    def _on_ack(self, ack: wire.Ack, now: float, *, newest: bool) -> None:
         if ack.cumulative > self._next_seq or any(e > self._next_seq for _, e in ack.blocks):
             raise PacketError("ACK for data never sent")
         progress = False
@@ -369,8 +416,22 @@ class RudpConnection:
                     break
                 del self._messages[first]
                 self._events.append(MessageAcked(first))
+        window_end = self._snd_una + self.config.window
+        if newest:
+            # The gaps below the last block are what the receiver lacks now. A packet we
+            # took as SACKed in a gap was reneged (dropped by the buffer cap): SACK is
+            # advisory (RFC 2018 §8), so make it eligible for retransmission again.
+            # With no blocks, only the packet at the cumulative point is known missing.
+            gap_start = ack.cumulative
+            for start, end in ack.blocks or ((ack.cumulative + 1, ack.cumulative + 1),):
+                for seq in range(max(gap_start, self._snd_una), min(start, window_end)):
+                    out = self._inflight.get(seq)
+                    if out is not None and out.sacked:
+                        out.sacked = False
+                gap_start = end
         for start, end in ack.blocks:
-            for seq in range(start, end):
+            # Only in-flight sequence numbers matter: bounds the work one ACK can cause.
+            for seq in range(max(start, self._snd_una), min(end, window_end)):
                 out = self._inflight.get(seq)
                 if out is not None and not out.sacked:
                     out.sacked = True
@@ -438,13 +499,14 @@ class RudpConnection:
             self._fail(now)
             return
         self.rto.back_off()  # RFC 6298 §5.5
-        # RFC 6298 §5.4 resends the earliest packet; with SACK knowledge every packet not
-        # reported received is resent too (as TCP does after an RTO, RFC 6675 §5.1), so a
-        # lost tail does not cost one backed-off timeout per packet.
-        pending = sorted((o for o in self._inflight.values() if not o.sacked), key=lambda o: o.seq)
-        if not pending:
-            pending = sorted(self._inflight.values(), key=lambda o: o.seq)[:1]
-        self._resend = pending
+        # RFC 6298 §5.4 resends the earliest unacknowledged packet, SACKed or not (SACK is
+        # advisory, RFC 2018 §8); with SACK knowledge every packet not reported received is
+        # resent too (as TCP does after an RTO, RFC 6675 §5.1), so a lost tail does not cost
+        # one backed-off timeout per packet.
+        pending = sorted(self._inflight.values(), key=lambda o: o.seq)
+        self._resend = [o for i, o in enumerate(pending) if i == 0 or not o.sacked]
+        if self._resend:
+            self._resend[0].sacked = False
         self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.6
 
     def _fail(self, now: float) -> None:
@@ -490,7 +552,7 @@ class RudpConnection:
         for seq in sorted(self._buffer):
             if blocks and blocks[-1][1] == seq:
                 blocks[-1] = (blocks[-1][0], seq + 1)
-            elif len(blocks) < self.config.max_sack_blocks:
+            elif len(blocks) < self._max_sack_blocks:
                 blocks.append((seq, seq + 1))
             else:
                 break

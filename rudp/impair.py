@@ -6,6 +6,10 @@ then ``await proxy.start()`` / ``await proxy.close()``. Command::
     python -m rudp.impair --listen 127.0.0.1:9000 --forward 127.0.0.1:9001 \\
         --loss 0.1 --dup 0.05 --reorder 0.05 --delay 20 --jitter 10 --rate 1mbit --seed 1
 
+Options: --loss/--dup/--reorder are probabilities, --delay/--jitter milliseconds,
+--rate a link rate (bit, kbit, mbit, gbit), --seed the RNG seed, --tcp relays TCP,
+--socket-buffer sizes the UDP sockets' kernel buffers (the relay should not drop).
+
 UDP (default): clients send to ``listen``; each client address gets its own
 upstream socket towards ``forward``, so the server sees a distinct source per
 client (a client that rebinds looks like a peer that moved). Replies travel
@@ -29,6 +33,7 @@ import asyncio
 import contextlib
 import random
 import re
+import socket
 from dataclasses import dataclass, field
 
 
@@ -44,6 +49,8 @@ class Impairment:
     rate: float | None = None  # link rate in bits/s (None = unlimited)
     reorder_extra: float = 0.01  # extra hold-back of a reordered packet (+ delay + jitter)
     queue_limit: int = 10_000  # packets waiting on a rate-limited link before tail drop
+    socket_buffer: int = 4 << 20  # kernel buffers of the proxy's UDP sockets, so the relay
+    # itself does not drop bursts (Linux caps it at net.core.rmem_max / wmem_max)
     tcp_loss_penalty: float = 0.2  # TCP mode: extra hold of a "lost" chunk
 
 
@@ -114,6 +121,15 @@ class Link:
         return when
 
 
+def _set_buffers(transport: asyncio.BaseTransport, size: int) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is None or size <= 0:
+        return
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, option, size)
+
+
 class _Listener(asyncio.DatagramProtocol):
     def __init__(self, proxy: ImpairmentProxy) -> None:
         self.proxy = proxy
@@ -182,6 +198,7 @@ class ImpairmentProxy:
             self._listener, _ = await self._loop.create_datagram_endpoint(
                 lambda: _Listener(self), local_addr=self.listen
             )
+            _set_buffers(self._listener, self.upstream.impairment.socket_buffer)
         else:
             self._server = await asyncio.start_server(self._serve_tcp, *self.listen)
 
@@ -237,6 +254,7 @@ class ImpairmentProxy:
         transport, _ = await self._loop.create_datagram_endpoint(
             lambda: _Upstream(self, client), remote_addr=self.forward
         )
+        _set_buffers(transport, self.downstream.impairment.socket_buffer)
         self._clients[client] = transport
         for data in self._pending.pop(client, []):
             self._relay_up(data, client)
@@ -349,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=parse_rate, default=None, help="e.g. 1mbit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tcp", action="store_true", help="relay TCP instead of UDP")
+    parser.add_argument(
+        "--socket-buffer", type=int, default=4 << 20, help="UDP socket buffer bytes (0: system)"
+    )
     args = parser.parse_args(argv)
     impairment = Impairment(
         loss=args.loss,
@@ -357,6 +378,7 @@ def main(argv: list[str] | None = None) -> None:
         delay=args.delay / 1000,
         jitter=args.jitter / 1000,
         rate=args.rate,
+        socket_buffer=args.socket_buffer,
     )
 
     async def run() -> None:

@@ -61,6 +61,11 @@ class Ack:
     blocks: tuple[tuple[int, int], ...]  # received [start, end) ranges above ``cumulative``
 
 
+def max_sack_blocks(mtu: int) -> int:
+    """SACK blocks an ACK may carry without exceeding ``mtu`` bytes."""
+    return (mtu - HEADER_SIZE - ACK_BODY.size - TAG_SIZE) // BLOCK.size
+
+
 def compute_tag(key: bytes, data: bytes) -> bytes:
     """HMAC-SHA256 of ``data`` keyed by the session key, truncated to 16 bytes."""
     return hmac.digest(key, data, "sha256")[:TAG_SIZE]

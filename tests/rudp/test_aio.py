@@ -34,19 +34,22 @@ async def test_send_receive_both_ways_and_rebind_followed() -> None:
         await b.close()
 
 
-async def test_unknown_cid_counted_by_endpoint() -> None:
+async def test_unknown_cid_and_garbage_counted_by_endpoint() -> None:
     a = await RudpEndpoint.open("127.0.0.1", config=RudpConfig(rto_initial=0.2))
     b = await RudpEndpoint.open("127.0.0.1")
     try:
-        b.peer(b"other key 0123456789abcdef", a.local_addr)
+        pb = b.peer(KEY, a.local_addr)
+        stranger = a.peer(b"other key 0123456789abcdef", b.local_addr)  # b does not know it
         pa = a.peer(KEY, b.local_addr)
-        sent = asyncio.ensure_future(pa.send(b"lost"))
-        for _ in range(200):
-            if b.stats.unknown_cid:
-                break
-            await asyncio.sleep(0.01)
+        # Tasks start in creation order, and one socket to one destination on loopback
+        # keeps order: once b has the good message it has judged the stranger's datagram.
+        lost = asyncio.ensure_future(stranger.send(b"lost"))
+        good = asyncio.ensure_future(pa.send(b"good"))
+        await asyncio.wait_for(good, 5)
+        assert await asyncio.wait_for(pb.receive(), 5) == b"good"
         assert b.stats.unknown_cid >= 1
-        sent.cancel()
+        assert pb.stats.unknown_cid == 0  # routing happened before any connection saw it
+        lost.cancel()
     finally:
         await a.close()
         await b.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import time
@@ -10,7 +11,7 @@ import pytest
 
 from rudp import PeerUnreachable, RudpConfig
 from rudp.aio import RudpEndpoint
-from rudp.impair import Impairment, ImpairmentProxy, Link
+from rudp.impair import Impairment, ImpairmentProxy, Link, parse_addr, parse_rate
 
 KEY = bytes(range(100, 132))
 LOOP = ("127.0.0.1", 0)
@@ -116,3 +117,22 @@ async def test_proxy_is_deterministic_with_a_seed() -> None:
     assert fates(3) == fates(3)
     assert fates(3) != fates(4)
     assert 0 in fates(3) and 2 in fates(3)
+
+
+def test_proxy_command_line_parses_the_documented_options() -> None:
+    assert parse_rate("1mbit") == 1e6
+    assert parse_rate("512kbit") == 512e3
+    assert parse_rate("2000") == 2000.0
+    assert parse_addr("127.0.0.1:9000") == ("127.0.0.1", 9000)
+    assert parse_addr("[::1]:9001") == ("::1", 9001)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_rate("fast")
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_addr("9000")
+
+
+def test_link_rate_and_delay_schedule() -> None:
+    link = Link(random.Random(1), Impairment(delay=0.02, rate=1e6))
+    # 1250 bytes at 1 Mbit/s take 10 ms on the wire, then 20 ms of delay; the next queues.
+    assert link.schedule(0.0, 1250) == [pytest.approx(0.03)]
+    assert link.schedule(0.0, 1250) == [pytest.approx(0.04)]

@@ -95,3 +95,90 @@ def test_karn_rule_no_sample_from_retransmitted_packet() -> None:
     (ack,) = b.datagrams_to_send(2.05)
     a.receive_datagram(ack, 2.1)
     assert a.rto.srtt == pytest.approx(0.1)
+
+
+def _events(conn: RudpConnection) -> list[object]:
+    out: list[object] = []
+    while (e := conn.next_event()) is not None:
+        out.append(e)
+    return out
+
+
+def test_rfc6298_step_by_step_on_a_connection_with_fake_clock() -> None:
+    """Each ACK gives one sample; the timer armed by the next send is now + computed RTO."""
+    config = RudpConfig(
+        rto_initial=1.0, rto_min=0.2, granularity=0.001, keepalive_interval=0, ack_every=1
+    )
+    a = RudpConnection(KEY, config, sender_id=1)
+    b = RudpConnection(KEY, config, sender_id=2)
+    # (R, SRTT, RTTVAR, RTO) computed by hand from RFC 6298 §2.2 / §2.3 / §2.4:
+    steps = [
+        (0.5, 0.5, 0.25, 0.5 + 4 * 0.25),  # first: SRTT = R, RTTVAR = R/2
+        (0.3, 0.475, 0.2375, 0.475 + 4 * 0.2375),  # 3/4*.25 + 1/4*.2; 7/8*.5 + 1/8*.3
+        (0.7, 0.503125, 0.234375, 0.503125 + 4 * 0.234375),  # 3/4*.2375 + 1/4*.225
+        (0.1, 0.45274, 0.276562, 0.45274 + 4 * 0.276562),  # 3/4*.234375 + 1/4*.403125
+    ]
+    now = 0.0
+    assert a.get_timer() is None
+    for i, (r, srtt, rttvar, rto) in enumerate(steps):
+        a.send_message(b"m%d" % i, now)
+        (datagram,) = a.datagrams_to_send(now)
+        assert a.get_timer() == pytest.approx(now + a.rto.rto)  # §5.1: armed at send
+        b.receive_datagram(datagram, now + r / 2)
+        (ack,) = b.datagrams_to_send(now + r / 2)
+        a.receive_datagram(ack, now + r)
+        assert a.rto.srtt == pytest.approx(srtt, abs=1e-5)
+        assert a.rto.rttvar == pytest.approx(rttvar, abs=1e-5)
+        assert a.rto.rto == pytest.approx(rto, abs=1e-5)
+        assert a.get_timer() is None  # §5.2: all data acknowledged, timer off
+        now += r + 1.0
+    a.send_message(b"last", now)
+    a.datagrams_to_send(now)
+    assert a.get_timer() == pytest.approx(now + steps[-1][3], abs=1e-5)
+
+
+def test_failure_at_computed_time_fails_queued_messages_in_order() -> None:
+    """After samples, the peer goes silent: exactly max_retries resends, then every pending
+    message (in flight or still queued behind the window) fails in order at the computed time."""
+    config = RudpConfig(
+        rto_initial=1.0,
+        rto_min=0.2,
+        backoff=2.0,
+        max_retries=4,
+        window=2,
+        keepalive_interval=0,
+        ack_every=1,
+    )
+    a = RudpConnection(KEY, config, sender_id=1)
+    b = RudpConnection(KEY, config, sender_id=2)
+    a.send_message(b"first", 0.0)
+    (datagram,) = a.datagrams_to_send(0.0)
+    b.receive_datagram(datagram, 0.05)
+    (ack,) = b.datagrams_to_send(0.05)
+    a.receive_datagram(ack, 0.1)  # R = 0.1: SRTT 0.1, RTTVAR 0.05, RTO 0.3
+    assert a.rto.rto == pytest.approx(0.3)
+    assert [type(e).__name__ for e in _events(a)] == ["MessageAcked"]
+    messages = [b"m1", b"m2" * 700, b"m3", b"m4"]  # m2 has two fragments; window is 2
+    ids = [a.send_message(m, 1.0) for m in messages]
+    assert len(a.datagrams_to_send(1.0)) == 2  # m1 and m2's first fragment; the rest waits
+    expiries = []
+    while (when := a.get_timer()) is not None:
+        expiries.append(when)
+        a.handle_timer(when)
+        resent = a.datagrams_to_send(when)
+        assert len(resent) == (2 if a.connected else 0)
+    rtos = [0.3 * 2.0**i for i in range(config.max_retries + 1)]
+    assert expiries == pytest.approx([1.0 + sum(rtos[: i + 1]) for i in range(len(rtos))])
+    assert expiries[-1] == pytest.approx(1.0 + 0.3 * 31)  # fails at t = 10.3
+    assert a.stats.timeouts == config.max_retries + 1
+    assert a.stats.retransmissions == 2 * config.max_retries
+    events = _events(a)
+    assert [(type(e).__name__, getattr(e, "message_id", None)) for e in events] == [
+        *(("MessageFailed", i) for i in ids),
+        ("PeerDisconnected", None),
+    ]
+    assert [getattr(e, "data", None) for e in events[:-1]] == messages
+    assert isinstance(events[-1], PeerDisconnected) and events[-1].failed == 4
+    assert a.stats.messages_failed == 4
+    with pytest.raises(PeerUnreachable):
+        a.send_message(b"late", 11.0)
