@@ -216,6 +216,7 @@ def test_filter_is_hashable_and_comparable_by_text_and_ast() -> None:
     assert compile_filter("a == 1") == compile_filter("a == 1")
     assert compile_filter("a == 1") != compile_filter("a==1")  # text differs
     assert compile_filter("a==1").expr == compile_filter("a == 1").expr
+    assert hash(compile_filter("a == 1")) == hash(compile_filter("a == 1"))
 
 
 # ---------------------------------------------------------------------------------------

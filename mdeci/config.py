@@ -1,0 +1,577 @@
+"""Typed configuration of the broker and the agent, loaded once from TOML at start.
+
+Theory of operation
+-------------------
+Each TOML file maps 1:1 onto frozen, keyword-only dataclasses: top-level keys are the
+fields of :class:`BrokerConfig` / :class:`AgentConfig`, and each ``[section]`` is the
+nested dataclass of the same name (``[rudp]`` is :class:`rudp.config.RudpConfig` itself).
+One generic reader walks the dataclass type hints, so that every key is checked the same
+way: unknown keys are refused (``broker.toml: unknown key 'queue.maxx'``), a value of the
+wrong type is refused naming its key, and each dataclass validates its ranges in
+``__post_init__``. Every field has a documented default except the agent's ``aor`` and
+password.
+
+Paths: a relative path written in the file is resolved against the folder of the file.
+Paths left at their default live in the node's data folder (``data_dir`` for the broker,
+``state_dir`` for the agent), which itself defaults to a folder beside the file. A SQLite
+URL with a relative path (``sqlite:///broker.db``) is resolved against ``data_dir``.
+
+Secrets: ``password = "..."`` or ``password_env = "VARIABLE"`` (read here, once); the rest
+of the code never reads files or the environment for settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mdeci.errors import ConfigError
+from rudp.config import RudpConfig
+
+T = TypeVar("T")
+
+E164 = re.compile(r"\+[1-9][0-9]{1,14}")
+SIP_AOR = re.compile(r"sips?:[^@:;\s]+@[^@;\s]+")
+USER_NAME = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=-]+")  # RFC 3261 'user' unreserved set
+TRANSPORTS = ("udp", "tcp")
+DIGEST_ALGORITHMS = ("SHA-256", "MD5")
+MIB = 1024 * 1024
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _port(value: int, name: str = "port") -> None:
+    _check(0 <= value <= 65535, f"'{name}' must be within 0..65535")
+
+
+# ---------------------------------------------------------------------------------------
+# Shared pieces
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """A ``host:port`` address (IPv6 in brackets: ``[::1]:5060``); written as one string."""
+
+    host: str
+    port: int
+
+    def __post_init__(self) -> None:
+        _check(bool(self.host) and not any(c.isspace() for c in self.host), "empty host")
+        _check(1 <= self.port <= 65535, f"port {self.port} outside 1..65535")
+
+    @classmethod
+    def parse(cls, text: str) -> HostPort:
+        """Parse ``host:port`` or ``[v6]:port``; raises :class:`ConfigError`."""
+        host, sep, port = text.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            raise ConfigError(f"address {text!r}: put an IPv6 host in brackets, [::1]:5060")
+        if not sep or not port.isdigit():
+            raise ConfigError(f"address {text!r} is not host:port")
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SipConfig:
+    """``[sip]``: where the node's SIP endpoint listens, and the RFC 3261 timers (seconds)."""
+
+    host: str = "127.0.0.1"
+    port: int = 5060  # RFC 3261 §18 default; agents usually set 0 (any free port)
+    transports: tuple[str, ...] = TRANSPORTS  # both: a request over 1300 bytes goes by TCP
+    t1: float = 0.5  # RTT estimate (RFC 3261 §17.1.1.1)
+    t2: float = 4.0  # maximum retransmit interval for non-INVITE requests and responses
+    t4: float = 5.0  # maximum time a message stays in the network
+
+    def __post_init__(self) -> None:
+        _port(self.port)
+        _check(bool(self.host), "'host' must not be empty")
+        _check(
+            bool(self.transports) and set(self.transports) <= set(TRANSPORTS),
+            "'transports' must be a non-empty list of 'udp' and 'tcp'",
+        )
+        _check(len(set(self.transports)) == len(self.transports), "'transports' repeats one")
+        _check(0 < self.t1 <= self.t2, "need 0 < t1 <= t2")
+        _check(self.t4 > 0, "'t4' must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MediaConfig:
+    """``[media]``: the RUDP socket announced in SDP (``c=`` and ``m=application`` port)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port; SDP carries the real one, so nothing needs to know it
+
+    def __post_init__(self) -> None:
+        _port(self.port)
+        _check(bool(self.host), "'host' must not be empty")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChurnLogConfig:
+    """``[churnlog]``: the churn log file (PROTOCOL.md §8) and its size rotation."""
+
+    path: Path = Path("churn.log")  # default: inside data_dir / state_dir
+    max_bytes: int = 10 * MIB
+    backups: int = 5
+
+    def __post_init__(self) -> None:
+        _check(self.max_bytes >= 1, "'max_bytes' must be >= 1")
+        _check(self.backups >= 0, "'backups' must be >= 0")
+
+
+# ---------------------------------------------------------------------------------------
+# Broker
+# ---------------------------------------------------------------------------------------
+
+
+class OverflowPolicy(StrEnum):
+    """What a full per-URI queue does with one more notification."""
+
+    DROP_OLDEST = "drop-oldest"  # make room by dropping the oldest queued one
+    REFUSE_NEWEST = "refuse-newest"  # keep the queue; the new one is dropped
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoreConfig:
+    """``[store]``: the database (SQLAlchemy URL). SQLite by default, PostgreSQL in production.
+
+    A relative SQLite path is resolved against ``data_dir`` by the loader.
+    """
+
+    url: str = "sqlite:///broker.db"
+
+    def __post_init__(self) -> None:
+        _check("://" in self.url, f"'url' {self.url!r} is not a database URL")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueueConfig:
+    """``[queue]``: the durable per-URI notification queues (PROTOCOL.md §6)."""
+
+    max_per_uri: int = 1000
+    overflow: OverflowPolicy = OverflowPolicy.DROP_OLDEST
+
+    def __post_init__(self) -> None:
+        _check(self.max_per_uri >= 1, "'max_per_uri' must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SubscriptionConfig:
+    """``[subscriptions]``: TTLs (seconds) and the expiry sweep."""
+
+    default_ttl: int = 3600  # for a 'sub' that gives no ttl
+    max_ttl: int = 7 * 86400  # longer requests are clamped to this
+    sweep_interval: float = 60.0
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.default_ttl <= self.max_ttl, "need 1 <= default_ttl <= max_ttl")
+        _check(self.sweep_interval > 0, "'sweep_interval' must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RegistrarConfig:
+    """``[registrar]``: the broker is its domain's registrar, or registers at ``address``."""
+
+    embedded: bool = True
+    address: HostPort | None = None  # the external registrar (e.g. Kamailio) when not embedded
+    min_expires: int = 60  # embedded: shorter requests get 423 (RFC 3261 §10.3 step 7)
+    max_expires: int = 3600  # embedded: longer requests are shortened
+    register_expires: int = 600  # external: what the broker asks for its own binding
+
+    def __post_init__(self) -> None:
+        if not self.embedded:
+            _check(self.address is not None, "'address' is required when embedded = false")
+        _check(1 <= self.min_expires <= self.max_expires, "need 1 <= min_expires <= max_expires")
+        _check(self.register_expires >= 1, "'register_expires' must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UserConfig:
+    """One ``[[auth.users]]`` entry (or one ``[[users]]`` of the users file).
+
+    ``password`` may be given as ``password_env = "VARIABLE"``.
+    """
+
+    user: str
+    password: str = field(repr=False)
+    msisdn: str | None = None  # E.164, for SMS fallback before the device announces one
+
+    def __post_init__(self) -> None:
+        _check(bool(USER_NAME.fullmatch(self.user)), f"user {self.user!r} is not a SIP user")
+        _check(bool(self.password), f"user {self.user!r} has an empty password")
+        if self.msisdn is not None:
+            _check(bool(E164.fullmatch(self.msisdn)), f"msisdn {self.msisdn!r} is not E.164")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuthConfig:
+    """``[auth]``: digest authentication (RFC 3261 §22, RFC 8760) and the user list.
+
+    After loading, ``users`` holds the inline users followed by those of ``users_file``.
+    """
+
+    realm: str = ""  # empty: the broker's domain
+    algorithms: tuple[str, ...] = DIGEST_ALGORITHMS  # offered in this order
+    users_file: Path | None = None  # a TOML file of [[users]] entries
+    users: tuple[UserConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(
+            bool(self.algorithms) and set(self.algorithms) <= set(DIGEST_ALGORITHMS),
+            "'algorithms' must be a non-empty list of 'SHA-256' and 'MD5'",
+        )
+        names = [u.user for u in self.users]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        _check(not dupes, f"user {dupes[0]!r} is defined twice" if dupes else "")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BrokerConfig:
+    """Everything ``mdeci broker`` needs (``configs/broker.toml``)."""
+
+    node: str = "broker"  # instance name in churn logs
+    domain: str = "localhost"  # the SIP domain it serves
+    user: str = "broker"  # its AOR is sip:<user>@<domain>
+    data_dir: Path = Path("var")  # SQLite file, churn log; relative: beside the config file
+    sip: SipConfig = field(default_factory=SipConfig)
+    media: MediaConfig = field(default_factory=MediaConfig)
+    rudp: RudpConfig = field(default_factory=RudpConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    subscriptions: SubscriptionConfig = field(default_factory=SubscriptionConfig)
+    churnlog: ChurnLogConfig = field(
+        default_factory=lambda: ChurnLogConfig(path=Path("broker-churn.log"))
+    )
+    registrar: RegistrarConfig = field(default_factory=RegistrarConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.node), "'node' must not be empty")
+        _check(bool(self.domain) and "@" not in self.domain, "'domain' must be a host name")
+        _check(bool(USER_NAME.fullmatch(self.user)), "'user' must be a SIP user name")
+
+    @property
+    def aor(self) -> str:
+        """The broker's address-of-record, ``sip:<user>@<domain>``."""
+        return f"sip:{self.user}@{self.domain}"
+
+    @property
+    def realm(self) -> str:
+        """The digest realm: ``auth.realm`` or the domain."""
+        return self.auth.realm or self.domain
+
+
+# ---------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------
+
+
+class IpMonitorMode(StrEnum):
+    """How the agent notices that its address changed."""
+
+    NETLINK = "netlink"  # pyroute2 address events (Linux)
+    POLL = "poll"  # read the interface addresses every poll_interval
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BrokerPeerConfig:
+    """``[broker]`` in agent.toml: whom to INVITE, and where to send it."""
+
+    aor: str = "sip:broker@localhost"
+    address: HostPort = HostPort("127.0.0.1", 5060)
+
+    def __post_init__(self) -> None:
+        _check(bool(SIP_AOR.fullmatch(self.aor)), f"'aor' {self.aor!r} is not sip:user@domain")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentRegistrarConfig:
+    """``[registrar]`` in agent.toml: the home registrar (PROTOCOL.md §2)."""
+
+    address: HostPort = HostPort("127.0.0.1", 5060)
+    expires: int = 600  # Expires asked in REGISTER; refreshed before it runs out
+
+    def __post_init__(self) -> None:
+        _check(self.expires >= 1, "'expires' must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReconnectConfig:
+    """``[reconnect]``: exponential back-off between attempts (seconds)."""
+
+    base: float = 1.0
+    max: float = 60.0
+    jitter: float = 0.2  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
+
+    def __post_init__(self) -> None:
+        _check(0 < self.base <= self.max, "need 0 < base <= max")
+        _check(0 <= self.jitter <= 1, "'jitter' must be within 0..1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IpMonitorConfig:
+    """``[ip_monitor]``: address change detection."""
+
+    mode: IpMonitorMode = IpMonitorMode.NETLINK
+    poll_interval: float = 2.0  # seconds, in poll mode (and netlink's fallback)
+    interface: str | None = None  # watch only this interface; None: the one of sip.host
+
+    def __post_init__(self) -> None:
+        _check(self.poll_interval > 0, "'poll_interval' must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentConfig:
+    """Everything ``mdeci agent`` needs (``configs/agent.toml``).
+
+    ``aor`` and the password have no default. ``state_dir`` keeps the nseq file and the
+    outgoing buffer; ``api_socket`` and the churn log default to files inside it.
+    """
+
+    aor: str
+    password: str = field(repr=False)
+    node: str = "agent"  # instance name in churn logs
+    msisdn: str | None = None  # E.164; announced in SDP (a=mdeci-msisdn) for SMS fallback
+    state_dir: Path = Path("var/agent")
+    api_socket: Path = Path("agent.sock")  # Unix socket of the local API; in state_dir
+    registrar: AgentRegistrarConfig = field(default_factory=AgentRegistrarConfig)
+    broker: BrokerPeerConfig = field(default_factory=BrokerPeerConfig)
+    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0))
+    media: MediaConfig = field(default_factory=MediaConfig)
+    rudp: RudpConfig = field(default_factory=RudpConfig)
+    reconnect: ReconnectConfig = field(default_factory=ReconnectConfig)
+    ip_monitor: IpMonitorConfig = field(default_factory=IpMonitorConfig)
+    churnlog: ChurnLogConfig = field(default_factory=ChurnLogConfig)
+
+    def __post_init__(self) -> None:
+        _check(bool(SIP_AOR.fullmatch(self.aor)), f"'aor' {self.aor!r} is not sip:user@domain")
+        _check(bool(self.password), "'password' must not be empty")
+        _check(bool(self.node), "'node' must not be empty")
+        if self.msisdn is not None:
+            _check(bool(E164.fullmatch(self.msisdn)), f"'msisdn' {self.msisdn!r} is not E.164")
+
+
+# ---------------------------------------------------------------------------------------
+# The generic reader
+# ---------------------------------------------------------------------------------------
+
+_TOML_TYPES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "an array",
+    dict: "a table",
+}
+
+
+def _toml_type(value: object) -> str:
+    for kind, name in _TOML_TYPES.items():
+        if type(value) is kind:
+            return name
+    return type(value).__name__  # dates and times
+
+
+class _Reader:
+    def __init__(self, source: str, folder: Path, env: typing.Mapping[str, str]) -> None:
+        self.source = source
+        self.folder = folder
+        self.env = env
+
+    def error(self, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {message}")
+
+    def build(self, cls: type[T], table: dict[str, Any], prefix: str) -> T:
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        secret = "password" in names
+        for key in table:
+            if key not in names and not (secret and key == "password_env"):
+                raise self.error(f"unknown key '{prefix}{key}'")
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            key = prefix + f.name
+            if f.name in table:
+                kwargs[f.name] = self.convert(table[f.name], hints[f.name], key)
+            if secret and f.name == "password":
+                self.secret(table, prefix, kwargs)
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if required and f.name not in kwargs:
+                raise self.error(f"missing key '{key}'")
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            where = f"[{prefix.rstrip('.')}] " if prefix else ""
+            raise self.error(f"{where}{exc}") from None
+        except ValueError as exc:  # RudpConfig validates with ValueError
+            where = f"[{prefix.rstrip('.')}] " if prefix else ""
+            raise self.error(f"{where}{exc}") from None
+
+    def secret(self, table: dict[str, Any], prefix: str, kwargs: dict[str, Any]) -> None:
+        if "password_env" not in table:
+            return
+        if "password" in table:
+            raise self.error(f"give '{prefix}password' or '{prefix}password_env', not both")
+        var = self.convert(table["password_env"], str, prefix + "password_env")
+        value = self.env.get(var)
+        if not value:
+            raise self.error(f"environment variable {var!r} ('{prefix}password_env') is not set")
+        kwargs["password"] = value
+
+    def convert(self, value: Any, hint: Any, key: str) -> Any:
+        origin = typing.get_origin(hint)
+        if origin in (types.UnionType, typing.Union):
+            (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+            return self.convert(value, inner, key)
+        if origin is tuple:
+            item_hint = typing.get_args(hint)[0]
+            if not isinstance(value, list):
+                raise self.wrong(key, "an array", value)
+            return tuple(self.convert(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value))
+        if dataclasses.is_dataclass(hint) and hint is not HostPort:
+            if not isinstance(value, dict):
+                raise self.wrong(key, "a table", value)
+            return self.build(hint, value, key + ".")  # type: ignore[arg-type]
+        if hint is HostPort:
+            if not isinstance(value, str):
+                raise self.wrong(key, "a 'host:port' string", value)
+            try:
+                return HostPort.parse(value)
+            except ConfigError as exc:
+                raise self.error(f"key '{key}': {exc}") from None
+        if isinstance(hint, type) and issubclass(hint, Enum):
+            allowed = [m.value for m in hint]
+            if value not in allowed:
+                choices = " or ".join(repr(a) for a in allowed)
+                raise self.error(f"key '{key}' must be {choices}, not {value!r}")
+            return hint(value)
+        if hint is Path:
+            if not isinstance(value, str) or not value:
+                raise self.wrong(key, "a path string", value)
+            return _in(self.folder, Path(value).expanduser())
+        if hint is bool:
+            if not isinstance(value, bool):
+                raise self.wrong(key, "a boolean", value)
+            return value
+        if hint is int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise self.wrong(key, "an integer", value)
+            return value
+        if hint is float:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise self.wrong(key, "a number", value)
+            return float(value)
+        if hint is str:
+            if not isinstance(value, str):
+                raise self.wrong(key, "a string", value)
+            return value
+        raise AssertionError(f"config type {hint!r} not handled")  # a programming error
+
+    def wrong(self, key: str, expected: str, value: object) -> ConfigError:
+        return self.error(f"key '{key}' must be {expected}, not {_toml_type(value)}")
+
+
+def _read_toml(path: Path, source: str) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
+
+
+def _in(base: Path, path: Path) -> Path:
+    """``path`` made absolute against ``base``, with ``..`` folded (symlinks kept)."""
+    return Path(os.path.normpath(path if path.is_absolute() else base / path))
+
+
+def _sqlite_in(data_dir: Path, url: str) -> str:
+    scheme, sep, rest = url.partition(":///")
+    if not sep or not scheme.startswith("sqlite"):
+        return url
+    file, q, query = rest.partition("?")
+    if not file or file == ":memory:" or Path(file).is_absolute():
+        return url
+    return f"{scheme}:///{data_dir / file}{q}{query}"
+
+
+def load_broker_config(
+    path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None
+) -> BrokerConfig:
+    """Read and validate a broker TOML file; ``env`` defaults to ``os.environ``.
+
+    Raises :class:`ConfigError` with a one-line message naming the file and the key: file
+    missing or not TOML, unknown key, wrong type, value out of range, ``password_env``
+    unset, users file invalid.
+    """
+    file = Path(path)
+    source = str(path)
+    reader = _Reader(source, file.resolve().parent, os.environ if env is None else env)
+    cfg = reader.build(BrokerConfig, _read_toml(file, source), "")
+    data_dir = _in(reader.folder, cfg.data_dir)
+    auth = cfg.auth
+    if auth.users_file is not None:
+        users = _load_users(auth.users_file, reader.env)
+        try:
+            auth = dataclasses.replace(auth, users=auth.users + users)
+        except ConfigError as exc:
+            raise reader.error(f"[auth] {exc}") from None
+    return dataclasses.replace(
+        cfg,
+        data_dir=data_dir,
+        store=dataclasses.replace(cfg.store, url=_sqlite_in(data_dir, cfg.store.url)),
+        churnlog=dataclasses.replace(cfg.churnlog, path=_in(data_dir, cfg.churnlog.path)),
+        auth=auth,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _UsersFile:
+    users: tuple[UserConfig, ...] = ()
+
+
+def _load_users(path: Path, env: typing.Mapping[str, str]) -> tuple[UserConfig, ...]:
+    reader = _Reader(str(path), path.parent, env)
+    return reader.build(_UsersFile, _read_toml(path, str(path)), "").users
+
+
+def load_agent_config(
+    path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None
+) -> AgentConfig:
+    """Read and validate an agent TOML file; ``env`` defaults to ``os.environ``.
+
+    Raises :class:`ConfigError` as :func:`load_broker_config` does; ``aor`` and one of
+    ``password`` / ``password_env`` are required.
+    """
+    file = Path(path)
+    source = str(path)
+    reader = _Reader(source, file.resolve().parent, os.environ if env is None else env)
+    cfg = reader.build(AgentConfig, _read_toml(file, source), "")
+    state_dir = _in(reader.folder, cfg.state_dir)
+    return dataclasses.replace(
+        cfg,
+        state_dir=state_dir,
+        api_socket=_in(state_dir, cfg.api_socket),
+        churnlog=dataclasses.replace(cfg.churnlog, path=_in(state_dir, cfg.churnlog.path)),
+    )
