@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = registrar.serve if args.tool == "registrar" else uas.serve
     try:
         return asyncio.run(runner(args))
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"python -m sip {args.tool}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

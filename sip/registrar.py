@@ -340,12 +340,14 @@ class Registrar:
             resp.headers.add("Unsupported", ", ".join(required))
             raise _Reject(resp)
         # Step 5 (checked before 3-4 so authorization has an AOR to compare):
-        # To must be an AOR of the domain in the Request-URI.
+        # To must be an AOR of a domain we serve. The Request-URI may name the domain
+        # or one of its aliases (our own address, as phones often send it), so the
+        # two hosts need not be equal; both must be ours.
         aor_uri = to.uri
         if (
             not isinstance(aor_uri, SipUri)
             or aor_uri.user is None
-            or aor_uri.host.lower() != request_uri.host.lower()
+            or aor_uri.host.lower() not in self._domains
         ):
             raise self._reject(req, 404, "To is not an address-of-record of this domain")
         aor = aor_uri.aor

@@ -167,8 +167,8 @@ def main() -> int:
     emit(event="reinvited", ok=ok)
 
     ep.hangupAllCalls()
-    pump(10, lambda: "DISCONNCTD" in call.states)
-    emit(event="hungup", ok="DISCONNCTD" in call.states)
+    pump(10, lambda: "DISCONNECTED" in call.states)
+    emit(event="hungup", ok="DISCONNECTED" in call.states)
     acc.setRegistration(False)
     pump(2)
     acc.shutdown()

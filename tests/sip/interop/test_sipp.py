@@ -97,3 +97,76 @@ def test_sipp_uac_against_our_uas(tmp_path: Path) -> None:
         uas.expect(r"^ended .*bye received")
     finally:
         uas.stop()
+
+
+def test_5000_registers_at_500_per_second(tmp_path: Path) -> None:
+    """(a) 5,000 REGISTERs at 500/s from sipp to our registrar, none failed."""
+    registrar = Tool("registrar", "--listen", "127.0.0.1:0", "--quiet")
+    try:
+        host, port = registrar.addr
+        sipp = Sipp(
+            ["-sf", str(SCENARIOS / "uac_register.xml"), "-r", "500", "-m", "5000",
+             "-l", "1000", f"{host}:{port}"],
+            tmp_path,
+        )  # fmt: skip
+        result = sipp.wait(120)
+        assert result.returncode == 0, result.output
+        assert (result.successful, result.failed) == (5000, 0), result.output
+    finally:
+        registrar.stop()
+
+
+def test_sipp_answers_our_digest_challenge(tmp_path: Path) -> None:
+    """(d, we challenge sipp) our registrar sends 401 (MD5), sipp answers, we accept."""
+    users = tmp_path / "users.txt"
+    users.write_text("alice s3cret\n")
+    registrar = Tool(
+        "registrar", "--listen", "127.0.0.1:0", "--users", str(users), "--algorithm", "MD5"
+    )
+    try:
+        host, port = registrar.addr
+        sipp = Sipp(
+            [
+                "-sf",
+                str(SCENARIOS / "uac_register_auth.xml"),
+                "-m",
+                "1",
+                "-auth_uri",
+                "example.org",
+                f"{host}:{port}",
+            ],
+            tmp_path,
+        )
+        result = sipp.wait(30)
+        assert result.returncode == 0, result.output
+        assert (result.successful, result.failed) == (1, 0), result.output
+        assert "registered sip:alice@example.org" in registrar.expect(r"registered ")
+    finally:
+        registrar.stop()
+
+
+def test_sipp_with_wrong_password_is_refused(tmp_path: Path) -> None:
+    users = tmp_path / "users.txt"
+    users.write_text("alice another-password\n")
+    registrar = Tool(
+        "registrar", "--listen", "127.0.0.1:0", "--users", str(users), "--algorithm", "MD5"
+    )
+    try:
+        host, port = registrar.addr
+        sipp = Sipp(
+            [
+                "-sf",
+                str(SCENARIOS / "uac_register_auth.xml"),
+                "-m",
+                "1",
+                "-auth_uri",
+                "example.org",
+                f"{host}:{port}",
+            ],
+            tmp_path,
+        )
+        result = sipp.wait(30)
+        assert result.returncode != 0 and result.failed == 1, result.output
+        assert not [line for line in registrar.seen if line.startswith("registered")]
+    finally:
+        registrar.stop()
