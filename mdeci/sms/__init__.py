@@ -1,0 +1,4 @@
+"""SMS transport for mdeci frames: codec, reassembly, acknowledged links, gateways.
+
+See docs/sms.md.
+"""
