@@ -138,3 +138,15 @@ def test_nseq_gate_strict_and_windowed() -> None:
     assert not again.accept(8) and again.accept(7) and not again.accept(7)
     with pytest.raises(ValueError):
         NseqGate(window=-1)
+
+
+def test_sms_tariff_bills_what_the_link_sends() -> None:
+    from mdeci.sms import sms_tariff
+
+    for key in (None, b"k" * 32):
+        cfg = SmsConfig(key=key)
+        tariff = sms_tariff(0.0015, cfg)
+        for size in (0, 1, 100, 124, 125, 300, 5000):
+            link = SmsLink(A, cfg)
+            link.send_frame(B, bytes(size), 0.0)
+            assert tariff.cost(size) == pytest.approx(0.0015 * len(link.sms_to_send()))
