@@ -1,0 +1,33 @@
+"""The thesis' utility function: ``f = wc ln C + we ln E + wl ln L + wv ln(1/V)``.
+
+Lower is better. A quantity of zero (a free Wi-Fi channel has ``C = 0``) would make
+``ln`` minus infinity, so every quantity is clamped to :data:`FLOOR` first; a term whose
+weight is zero is left out, so ``0 * ln 0`` never turns into NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mdeci.channels.model import Channel, Weights
+
+#: Smallest value a quantity is given before its logarithm (1e-12 $ is far below any price).
+FLOOR = 1e-12
+
+
+def _ln(value: float) -> float:
+    return math.log(max(value, FLOOR))
+
+
+def score(channel: Channel, weights: Weights, size: int) -> float:
+    """Utility of sending a ``size``-byte message on ``channel``; the lowest score wins."""
+    total = 0.0
+    if weights.cost:
+        total += weights.cost * _ln(channel.cost(size))
+    if weights.energy:
+        total += weights.energy * _ln(channel.energy_mw)
+    if weights.latency:
+        total += weights.latency * _ln(channel.latency_ms)
+    if weights.coverage:
+        total += weights.coverage * -_ln(channel.coverage)
+    return total

@@ -1,0 +1,281 @@
+"""An acknowledged SMS link for frames (sans-IO): buffers, acks, doubling timeouts.
+
+Theory of operation (after the NETBTL-style scheme the thesis describes). A frame is one
+*buffer* (:mod:`mdeci.sms.codec`): all its segments are submitted at once, and the
+receiver acknowledges the whole buffer with one ack entry once it has reassembled it and
+checked its tag. The sender waits ``ack_timeout``; on each expiry it submits every
+segment again and doubles the wait (capped at ``ack_timeout_max``); the receiver drops
+the copies it already holds. When the buffer's TTL ends unacknowledged, the sender
+reports :class:`BufferExpired` ("undeliverable"). A late copy of a completed buffer is
+acknowledged again (the first ack may have been lost) but not delivered again. Acks
+carry the reference, the segment count and the first four octets of the buffer's tag,
+so an ack for an older buffer that used the same reference is not taken for a newer one.
+
+The link is a state machine with no I/O and no clock: the caller passes ``now``, sends
+what :meth:`SmsLink.sms_to_send` returns through a gateway, feeds received SMS to
+:meth:`SmsLink.receive_sms`, calls :meth:`SmsLink.handle_timer` at
+:meth:`SmsLink.get_timer`, and reads :meth:`SmsLink.next_event`. Frames are opaque
+bytes; exactly-once delivery to the application is the ``nseq`` gate's job
+(:mod:`mdeci.sms.dedupe`), as over IP.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from mdeci.sms.codec import (
+    AckEntry,
+    Sms,
+    encode_acks,
+    encode_frame,
+    parse_acks,
+    parse_segment,
+    segments_needed,
+)
+from mdeci.sms.codec import ports as sms_ports
+from mdeci.sms.config import SmsConfig
+from mdeci.sms.errors import NoFreeReference, PduError
+from mdeci.sms.reassembly import Completed, Corrupt, Duplicate, Reassembler
+
+
+@dataclass(frozen=True, slots=True)
+class FrameReceived:
+    """A frame arrived complete and intact from ``sender`` (it may be a repeat)."""
+
+    sender: str
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BufferAcknowledged:
+    """The peer acknowledged buffer ``buffer_id``; ``sms_sent`` SMS it took in all."""
+
+    buffer_id: int
+    peer: str
+    sms_sent: int
+    sent_at: float
+    acked_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BufferExpired:
+    """Buffer ``buffer_id`` was not acknowledged within its TTL: undeliverable."""
+
+    buffer_id: int
+    peer: str
+    sms_sent: int
+
+
+LinkEvent = FrameReceived | BufferAcknowledged | BufferExpired
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """Counters of one link (for logs and tests)."""
+
+    sms_sent: int = 0
+    sms_received: int = 0
+    acks_sent: int = 0
+    acks_received: int = 0
+    stale_acks: int = 0
+    duplicates: int = 0
+    corrupt: int = 0
+    foreign: int = 0
+    resends: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    buffer_id: int
+    peer: str
+    ref: int
+    pieces: list[tuple[bytes, bytes]]
+    tag4: bytes
+    sent_at: float
+    deadline: float
+    timeout: float
+    next_resend: float
+    sms_sent: int = 0
+
+
+@dataclass(slots=True)
+class _PeerRefs:
+    next_ref: int = 0
+    in_use: dict[tuple[int, int], int] = field(default_factory=dict)  # (ref, total) -> id
+
+
+class SmsLink:
+    """Frames to and from other numbers over SMS, for the local number ``address``."""
+
+    def __init__(self, address: str, config: SmsConfig | None = None) -> None:
+        self.address = address
+        self.config = config or SmsConfig()
+        self.stats = LinkStats()
+        self._reasm = Reassembler(
+            key=self.config.key,
+            timeout=self.config.reassembly_timeout,
+            memory=self.config.duplicate_memory,
+            max_assemblies=self.config.max_assemblies,
+            max_done=self.config.max_done,
+        )
+        self._pending: dict[int, _Pending] = {}
+        self._peers: dict[str, _PeerRefs] = {}
+        self._next_id = 1
+        self._out: list[Sms] = []
+        self._acks: dict[str, list[AckEntry]] = {}
+        self._events: deque[LinkEvent] = deque()
+
+    # -- commands -------------------------------------------------------------------
+
+    def send_frame(self, to: str, frame: bytes, now: float, *, ttl: float | None = None) -> int:
+        """Queue ``frame`` for ``to``; returns the buffer id events will name.
+
+        Raises :class:`~mdeci.sms.errors.FrameTooLarge` beyond 255 segments and
+        :class:`~mdeci.sms.errors.NoFreeReference` if every reference to ``to`` is in use.
+        """
+        cfg = self.config
+        refs = self._peers.setdefault(to, _PeerRefs())
+        space = 1 << 16 if cfg.ref16 else 1 << 8
+        total = segments_needed(len(frame), ref16=cfg.ref16, key=cfg.key)
+        for _ in range(space):
+            ref = refs.next_ref
+            refs.next_ref = (refs.next_ref + 1) % space
+            if (ref, total) not in refs.in_use:
+                break
+        else:
+            raise NoFreeReference(f"all {space} references to {to} are in flight")
+        pieces = encode_frame(
+            frame,
+            ref=ref,
+            ref16=cfg.ref16,
+            dst_port=cfg.data_port,
+            src_port=cfg.data_port,
+            key=cfg.key,
+        )
+        buffer_id = self._next_id
+        self._next_id += 1
+        ttl = cfg.default_ttl if ttl is None else ttl
+        pending = _Pending(
+            buffer_id=buffer_id,
+            peer=to,
+            ref=ref,
+            pieces=pieces,
+            tag4=pieces[0][1][:4],
+            sent_at=now,
+            deadline=now + ttl,
+            timeout=cfg.ack_timeout,
+            next_resend=now + cfg.ack_timeout,
+        )
+        refs.in_use[(ref, total)] = buffer_id
+        self._pending[buffer_id] = pending
+        self._submit(pending)
+        return buffer_id
+
+    def cancel(self, buffer_id: int) -> bool:
+        """Stop (re)sending a buffer, e.g. when IP delivered the frame; no event follows."""
+        pending = self._pending.pop(buffer_id, None)
+        if pending is None:
+            return False
+        del self._peers[pending.peer].in_use[(pending.ref, len(pending.pieces))]
+        return True
+
+    def pending(self) -> list[int]:
+        """Ids of buffers still waiting for their ack."""
+        return list(self._pending)
+
+    # -- inputs ---------------------------------------------------------------------
+
+    def receive_sms(self, sms: Sms, now: float) -> None:
+        """Take one received SMS. Anything that is not an mdeci SMS is counted and dropped."""
+        self.stats.sms_received += 1
+        try:
+            dst, _src = sms_ports(sms.udh)
+            if dst == self.config.ack_port:
+                self._on_acks(sms.sender, parse_acks(sms.body), now)
+            elif dst == self.config.data_port:
+                self._on_segment(sms, now)
+            else:
+                self.stats.foreign += 1
+        except PduError:
+            self.stats.foreign += 1
+
+    def handle_timer(self, now: float) -> None:
+        """Resend or expire buffers whose time has come; forget stale reassembly state."""
+        for pending in list(self._pending.values()):
+            if now >= pending.deadline:
+                self.cancel(pending.buffer_id)
+                self._events.append(
+                    BufferExpired(pending.buffer_id, pending.peer, pending.sms_sent)
+                )
+            elif now >= pending.next_resend:
+                self.stats.resends += 1
+                pending.timeout = min(pending.timeout * 2, self.config.ack_timeout_max)
+                pending.next_resend = now + pending.timeout
+                self._submit(pending)
+        self._reasm.expire(now)
+
+    # -- outputs --------------------------------------------------------------------
+
+    def get_timer(self) -> float | None:
+        """When :meth:`handle_timer` should next be called, or ``None``."""
+        times = [min(p.next_resend, p.deadline) for p in self._pending.values()]
+        expiry = self._reasm.next_expiry()
+        if expiry is not None:
+            times.append(expiry)
+        return min(times, default=None)
+
+    def sms_to_send(self) -> list[Sms]:
+        """SMS to submit now (segments and acks), in order; clears the list."""
+        for peer, entries in self._acks.items():
+            for udh, body in encode_acks(
+                entries, dst_port=self.config.ack_port, src_port=self.config.data_port
+            ):
+                self._out.append(Sms(self.address, peer, udh, body))
+                self.stats.acks_sent += 1
+        self._acks.clear()
+        out, self._out = self._out, []
+        self.stats.sms_sent += len(out)
+        return out
+
+    def next_event(self) -> LinkEvent | None:
+        return self._events.popleft() if self._events else None
+
+    # -- internals ------------------------------------------------------------------
+
+    def _submit(self, pending: _Pending) -> None:
+        for udh, body in pending.pieces:
+            self._out.append(Sms(self.address, pending.peer, udh, body))
+        pending.sms_sent += len(pending.pieces)
+
+    def _on_segment(self, sms: Sms, now: float) -> None:
+        seg = parse_segment(sms.udh, sms.body)
+        outcome = self._reasm.add(sms.sender, seg, now)
+        if outcome is None:
+            return
+        if isinstance(outcome, Corrupt):
+            self.stats.corrupt += 1
+            return
+        entry = AckEntry(outcome.ref, outcome.total, outcome.tag[:4])
+        self._acks.setdefault(sms.sender, []).append(entry)
+        if isinstance(outcome, Duplicate):
+            self.stats.duplicates += 1
+            return
+        assert isinstance(outcome, Completed)
+        self._events.append(FrameReceived(outcome.sender, outcome.frame))
+
+    def _on_acks(self, sender: str, entries: list[AckEntry], now: float) -> None:
+        refs = self._peers.get(sender)
+        for entry in entries:
+            self.stats.acks_received += 1
+            buffer_id = None if refs is None else refs.in_use.get((entry.ref, entry.total))
+            pending = None if buffer_id is None else self._pending.get(buffer_id)
+            if pending is None or pending.tag4 != entry.tag4:
+                self.stats.stale_acks += 1
+                continue
+            self.cancel(pending.buffer_id)
+            self._events.append(
+                BufferAcknowledged(
+                    pending.buffer_id, pending.peer, pending.sms_sent, pending.sent_at, now
+                )
+            )

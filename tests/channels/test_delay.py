@@ -1,0 +1,143 @@
+"""Delay tolerance: hold up to D = P * Dmax for a better channel, on a fake clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from mdeci.channels import (
+    CHEAPEST,
+    Channel,
+    ClassPolicy,
+    Hold,
+    HoldQueue,
+    MemoryUsage,
+    NoChannel,
+    Outgoing,
+    PolicyError,
+    Rule,
+    SelectorPolicy,
+    SendNow,
+    Tariff,
+    WeeklyCalendar,
+    select,
+)
+
+T0 = datetime(2025, 1, 15, 12, tzinfo=UTC).timestamp()  # a Wednesday, noon UTC
+WIFI = Channel(name="wifi", tariff=Tariff(price=0.0), latency_ms=20)
+MNO = Channel(name="mno", tariff=Tariff(price=0.01), latency_ms=250)
+POLICY = SelectorPolicy(
+    channels=(WIFI, MNO),
+    classes={
+        "bulk": ClassPolicy(weights=CHEAPEST, max_delay=600.0),
+        "normal": ClassPolicy(weights=CHEAPEST),
+    },
+)
+CAL = WeeklyCalendar.constant({"wifi": 0.9})
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+def _msg(qclass: str = "bulk") -> Outgoing:
+    return Outgoing(user="u", qclass=qclass, size=300, first_seen=T0)
+
+
+def test_holds_nine_minutes_then_sends_on_what_is_there() -> None:
+    clock = FakeClock(T0)
+    usage = MemoryUsage()
+    queue: HoldQueue[int] = HoldQueue()
+    first = select(POLICY, _msg(), available={"mno"}, usage=usage, now=clock.now, calendar=CAL)
+    assert isinstance(first, Hold)
+    assert first.until == pytest.approx(T0 + 540.0)  # 0.9 * 10 min
+    assert first.waiting_for == ("wifi",)
+    queue.hold(7, _msg(), first)
+    assert queue.next_deadline() == pytest.approx(T0 + 540.0)
+
+    for _ in range(8):  # 8 minutes: still held
+        clock.advance(60)
+        assert (
+            queue.reconsider(POLICY, available={"mno"}, usage=usage, now=clock.now, calendar=CAL)
+            == []
+        )
+    clock.advance(59.999)  # 8:59.999
+    assert (
+        queue.reconsider(POLICY, available={"mno"}, usage=usage, now=clock.now, calendar=CAL) == []
+    )
+    assert len(queue) == 1
+    clock.advance(0.001)  # 9:00: the delay ran out, send on MNO, which is there
+    released = queue.reconsider(POLICY, available={"mno"}, usage=usage, now=clock.now, calendar=CAL)
+    assert len(released) == 1
+    key, _, decision = released[0]
+    assert key == 7 and isinstance(decision, SendNow) and decision.channel.name == "mno"
+    assert len(queue) == 0 and queue.next_deadline() is None
+
+
+def test_released_at_once_when_the_better_channel_appears() -> None:
+    usage = MemoryUsage()
+    queue: HoldQueue[str] = HoldQueue()
+    held = select(POLICY, _msg(), available={"mno"}, usage=usage, now=T0, calendar=CAL)
+    assert isinstance(held, Hold)
+    queue.hold("n1", _msg(), held)
+    released = queue.reconsider(
+        POLICY, available={"mno", "wifi"}, usage=usage, now=T0 + 120, calendar=CAL
+    )
+    assert [(k, d.channel.name) for k, _, d in released if isinstance(d, SendNow)] == [
+        ("n1", "wifi")
+    ]
+
+
+def test_no_hold_when_best_is_there_or_class_is_not_tolerant_or_p_is_zero() -> None:
+    usage = MemoryUsage()
+    d = select(POLICY, _msg(), available={"mno", "wifi"}, usage=usage, now=T0, calendar=CAL)
+    assert isinstance(d, SendNow) and d.channel.name == "wifi"
+    d = select(POLICY, _msg("normal"), available={"mno"}, usage=usage, now=T0, calendar=CAL)
+    assert isinstance(d, SendNow) and d.channel.name == "mno"
+    never = WeeklyCalendar.constant({"wifi": 0.0})
+    d = select(POLICY, _msg(), available={"mno"}, usage=usage, now=T0, calendar=never)
+    assert isinstance(d, SendNow) and d.channel.name == "mno"
+    d = select(POLICY, _msg(), available=set(), usage=usage, now=T0, calendar=CAL)
+    assert isinstance(d, NoChannel)
+
+
+def test_calendar_rules_by_weekday_and_hour_in_local_time() -> None:
+    # Wi-Fi at home, weekday evenings 18-24 local (UTC-3), weekends all day.
+    cal = WeeklyCalendar.from_rules(
+        [
+            Rule(channel="wifi", p=0.8, weekdays=frozenset(range(5)), start_hour=18),
+            Rule(channel="wifi", p=0.95, weekdays=frozenset({5, 6})),
+            Rule(channel="lan", p=0.5, weekdays=frozenset({2}), start_hour=9, end_hour=10),
+        ],
+        utc_offset_minutes=-180,
+    )
+    wed_21_utc = T0 + 9 * 3600  # 21:00 UTC = 18:00 local
+    assert cal.probability("wifi", T0) == 0.0  # 09:00 local
+    assert cal.probability("wifi", wed_21_utc) == 0.8
+    assert cal.probability("wifi", T0 + 3 * 86400) == 0.95  # Saturday
+    assert cal.probability("lan", T0) == 0.5
+    assert cal.probability("nothing", T0) == 0.0
+    assert cal.any_of(["wifi", "lan"], T0) == pytest.approx(0.5)
+    assert cal.any_of(["wifi", "lan"], wed_21_utc) == pytest.approx(0.8)
+    # The deadline uses P at first_seen: at 09:00 local with only lan likely, D = 0.5 * Dmax.
+    policy = SelectorPolicy(
+        channels=(Channel(name="lan"), MNO),
+        classes={"bulk": ClassPolicy(weights=CHEAPEST, max_delay=600)},
+    )
+    d = select(policy, _msg(), available={"mno"}, usage=MemoryUsage(), now=T0, calendar=cal)
+    assert isinstance(d, Hold) and d.until == pytest.approx(T0 + 300)
+
+
+def test_bad_calendars_are_refused() -> None:
+    with pytest.raises(PolicyError):
+        WeeklyCalendar(slots={"wifi": (0.5,) * 10})
+    with pytest.raises(PolicyError):
+        WeeklyCalendar.constant({"wifi": 1.5})
+    with pytest.raises(PolicyError):
+        WeeklyCalendar(slot_minutes=11)
