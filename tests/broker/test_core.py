@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import cbor2
 import pytest
+import sqlalchemy as sa
 
-from mdeci.broker import Broker, BrokerCoreConfig, MemorySink
+from mdeci.broker import Broker, BrokerCoreConfig, ChurnLogSink, MemorySink
+from mdeci.churnlog import ChurnLog
 from mdeci.errors import ConfigError
 from mdeci.frames import (
     Ack,
@@ -390,3 +395,34 @@ def test_config_is_validated() -> None:
     ):
         with pytest.raises(ConfigError):
             BrokerCoreConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_a_database_failure_is_answered_with_500(store: BrokerStore, clock: FakeClock) -> None:
+    broker = make_broker(store, clock, MemorySink())
+    subscribe(broker, ALICE, "a")
+    with store.engine.begin() as conn:  # break the store under the broker
+        conn.execute(sa.text("DROP TABLE published_messages"))
+    reply = one(broker.handle_frame(PUBLISHER, encode(Pub(req=5, msg_id="m", subject="a"))))
+    assert isinstance(reply, Error) and (reply.req, reply.code) == (5, 500)
+    assert store.queues.pending(ALICE) == []
+
+
+def test_churn_log_sink_writes_section_8_records(tmp_path: Path, clock: FakeClock) -> None:
+    log = ChurnLog(tmp_path / "churn.jsonl", "broker-1", clock)
+    sink = ChurnLogSink(log)
+    sink.emit("notify_queued", ALICE, nseq=3, queue_depth=2, reason=None)
+    sink.emit("notify_queued", ALICE, sub_id=3)  # not a section 8 field: counted, not raised
+    sink.emit("no_such_event", ALICE)
+    log.close()
+    lines = [json.loads(line) for line in (tmp_path / "churn.jsonl").read_text().splitlines()]
+    assert lines == [
+        {
+            "ts": "2023-11-14T22:13:20.000Z",
+            "node": "broker-1",
+            "event": "notify_queued",
+            "uri": ALICE,
+            "queue_depth": 2,
+            "nseq": 3,
+        }
+    ]
+    assert sink.failures == 2
