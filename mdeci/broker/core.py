@@ -1,0 +1,409 @@
+"""The broker core: frames in, replies out; subscriptions, publishes and per-user delivery.
+
+Theory of operation
+-------------------
+:class:`Broker` is synchronous and owns no socket, task or clock (the clock is
+injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
+
+- :meth:`Broker.handle_frame` takes one frame's bytes from an authenticated user URI and
+  returns the frames to answer with. Bad bytes, bad subjects and bad filters become an
+  ``error`` frame (400); a database failure becomes ``error`` 500; nothing else escapes
+  and a refused request changes no state.
+- ``pub`` is matched against :class:`~mdeci.broker.matcher.SubscriptionMatcher`, the
+  in-memory cache of compiled subscriptions; the store queues one notification per
+  match in one transaction (idempotent by ``(publisher, msg_id)``), and ``pub-ok`` is
+  built only after that call returned, so an acknowledged publish is durable.
+- Delivery is pulled: for a CONNECTED user, :meth:`Broker.take_batch` returns the next
+  encoded ``notify`` frames, in ``nseq`` order, at most ``window`` of them unacked at a
+  time. ``ack`` frees the window. :meth:`Broker.mark_connected` restarts the stream
+  from the lowest queued (un-acked) ``nseq``; :meth:`Broker.mark_disconnected` stops it.
+- The :class:`QueueListener` hears "something was queued for uri" and "uri acked", so
+  the service wakes that user's delivery task instead of polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import cbor2
+
+from mdeci.broker.config import BrokerCoreConfig
+from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher
+from mdeci.broker.sink import ChurnSink, NullSink
+from mdeci.errors import FilterError, FrameError, SubjectError
+from mdeci.filters import compile_filter, compile_pattern
+from mdeci.frames import (
+    BAD_REQUEST,
+    INTERNAL,
+    MAX_FRAME_BYTES,
+    MAX_MESSAGE_LENGTH,
+    NOT_FOUND,
+    TOO_LARGE,
+    UINT63,
+    Ack,
+    Error,
+    Frame,
+    List,
+    Notify,
+    Pub,
+    PubOk,
+    Sub,
+    SubInfo,
+    SubOk,
+    Subs,
+    Unsub,
+    decode,
+    encode,
+)
+from mdeci.store.errors import StoreError
+from mdeci.store.queues import QueuedNotification
+from mdeci.store.repo import BrokerStore
+from mdeci.store.sessions import SessionStatus
+from mdeci.store.subscriptions import Subscription
+
+# What a notify frame adds around a publish's subject, msg_id, attrs and payload (keys,
+# nseq, sub_id up to 128 characters, times, CBOR heads), rounded up generously.
+NOTIFY_OVERHEAD = 512
+
+
+class QueueListener(Protocol):
+    """Told when a user's delivery may make progress (the service wakes its task)."""
+
+    def queued(self, uri: str) -> None:
+        """New notifications were queued for ``uri``."""
+
+    def acked(self, uri: str) -> None:
+        """``uri`` acknowledged notifications: its window has room again."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingNotify:
+    """An encoded ``notify`` frame ready to send, with its ``nseq``."""
+
+    nseq: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class _Link:
+    """Delivery state of one user for the current connection (reset on each connect)."""
+
+    connected: bool
+    addr: str | None
+    # nseq -> published_at of notifications sent on this connection and not yet acked.
+    inflight: dict[int, float]
+    sent_upto: int = 0
+
+
+def _error(req: int | None, code: int, message: str) -> Error:
+    return Error(req=req, code=code, message=message[:MAX_MESSAGE_LENGTH])
+
+
+def _sub_id(text: str) -> int | None:
+    """The store id named by a ``sub_id`` text, or None if it cannot name one."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        return None
+    value = int(text)
+    return value if 0 < value <= UINT63 else None
+
+
+class Broker:
+    """The SIP-agnostic broker core; see the module docstring.
+
+    ``clock`` gives UTC epoch seconds (TTLs, ``published_at``, latencies). Construction
+    loads the live subscriptions into the matcher and raises :class:`StoreError` if the
+    database fails.
+    """
+
+    def __init__(
+        self,
+        store: BrokerStore,
+        config: BrokerCoreConfig,
+        clock: Callable[[], float],
+        log: ChurnSink | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.log: ChurnSink = log if log is not None else NullSink()
+        self.listener: QueueListener | None = None
+        self.matcher = SubscriptionMatcher()
+        self.matcher.load(store.subscriptions.active_subscriptions(clock()))
+        self._links: dict[str, _Link] = {}
+        # Users whose queue may have overflow drops not yet reported in a notify's missed.
+        self._missed_pending: set[str] = set()
+        # missed counts already taken from the store, by user and nseq, kept until acked
+        # so that a notify re-sent after a reconnection still carries its count.
+        self._missed_at: dict[str, dict[int, int]] = {}
+
+    # ------------------------------------------------------------------ frames
+
+    def handle_frame(self, uri: str, data: bytes) -> list[Frame]:
+        """Handle one frame's bytes from authenticated user ``uri``; the reply frames.
+
+        Never raises for any ``data``: malformed bytes give ``error`` 400 (413 if too
+        large) and change nothing.
+        """
+        try:
+            frame = decode(data)
+        except FrameError as exc:
+            return [_error(exc.req, exc.code, exc.message)]
+        return self.handle(uri, frame)
+
+    def handle(self, uri: str, frame: Frame) -> list[Frame]:
+        """Handle one decoded frame from ``uri``; the reply frames (empty for ``ack``).
+
+        A database failure is answered with ``error`` 500 (the request may be retried);
+        nothing else is raised.
+        """
+        try:
+            if isinstance(frame, Sub):
+                return [self._sub(uri, frame)]
+            if isinstance(frame, Unsub):
+                return [self._unsub(uri, frame)]
+            if isinstance(frame, List):
+                return [self._list(uri, frame)]
+            if isinstance(frame, Pub):
+                return [self._pub(uri, frame)]
+            if isinstance(frame, Ack):
+                self._ack(uri, frame.upto)
+                return []
+        except StoreError as exc:
+            return [_error(getattr(frame, "req", None), INTERNAL, f"broker store: {exc}")]
+        if isinstance(frame, Error):
+            return []  # never answer an error with an error: two peers could loop
+        return [_error(getattr(frame, "req", None), BAD_REQUEST, f"unexpected op {frame.op!r}")]
+
+    def _sub(self, uri: str, frame: Sub) -> Frame:
+        try:
+            pattern = compile_pattern(frame.subject)
+        except SubjectError as exc:
+            return _error(frame.req, BAD_REQUEST, f"subject: {exc}")
+        try:
+            compiled_filter = compile_filter(frame.filter)
+        except FilterError as exc:
+            return _error(frame.req, BAD_REQUEST, f"filter: position {exc.position}: {exc.reason}")
+        ttl = self.config.default_ttl if frame.ttl is None else float(frame.ttl)
+        ttl = min(ttl, self.config.max_ttl)
+        sub = self.store.subscriptions.add_subscription(
+            uri, frame.subject, frame.filter, ttl, self.clock()
+        )
+        self.matcher.add(CompiledSubscription(sub, pattern, compiled_filter))
+        self.log.emit("subscription_added", uri, reason=_describe(sub))
+        return SubOk(req=frame.req, sub_id=str(sub.sub_id), expires_at=sub.expires_at)
+
+    def _unsub(self, uri: str, frame: Unsub) -> Frame:
+        sub_id = _sub_id(frame.sub_id)
+        cached = None if sub_id is None else self.matcher.get(sub_id)
+        # Another user's id is answered exactly like an unknown one: ids are not secrets,
+        # but whether someone else subscribed is none of this user's business.
+        if sub_id is None or (cached is not None and cached.sub.uri != uri):
+            return _error(frame.req, NOT_FOUND, f"no subscription {frame.sub_id!r}")
+        if not self.store.subscriptions.remove_subscription(uri, sub_id):
+            return _error(frame.req, NOT_FOUND, f"no subscription {frame.sub_id!r}")
+        self.matcher.discard(sub_id)
+        now = self.clock()
+        self.log.emit("subscription_removed", uri, reason=f"sub_id={sub_id}")
+        return SubOk(req=frame.req, sub_id=frame.sub_id, expires_at=now)
+
+    def _list(self, uri: str, frame: List) -> Frame:
+        subs = self.store.subscriptions.list_subscriptions(uri, self.clock())
+        items = tuple(
+            SubInfo(
+                sub_id=str(s.sub_id), subject=s.subject, filter=s.filter, expires_at=s.expires_at
+            )
+            for s in subs
+        )
+        return Subs(req=frame.req, items=items)
+
+    def _pub(self, uri: str, frame: Pub) -> Frame:
+        attrs_cbor = cbor2.dumps(dict(frame.attrs))
+        size = len(frame.payload) + len(attrs_cbor) + len(frame.subject) + len(frame.msg_id)
+        if size + NOTIFY_OVERHEAD > MAX_FRAME_BYTES:
+            # Refused here rather than queued as a notify that could never be sent.
+            return _error(frame.req, TOO_LARGE, "publish too large to be notified")
+        now = self.clock()
+        match = self.matcher.match(frame.subject, frame.attrs, now)
+        result = self.store.queues.publish(
+            uri,
+            frame.msg_id,
+            frame.subject,
+            attrs_cbor,
+            frame.payload,
+            urgent=frame.urgent,
+            published_at=now,
+            targets=match.targets,
+            max_depth=self.config.max_queue_depth,
+            policy=self.config.overflow_policy,
+        )
+        for queued in result.queued:
+            self.log.emit("notify_queued", queued.uri, nseq=queued.nseq, queue_depth=queued.depth)
+        for dropped in result.dropped:
+            self._missed_pending.add(dropped.uri)
+            self.log.emit(
+                "notify_dropped",
+                dropped.uri,
+                nseq=dropped.nseq,
+                reason=f"queue overflow ({dropped.reason}), msg_id={dropped.msg_id}",
+            )
+        if match.expired:
+            self._sweep_after_match(now)
+        if self.listener is not None:
+            for target in sorted({q.uri for q in result.queued}):
+                self.listener.queued(target)
+        return PubOk(req=frame.req, msg_id=frame.msg_id, matched=result.matched)
+
+    def _sweep_after_match(self, now: float) -> None:
+        # The publish is durable already; a failed delete is retried by the periodic sweep.
+        with contextlib.suppress(StoreError):
+            self.sweep(now)
+
+    def _ack(self, uri: str, upto: int) -> None:
+        self.store.queues.ack(uri, upto)
+        link = self._links.get(uri)
+        if link is not None:
+            now = self.clock()
+            for nseq in sorted(n for n in link.inflight if n <= upto):
+                published_at = link.inflight.pop(nseq)
+                latency = max(0.0, (now - published_at) * 1000.0)
+                self.log.emit("notify_delivered", uri, nseq=nseq, latency_ms=latency)
+            link.sent_upto = max(link.sent_upto, upto)
+        missed = self._missed_at.get(uri)
+        if missed:
+            for nseq in [n for n in missed if n <= upto]:
+                del missed[nseq]
+        if self.listener is not None:
+            self.listener.acked(uri)
+
+    # ------------------------------------------------------------------ TTL sweep
+
+    def sweep(self, now: float | None = None) -> list[Subscription]:
+        """Delete subscriptions expired at ``now`` (default: the clock); the ones removed.
+
+        Their queued notifications stay queued and are delivered.
+
+        Raises:
+            StoreError: the database failed; the matcher already ignores expired ones.
+        """
+        at = self.clock() if now is None else now
+        expired = self.store.subscriptions.sweep_expired(at)
+        for sub in expired:
+            self.matcher.discard(sub.sub_id)
+            self.log.emit("subscription_expired", sub.uri, reason=_describe(sub))
+        return expired
+
+    # ------------------------------------------------------------------ sessions
+
+    def is_connected(self, uri: str) -> bool:
+        """True while ``uri``'s media is CONNECTED (notifications are being sent)."""
+        link = self._links.get(uri)
+        return link is not None and link.connected
+
+    def in_flight(self, uri: str) -> tuple[int, ...]:
+        """The nseqs sent to ``uri`` on this connection and not yet acked, in order."""
+        link = self._links.get(uri)
+        return () if link is None else tuple(sorted(link.inflight))
+
+    def mark_connected(self, uri: str, addr: str | None = None) -> None:
+        """``uri``'s media is CONNECTED (INVITE or re-INVITE done): deliver from the
+        lowest queued nseq again, with an empty window.
+
+        Raises:
+            StoreError: the status could not be stored (delivery is enabled anyway).
+        """
+        previous = self._links.get(uri)
+        prev_addr = previous.addr if previous is not None else None
+        self._links[uri] = _Link(connected=True, addr=addr, inflight={})
+        # Drops may have happened while nobody was looking (or before a restart).
+        self._missed_pending.add(uri)
+        self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
+        self.store.sessions.set_status(uri, SessionStatus.CONNECTED, self.clock())
+
+    def mark_disconnected(
+        self, uri: str, reason: str, status: SessionStatus = SessionStatus.DISCONNECTED
+    ) -> None:
+        """``uri``'s media stopped answering (or the dialog ended): stop sending; what was
+        sent and not acked is sent again after the next :meth:`mark_connected`.
+
+        Raises:
+            StoreError: the status could not be stored (delivery is stopped anyway).
+        """
+        link = self._links.get(uri)
+        was_connected = link is not None and link.connected
+        if link is not None:
+            link.connected = False
+            link.inflight.clear()
+            link.sent_upto = 0
+        if was_connected:
+            addr = link.addr if link is not None else None
+            self.log.emit("media_disconnected", uri, addr=addr, channel="ip", reason=reason)
+        self.store.sessions.set_status(uri, status, self.clock())
+
+    # ------------------------------------------------------------------ delivery
+
+    def take_batch(self, uri: str) -> list[OutgoingNotify]:
+        """The next notify frames for ``uri``, in nseq order, as many as the window allows
+        (none unless CONNECTED); they count as in flight until acked.
+
+        Raises:
+            StoreError: the database failed; nothing was taken.
+        """
+        link = self._links.get(uri)
+        if link is None or not link.connected:
+            return []
+        room = self.config.window - len(link.inflight)
+        if room <= 0:
+            return []
+        rows = self.store.queues.pending(uri, after_nseq=link.sent_upto, limit=room)
+        if rows:
+            # The only other store call; made before any state changes so that a
+            # StoreError leaves the link as it was.
+            self._missed(uri, rows[0].nseq)
+        out: list[OutgoingNotify] = []
+        for row in rows:
+            link.sent_upto = row.nseq
+            data = self._encode_notify(row)
+            if data is None:
+                continue
+            link.inflight[row.nseq] = row.published_at
+            out.append(OutgoingNotify(row.nseq, data))
+        return out
+
+    def _missed(self, uri: str, nseq: int) -> int:
+        known = self._missed_at.setdefault(uri, {})
+        if nseq in known:
+            return known[nseq]
+        if uri not in self._missed_pending:
+            return 0
+        count = self.store.queues.take_missed(uri)
+        self._missed_pending.discard(uri)
+        if count:
+            known[nseq] = count
+        return count
+
+    def _encode_notify(self, row: QueuedNotification) -> bytes | None:
+        try:
+            attrs = cbor2.loads(row.attrs_cbor)
+            frame = Notify(
+                nseq=row.nseq,
+                sub_id=str(row.sub_id),
+                subject=row.subject,
+                msg_id=row.msg_id,
+                published_at=row.published_at,
+                attrs=attrs,
+                payload=row.payload,
+                missed=self._missed(row.uri, row.nseq),
+            )
+            return encode(frame)
+        except (FrameError, ValueError, cbor2.CBORDecodeError) as exc:
+            # Only a row written by something else than _pub can get here; skipping it
+            # keeps the user's stream moving (the agent's ack removes it later).
+            self.log.emit("notify_dropped", row.uri, nseq=row.nseq, reason=f"unsendable: {exc}")
+            return None
+
+
+def _describe(sub: Subscription) -> str:
+    return f"sub_id={sub.sub_id} subject={sub.subject}"

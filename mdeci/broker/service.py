@@ -1,0 +1,231 @@
+"""The asyncio service around :class:`~mdeci.broker.core.Broker`: RUDP peers and tasks.
+
+Glue only, as ``rudp/aio`` is for its core. One :class:`~rudp.aio.RudpEndpoint` serves
+every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed by the
+session key from SDP) and three kinds of task:
+
+- a reader: ``peer.receive()`` -> ``Broker.handle_frame`` -> replies sent on the peer;
+- a delivery task: ``Broker.take_batch`` -> one send task per notify, started in nseq
+  order (asyncio runs tasks in creation order, so the RUDP core queues them in order);
+  when the batch is empty it waits on the user's wake event, set by the core's
+  :class:`~mdeci.broker.core.QueueListener` calls (a publish queued something, an ack
+  freed the window): no polling;
+- send tasks: ``await peer.send(...)``; a :class:`~rudp.aio.PeerUnreachable` marks the
+  user DISCONNECTED (only if it belongs to the current connection: each
+  :meth:`BrokerService.connected` starts a new epoch) and stops the delivery task.
+
+A periodic task runs the subscription sweep every ``BrokerCoreConfig.sweep_interval``
+and wakes every delivery task, which also retries a batch a database error stopped.
+
+The store is synchronous; its calls run on the event loop (short transactions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from mdeci.broker.core import Broker
+from mdeci.broker.errors import SessionKeyError
+from mdeci.errors import FrameError
+from mdeci.frames import Error, encode
+from mdeci.store.errors import StoreError
+from mdeci.store.sessions import SessionStatus
+from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
+from rudp.config import RudpConfig
+
+MIN_KEY_BYTES = 16  # what RudpConnection accepts
+
+
+@dataclass(slots=True, eq=False)
+class _UserLink:
+    uri: str
+    key: bytes
+    peer: RudpPeer
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    epoch: int = 0
+    reader: asyncio.Task[None] | None = None
+    delivery: asyncio.Task[None] | None = None
+    sends: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+def _addr_text(addr: tuple[str, int]) -> str:
+    host, port = addr
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class BrokerService:
+    """Runs a :class:`Broker` on one RUDP endpoint; the SIP layer calls
+    :meth:`connected` and :meth:`disconnected`.
+
+    Build it with :meth:`open`, then :meth:`start` the sweep; :meth:`close` at the end.
+    """
+
+    def __init__(self, broker: Broker, endpoint: RudpEndpoint) -> None:
+        self.broker = broker
+        self.endpoint = endpoint
+        self._users: dict[str, _UserLink] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        broker.listener = self
+
+    @classmethod
+    async def open(
+        cls, broker: Broker, host: str, port: int = 0, rudp_config: RudpConfig | None = None
+    ) -> BrokerService:
+        """Bind the RUDP endpoint on ``host:port`` (0: any free port).
+
+        Raises :class:`OSError` if the address cannot be bound.
+        """
+        config = rudp_config if rudp_config is not None else RudpConfig()
+        return cls(broker, await RudpEndpoint.open(host, port, config=config))
+
+    @property
+    def local_addr(self) -> tuple[str, int]:
+        """The media address to put in the broker's SDP answer."""
+        return self.endpoint.local_addr
+
+    def start(self) -> None:
+        """Start the periodic subscription sweep (idempotent)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_forever())
+
+    # ------------------------------------------------------------------ SIP-facing
+
+    def connected(self, uri: str, media_addr: tuple[str, int], key: bytes) -> None:
+        """``uri``'s INVITE or re-INVITE completed with this media address and key:
+        mark it CONNECTED and flush its queue in order from the lowest un-acked nseq.
+
+        The same key keeps the RUDP association (the agent moved and kept its state); a
+        new key replaces it with a fresh one.
+
+        Raises:
+            SessionKeyError: ``key`` is shorter than 16 bytes.
+            StoreError: the status could not be stored (delivery starts anyway).
+        """
+        if len(key) < MIN_KEY_BYTES:
+            raise SessionKeyError(f"session key of {len(key)} bytes; need {MIN_KEY_BYTES}")
+        link = self._users.get(uri)
+        if link is not None and link.key != key:
+            self._drop(link)
+            link = None
+        if link is None:
+            link = _UserLink(uri, key, self.endpoint.peer(key, media_addr))
+            self._users[uri] = link
+            link.reader = asyncio.create_task(self._read(link))
+        elif link.delivery is not None:
+            link.delivery.cancel()
+        link.peer.set_address(media_addr)
+        if not link.peer.connected:
+            link.peer.reset()
+        link.epoch += 1
+        try:
+            self.broker.mark_connected(uri, _addr_text(media_addr))
+        finally:
+            link.delivery = asyncio.create_task(self._deliver(link, link.epoch))
+
+    def disconnected(self, uri: str, *, ended: bool = False) -> None:
+        """The SIP layer lost ``uri``'s session (``ended``: BYE): stop and forget its peer.
+
+        Its queue stays; the next :meth:`connected` flushes it.
+
+        Raises:
+            StoreError: the status could not be stored (delivery is stopped anyway).
+        """
+        link = self._users.pop(uri, None)
+        if link is not None:
+            self._drop(link)
+        status = SessionStatus.ENDED if ended else SessionStatus.DISCONNECTED
+        self.broker.mark_disconnected(uri, "session ended" if ended else "sip", status)
+
+    def is_connected(self, uri: str) -> bool:
+        """True while notifications are being sent to ``uri``."""
+        return self.broker.is_connected(uri)
+
+    async def close(self) -> None:
+        """Stop every task and close the endpoint. Queues and statuses stay stored."""
+        tasks: list[asyncio.Task[None]] = []
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            tasks.append(self._sweeper)
+            self._sweeper = None
+        for link in self._users.values():
+            tasks.extend(self._drop(link))
+        self._users.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.endpoint.close()
+
+    # ------------------------------------------------------------------ QueueListener
+
+    def queued(self, uri: str) -> None:
+        link = self._users.get(uri)
+        if link is not None:
+            link.wake.set()
+
+    def acked(self, uri: str) -> None:
+        self.queued(uri)
+
+    # ------------------------------------------------------------------ tasks
+
+    def _drop(self, link: _UserLink) -> list[asyncio.Task[None]]:
+        tasks = [t for t in (link.reader, link.delivery, *link.sends) if t is not None]
+        for task in tasks:
+            task.cancel()
+        link.epoch += 1  # whatever still completes belongs to no connection
+        self.endpoint.remove_peer(link.key)
+        return tasks
+
+    async def _read(self, link: _UserLink) -> None:
+        while True:
+            data = await link.peer.receive()
+            for frame in self.broker.handle_frame(link.uri, data):
+                try:
+                    reply = encode(frame)
+                except FrameError as exc:  # e.g. a `subs` listing over the frame limit
+                    reply = encode(Error(req=exc.req, code=exc.code, message=exc.message))
+                self._spawn_send(link, reply)
+
+    async def _deliver(self, link: _UserLink, epoch: int) -> None:
+        while link.epoch == epoch:
+            try:
+                batch = self.broker.take_batch(link.uri)
+            except StoreError:
+                batch = []  # retried on the next wake (publish, ack or sweep tick)
+            if not batch:
+                await link.wake.wait()
+                link.wake.clear()
+                continue
+            for item in batch:
+                self._spawn_send(link, item.data)
+
+    def _spawn_send(self, link: _UserLink, data: bytes) -> None:
+        task = asyncio.create_task(self._send(link, data, link.epoch))
+        link.sends.add(task)
+        task.add_done_callback(link.sends.discard)
+
+    async def _send(self, link: _UserLink, data: bytes, epoch: int) -> None:
+        try:
+            await link.peer.send(data)
+        except PeerUnreachable as exc:
+            self._unreachable(link, epoch, exc.reason)
+
+    def _unreachable(self, link: _UserLink, epoch: int, reason: str) -> None:
+        if epoch != link.epoch or self._users.get(link.uri) is not link:
+            return  # a send of an earlier connection: its failure says nothing now
+        if not self.broker.is_connected(link.uri):
+            return
+        if link.delivery is not None:
+            link.delivery.cancel()
+            link.delivery = None
+        # The in-memory state changed already; the stored status follows at the next
+        # change if the database is down now.
+        with contextlib.suppress(StoreError):
+            self.broker.mark_disconnected(link.uri, f"rudp: {reason}")
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.broker.config.sweep_interval)
+            with contextlib.suppress(StoreError):
+                self.broker.sweep()
+            for link in self._users.values():
+                link.wake.set()

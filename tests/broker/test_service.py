@@ -1,0 +1,253 @@
+"""BrokerService on loopback: two real RUDP endpoints, one of them playing the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+
+import pytest
+
+from mdeci.broker import Broker, BrokerService, SessionKeyError
+from mdeci.frames import Ack, Error, Frame, Notify, Pub, PubOk, Sub, SubOk, decode, encode
+from mdeci.store.repo import BrokerStore
+from mdeci.store.sessions import SessionStatus
+from rudp.aio import RudpEndpoint, RudpPeer
+from rudp.config import RudpConfig
+from tests.broker.conftest import FakeClock, WaitingSink, add_session, make_broker
+
+ALICE = "sip:alice@example.com"
+FEED = "sip:feed@example.com"
+HOST = "127.0.0.1"
+GUARD = 10.0  # seconds; a timeout only guards against a hang, it synchronises nothing
+
+# Fails a peer after 0.05 + 0.1 + 0.1 + 0.1 s without an ACK: quick tests.
+FAST = RudpConfig(rto_initial=0.05, rto_min=0.02, rto_max=0.1, max_retries=3, ack_delay=0.005)
+FAILURE_TIME = FAST.rto_max * (FAST.max_retries + 1)
+
+
+class Agent:
+    """The device side, reduced to what the broker sees: RUDP frames in and out."""
+
+    def __init__(self, endpoint: RudpEndpoint, peer: RudpPeer, key: bytes) -> None:
+        self.endpoint = endpoint
+        self.peer = peer
+        self.key = key
+        self.frames: asyncio.Queue[Frame] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def open(cls, broker_addr: tuple[str, int], key: bytes | None = None) -> Agent:
+        key = key if key is not None else secrets.token_bytes(32)
+        endpoint = await RudpEndpoint.open(HOST, 0, config=FAST)
+        return cls(endpoint, endpoint.peer(key, broker_addr), key)
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        return self.endpoint.local_addr
+
+    async def _read(self) -> None:
+        while True:
+            self.frames.put_nowait(decode(await self.peer.receive()))
+
+    async def next(self) -> Frame:
+        return await asyncio.wait_for(self.frames.get(), GUARD)
+
+    async def next_notify(self) -> Notify:
+        frame = await self.next()
+        assert isinstance(frame, Notify), frame
+        return frame
+
+    async def send(self, frame: Frame) -> None:
+        await asyncio.wait_for(self.peer.send(encode(frame)), GUARD)
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+        await self.endpoint.close()
+
+
+@pytest.fixture
+async def service(
+    store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> AsyncIterator[BrokerService]:
+    broker = make_broker(store, clock, sink, window=4)
+    svc = await BrokerService.open(broker, HOST, 0, FAST)
+    svc.start()
+    try:
+        yield svc
+    finally:
+        await svc.close()
+
+
+def publish(broker: Broker, *msg_ids: str) -> None:
+    for msg_id in msg_ids:
+        [reply] = broker.handle(FEED, Pub(req=1, msg_id=msg_id, subject="news.rio"))
+        assert isinstance(reply, PubOk), reply
+
+
+async def test_frames_over_rudp_are_answered(service: BrokerService, store: BrokerStore) -> None:
+    add_session(store, ALICE)
+    agent = await Agent.open(service.local_addr)
+    try:
+        service.connected(ALICE, agent.addr, agent.key)
+        await agent.send(Sub(req=1, subject="news.#"))
+        sub_ok = await agent.next()
+        assert isinstance(sub_ok, SubOk) and sub_ok.req == 1
+        await agent.send(Sub(req=2, subject="x", filter="a =="))
+        error = await agent.next()
+        assert isinstance(error, Error) and (error.req, error.code) == (2, 400)
+        await agent.send(Pub(req=3, msg_id="own", subject="news.rio"))
+        # The pub-ok and the notify of the agent's own publish, in either order.
+        got = {type(f): f for f in (await agent.next(), await agent.next())}
+        pub_ok, notify = got[PubOk], got[Notify]
+        assert isinstance(pub_ok, PubOk) and pub_ok.matched == 1
+        assert isinstance(notify, Notify) and (notify.nseq, notify.sub_id) == (1, sub_ok.sub_id)
+    finally:
+        await agent.close()
+
+
+async def test_delivery_in_order_exactly_once_through_the_window(
+    service: BrokerService, store: BrokerStore, sink: WaitingSink
+) -> None:
+    broker = service.broker
+    add_session(store, ALICE)
+    broker.handle(ALICE, Sub(req=1, subject="news.*"))
+    publish(broker, *(f"m{n}" for n in range(1, 11)))  # queued before the session
+    agent = await Agent.open(service.local_addr)
+    try:
+        service.connected(ALICE, agent.addr, agent.key)
+        seen: list[int] = []
+        while len(seen) < 25:
+            notify = await agent.next_notify()
+            seen.append(notify.nseq)
+            # Never more than the window (4) un-acked.
+            assert len(broker.in_flight(ALICE)) <= 4
+            if len(seen) == 3:
+                publish(broker, *(f"m{n}" for n in range(11, 26)))  # pushed while running
+            if len(seen) % 2 == 0 or len(seen) == 25:
+                await agent.send(Ack(upto=notify.nseq))
+        assert seen == list(range(1, 26))
+        await sink.wait_for("notify_delivered", ALICE, count=25)
+        assert store.queues.depth(ALICE) == 0
+        assert broker.in_flight(ALICE) == ()
+        # Nothing is sent twice: the next notify the agent sees is a new one.
+        publish(broker, "m26")
+        assert (await agent.next_notify()).nseq == 26
+        assert agent.frames.empty()
+    finally:
+        await agent.close()
+
+
+async def test_unreachable_agent_is_disconnected_and_flushed_in_order_on_return(
+    service: BrokerService, store: BrokerStore, sink: WaitingSink
+) -> None:
+    broker = service.broker
+    loop = asyncio.get_running_loop()
+    add_session(store, ALICE)
+    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    agent = await Agent.open(service.local_addr)
+    service.connected(ALICE, agent.addr, agent.key)
+    publish(broker, "m1", "m2", "m3")
+    assert [(await agent.next_notify()).nseq for _ in range(3)] == [1, 2, 3]
+    await agent.send(Ack(upto=1))
+    await sink.wait_for("notify_delivered", ALICE)
+    await agent.close()  # the device leaves: nothing answers at its address any more
+
+    started = loop.time()
+    publish(broker, "m4")  # sent, never acknowledged
+    gone = await asyncio.wait_for(sink.wait_for("media_disconnected", ALICE), GUARD)
+    assert loop.time() - started <= FAILURE_TIME + 1.0
+    assert "rudp" in str(gone.fields["reason"])
+    assert not service.is_connected(ALICE)
+    session = store.sessions.get_session(ALICE)
+    assert session is not None and session.status is SessionStatus.DISCONNECTED
+
+    publish(broker, "m5", "m6")  # queued while DISCONNECTED
+    assert [n.nseq for n in store.queues.pending(ALICE)] == [2, 3, 4, 5, 6]
+
+    # The device is back on a new port (a new RUDP association: new key in the re-INVITE).
+    back = await Agent.open(service.local_addr)
+    back_addr = back.addr
+    try:
+        service.connected(ALICE, back_addr, back.key)
+        session = store.sessions.get_session(ALICE)
+        assert session is not None and session.status is SessionStatus.CONNECTED
+        seen = [(await back.next_notify()).nseq for _ in range(4)]
+        assert seen == [2, 3, 4, 5]  # window 4, from the lowest un-acked
+        await back.send(Ack(upto=5))
+        assert (await back.next_notify()).nseq == 6
+        await back.send(Ack(upto=6))
+        await sink.wait_for("notify_delivered", ALICE, count=6)
+        assert store.queues.depth(ALICE) == 0
+        publish(broker, "m7")
+        assert (await back.next_notify()).nseq == 7  # and nothing re-sent before it
+        assert back.frames.empty()
+    finally:
+        await back.close()
+    connected = sink.named("media_connected")
+    assert len(connected) == 2 and connected[1].fields["addr"] == f"{HOST}:{back_addr[1]}"
+
+
+async def test_reinvite_with_the_same_key_from_a_new_address_resends_unacked(
+    service: BrokerService, store: BrokerStore, sink: WaitingSink
+) -> None:
+    broker = service.broker
+    add_session(store, ALICE)
+    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    agent = await Agent.open(service.local_addr)
+    try:
+        service.connected(ALICE, agent.addr, agent.key)
+        publish(broker, "m1", "m2")
+        assert [(await agent.next_notify()).nseq for _ in range(2)] == [1, 2]
+        await agent.send(Ack(upto=1))
+        await sink.wait_for("notify_delivered", ALICE)
+        await agent.endpoint.rebind(HOST, 0)  # the device moved; its RUDP state stays
+        service.connected(ALICE, agent.addr, agent.key)  # the re-INVITE
+        # nseq 2 was not acked: sent again (the agent drops it as a duplicate by nseq).
+        assert (await agent.next_notify()).nseq == 2
+        await agent.send(Ack(upto=2))
+        publish(broker, "m3")
+        assert (await agent.next_notify()).nseq == 3
+        assert agent.frames.empty()
+    finally:
+        await agent.close()
+
+
+async def test_bye_stops_delivery_and_keeps_the_queue(
+    service: BrokerService, store: BrokerStore
+) -> None:
+    broker = service.broker
+    add_session(store, ALICE)
+    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    agent = await Agent.open(service.local_addr)
+    try:
+        service.connected(ALICE, agent.addr, agent.key)
+        service.disconnected(ALICE, ended=True)
+        session = store.sessions.get_session(ALICE)
+        assert session is not None and session.status is SessionStatus.ENDED
+        publish(broker, "m1")
+        assert not service.is_connected(ALICE)
+        assert [n.nseq for n in store.queues.pending(ALICE)] == [1]
+        with pytest.raises(SessionKeyError):
+            service.connected(ALICE, agent.addr, b"short")
+    finally:
+        await agent.close()
+
+
+async def test_periodic_sweep_expires_subscriptions(
+    store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    broker = make_broker(store, clock, sink, sweep_interval=0.01)
+    [ok] = broker.handle(ALICE, Sub(req=1, subject="news.rio", ttl=5))
+    assert isinstance(ok, SubOk)
+    service = await BrokerService.open(broker, HOST, 0, FAST)
+    try:
+        service.start()
+        clock.advance(5)
+        expired = await asyncio.wait_for(sink.wait_for("subscription_expired", ALICE), GUARD)
+        assert expired.fields["reason"] == f"sub_id={ok.sub_id} subject=news.rio"
+        assert store.subscriptions.active_subscriptions(0.0) == []
+        assert len(broker.matcher) == 0
+    finally:
+        await service.close()
