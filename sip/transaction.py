@@ -33,6 +33,7 @@ the INVITE client transaction already passes 2xx retransmissions up.
 from __future__ import annotations
 
 import enum
+import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -683,6 +684,8 @@ class TransactionLayer:
         self._events: deque[Event] = deque()
         self.dropped = 0  # datagrams that do not parse, messages without readable Via/CSeq
         self.strays = 0  # responses that match no client transaction
+        self._deadlines: list[tuple[float, int, Transaction]] = []
+        self._seq = 0  # tie-breaker: transactions themselves do not order
 
     def send_request(
         self, request: Request, dest: Address, now: float, reliable: bool = False
@@ -771,14 +774,22 @@ class TransactionLayer:
         self._collect(txn)
 
     def handle_timer(self, now: float) -> None:
-        """Fire due timers of every transaction."""
-        for txn in [*self.clients.values(), *self.servers.values()]:
-            deadline = txn.get_timer()
-            if deadline is not None and deadline <= now:
-                txn.handle_timer(now)
-                self._collect(txn)
+        """Fire due timers of every transaction (earliest deadline first)."""
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, _, txn = heapq.heappop(heap)
+            if txn.terminated or txn.get_timer() != deadline:
+                continue  # a stale entry: the transaction moved on since it was pushed
+            txn.handle_timer(now)
+            self._collect(txn)
 
     def _collect(self, txn: Transaction) -> None:
+        # A registrar holds tens of thousands of transactions waiting on Timer J, so
+        # deadlines live in a heap (lazy deletion) rather than being scanned per message.
+        deadline = txn.get_timer()
+        if deadline is not None and not txn.terminated:
+            self._seq += 1
+            heapq.heappush(self._deadlines, (deadline, self._seq, txn))
         self._out.extend(txn.datagrams_to_send())
         while (event := txn.next_event()) is not None:
             self._events.append(event)
@@ -802,12 +813,10 @@ class TransactionLayer:
 
     def get_timer(self) -> float | None:
         """The earliest deadline over all transactions."""
-        deadlines = [
-            t
-            for txn in [*self.clients.values(), *self.servers.values()]
-            if (t := txn.get_timer()) is not None
-        ]
-        return min(deadlines, default=None)
+        heap = self._deadlines
+        while heap and (heap[0][2].terminated or heap[0][2].get_timer() != heap[0][0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def next_event(self) -> Event | None:
         """The next event for the TU, or None."""
