@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from mdeci.errors import MdeciError
+# One StoreError for the whole project: the store's errors derive from the class in
+# mdeci.errors, so catching either name catches everything the store raises.
+from mdeci.errors import StoreError
 
-
-class StoreError(MdeciError):
-    """Base of every error the store raises; a database failure arrives as this class."""
+__all__ = ["DuplicateUser", "InvalidArgument", "StoreError", "UnsupportedAlgorithm"]
 
 
 class InvalidArgument(StoreError, ValueError):
