@@ -7,23 +7,27 @@ import asyncio
 import copy
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from mdeci.broker.app import RunningBroker, run_broker
 from mdeci.broker.sink import ChurnEvent
-from mdeci.config import AuthConfig, BrokerConfig, SipConfig, UserConfig
+from mdeci.config import AuthConfig, BrokerConfig, HostPort, RegistrarConfig, SipConfig, UserConfig
 from mdeci.frames import Ack, Pub, PubOk, Sub, SubOk
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from rudp.aio import RudpEndpoint
 from sip.aio.ua import UaConfig, UserAgent
+from sip.auth import DigestConfig, DigestServer, MemoryCredentialStore
 from sip.dialog import Dialog
 from sip.errors import SipRequestFailed
 from sip.message import Response
+from sip.registrar import MemoryBindingStore, Registrar
+from sip.registrar import RegistrarConfig as SipRegistrarConfig
 from sip.sdp import build_offer, parse_session
+from sip.tools.registrar import RegistrarService
 from sip.transaction import TimerConfig
 from tests.broker.conftest import FakeClock, WaitingSink
 from tests.broker.test_service import FAST, GUARD, Agent
@@ -419,3 +423,44 @@ async def test_sessions_survive_a_broker_restart(
         assert isinstance(await alice.agent.next(), SubOk)
     finally:
         await second.close()
+
+
+async def test_external_registrar_mode(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink, devices: list[Device]
+) -> None:
+    # A registrar of the domain elsewhere (our sip.tools registrar, in-process).
+    creds = MemoryCredentialStore()
+    creds.add_password("broker", DOMAIN, "broker-secret")
+    registrar = Registrar(
+        SipRegistrarConfig(domains=(DOMAIN, "127.0.0.1")),
+        MemoryBindingStore(),
+        secrets.token_bytes,
+        auth=DigestServer(DigestConfig(realm=DOMAIN), creds, secrets.token_bytes),
+    )
+    home = UserAgent(UaConfig(aor=f"sip:registrar@{DOMAIN}"), RegistrarService(registrar, True))
+    home_addr = await home.start("127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    config = broker_config(tmp_path)
+    config = replace(
+        config,
+        registrar=RegistrarConfig(embedded=False, address=HostPort(*home_addr)),
+        auth=replace(
+            config.auth,
+            users=(*config.auth.users, UserConfig(user="broker", password="broker-secret")),
+        ),
+    )
+    rb = await run_broker(config, sip_listen=("127.0.0.1", 0), store=store, log=sink, clock=clock)
+    try:
+        (binding,) = registrar.lookup(BROKER, loop.time())
+        assert binding.contact == rb.endpoint.ua.contact_uri
+        # Devices register at the home registrar, not here; INVITEs work as before.
+        alice = await open_device(devices, "alice", "127.0.0.2")
+        with pytest.raises(SipRequestFailed) as exc:
+            await alice.ua.register(rb.sip_addr, 600)
+        assert exc.value.status == 405
+        await alice.call(rb)
+        await sink.wait_for("media_connected", ALICE)
+    finally:
+        await rb.close()
+        await home.close()
+    assert registrar.lookup(BROKER, loop.time()) == []  # unregistered at close
