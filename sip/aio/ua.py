@@ -737,6 +737,7 @@ class UserAgent:
         if to_tag and dialog is None:
             self._respond(msg, Reply(481))  # §12.2.2: no such dialog
             return
+        previous_target = dialog.remote_target if dialog is not None else None
         if dialog is not None:
             try:
                 dialog.receive_request(msg)
@@ -761,6 +762,10 @@ class UserAgent:
                 dialog.answered_invite()
             return
         reply = await self.handler(IncomingRequest(msg, source, transport, dialog))
+        if dialog is not None and previous_target is not None and reply.status >= 300:
+            # A refused target refresh leaves the dialog where it was (§12.2.2 applies a
+            # refresh only with the request that succeeds).
+            dialog.remote_target = previous_target
         if method != "INVITE":
             self._respond(msg, reply, dialog)
             return
