@@ -1,0 +1,208 @@
+"""Run a whole broker in-process: store, churn log, :class:`BrokerService` and the SIP
+endpoint, from one :class:`~mdeci.config.BrokerConfig`.
+
+``mdeci broker`` calls :func:`run_broker` and waits for a signal; the demo and the tests
+call it directly::
+
+    running = await run_broker(load_broker_config("configs/broker.toml"))
+    print(running.sip_addr, running.media_addr)
+    ...
+    await running.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mdeci.broker.config import BrokerCoreConfig
+from mdeci.broker.core import Broker
+from mdeci.broker.endpoint import (
+    Address,
+    BrokerSipEndpoint,
+    SipEndpointConfig,
+    UserCredentials,
+)
+from mdeci.broker.errors import BrokerError
+from mdeci.broker.service import BrokerService
+from mdeci.broker.sink import ChurnLogSink, ChurnSink
+from mdeci.churnlog import ChurnLog
+from mdeci.config import BrokerConfig
+from mdeci.errors import ConfigError
+from mdeci.store.base import make_engine
+from mdeci.store.migrate import upgrade
+from mdeci.store.repo import BrokerStore
+from sip.transaction import TimerConfig
+
+
+def endpoint_config(config: BrokerConfig, *, expire_interval: float = 5.0) -> SipEndpointConfig:
+    """The SIP endpoint's settings from the broker config.
+
+    With an external registrar the broker's own password is the ``[[auth.users]]`` entry
+    whose ``user`` is the broker's user. Raises :class:`ConfigError` when it is missing.
+    """
+    users = tuple(
+        UserCredentials(user=u.user, password=u.password, msisdn=u.msisdn)
+        for u in config.auth.users
+    )
+    reg = config.registrar
+    password: str | None = None
+    address: Address | None = None
+    if not reg.embedded:
+        assert reg.address is not None  # checked by RegistrarConfig
+        address = (reg.address.host, reg.address.port)
+        own = [u for u in config.auth.users if u.user == config.user]
+        if not own:
+            raise ConfigError(
+                f"registrar.embedded = false needs an [[auth.users]] entry for "
+                f"{config.user!r} (the broker's password at the external registrar)"
+            )
+        password = own[0].password
+    return SipEndpointConfig(
+        domain=config.domain,
+        user=config.user,
+        realm=config.realm,
+        algorithms=config.auth.algorithms,
+        users=users,
+        embedded_registrar=reg.embedded,
+        registrar_address=address,
+        register_password=password,
+        register_expires=reg.register_expires,
+        min_expires=reg.min_expires,
+        default_expires=min(max(600, reg.min_expires), reg.max_expires),
+        max_expires=reg.max_expires,
+        expire_interval=expire_interval,
+        timers=TimerConfig(t1=config.sip.t1, t2=config.sip.t2, t4=config.sip.t4),
+        tcp="tcp" in config.sip.transports,
+    )
+
+
+def core_config(config: BrokerConfig) -> BrokerCoreConfig:
+    """The broker core's settings from the broker config."""
+    return BrokerCoreConfig(
+        default_ttl=float(config.subscriptions.default_ttl),
+        max_ttl=float(config.subscriptions.max_ttl),
+        max_queue_depth=config.queue.max_per_uri,
+        overflow_policy="drop-oldest"
+        if config.queue.overflow == "drop-oldest"
+        else "refuse-newest",
+        sweep_interval=config.subscriptions.sweep_interval,
+    )
+
+
+@dataclass(slots=True, eq=False)
+class RunningBroker:
+    """A started broker: its bound addresses and parts. Call :meth:`close` once."""
+
+    config: BrokerConfig
+    store: BrokerStore
+    broker: Broker
+    service: BrokerService
+    endpoint: BrokerSipEndpoint
+    sip_addr: Address
+    media_addr: Address
+    _owned_log: ChurnLog | None = None
+    _owns_store: bool = False
+    _closed: bool = field(default=False)
+
+    async def close(self) -> None:
+        """Stop the SIP endpoint, then the service; dispose of what :func:`run_broker`
+        opened (engine, churn log). Stored state stays for the next start."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.endpoint.close()
+        finally:
+            await self.service.close()
+            if self._owned_log is not None:
+                self._owned_log.close()
+            if self._owns_store:
+                self.store.engine.dispose()
+
+
+async def run_broker(
+    config: BrokerConfig,
+    *,
+    sip_listen: Address | None = None,
+    media_listen: Address | None = None,
+    store: BrokerStore | None = None,
+    log: ChurnSink | None = None,
+    clock: Callable[[], float] = time.time,
+    random: Callable[[int], bytes] = secrets.token_bytes,
+    migrate: bool = True,
+    expire_interval: float = 5.0,
+) -> RunningBroker:
+    """Start a broker from ``config``; returns once both sockets are bound.
+
+    ``sip_listen`` / ``media_listen`` override ``[sip]`` / ``[media]`` host and port (0:
+    any free port). Without ``store`` the database at ``[store] url`` is migrated to the
+    Alembic head (``migrate``) and opened; without ``log`` the churn log file of
+    ``[churnlog]`` is opened. ``clock`` is wall-clock epoch seconds.
+
+    Raises:
+        BrokerError: a socket cannot be bound, or the external registrar refuses us.
+        StoreError: the database cannot be migrated or used.
+        ConfigError: settings that do not fit together; ChurnLogError: the log file.
+    """
+    sip_host, sip_port = sip_listen or (config.sip.host, config.sip.port)
+    media_host, media_port = media_listen or (config.media.host, config.media.port)
+    ep_config = endpoint_config(config, expire_interval=expire_interval)
+    owns_store = store is None
+    if store is None:
+        try:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
+        if migrate:
+            await asyncio.to_thread(upgrade, config.store.url)
+        store = BrokerStore(make_engine(config.store.url))
+    owned_log: ChurnLog | None = None
+    if log is None:
+        owned_log = ChurnLog(
+            config.churnlog.path,
+            config.node,
+            clock,
+            max_bytes=config.churnlog.max_bytes,
+            backups=config.churnlog.backups,
+        )
+        log = ChurnLogSink(owned_log)
+    service: BrokerService | None = None
+    try:
+        broker = Broker(store, core_config(config), clock, log)
+        try:
+            service = await BrokerService.open(broker, media_host, media_port, config.rudp)
+        except OSError as exc:
+            raise BrokerError(
+                f"cannot listen for media on {media_host}:{media_port}: {exc.strerror or exc}"
+            ) from None
+        service.start()
+        endpoint = BrokerSipEndpoint(ep_config, store, service, log, clock=clock, random=random)
+        try:
+            sip_addr = await endpoint.start(sip_host, sip_port)
+        except OSError as exc:
+            raise BrokerError(
+                f"cannot listen for SIP on {sip_host}:{sip_port}: {exc.strerror or exc}"
+            ) from None
+    except BaseException:
+        if service is not None:
+            await service.close()
+        if owned_log is not None:
+            owned_log.close()
+        if owns_store:
+            store.engine.dispose()
+        raise
+    return RunningBroker(
+        config=config,
+        store=store,
+        broker=broker,
+        service=service,
+        endpoint=endpoint,
+        sip_addr=sip_addr,
+        media_addr=service.local_addr,
+        _owned_log=owned_log,
+        _owns_store=owns_store,
+    )

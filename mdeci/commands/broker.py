@@ -1,0 +1,77 @@
+"""``mdeci broker``: run the broker (SIP endpoint, registrar, queues, delivery).
+
+Loads the config once, brings the database to the Alembic head (as ``mdeci db upgrade``
+does), starts everything with :func:`mdeci.broker.app.run_broker`, prints one line
+``broker listening sip=HOST:PORT media=HOST:PORT`` once both sockets are bound, and runs
+until SIGINT or SIGTERM. Errors are one line and exit status 2 (``mdeci.cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from mdeci.broker import app as broker_app
+from mdeci.broker.endpoint import Address, addr_text
+from mdeci.config import BrokerConfig, HostPort, load_broker_config
+from mdeci.errors import ConfigError
+
+
+def _listen(text: str) -> Address:
+    try:
+        hp = HostPort.parse(text) if not text.endswith(":0") else None
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if hp is not None:
+        return (hp.host, hp.port)
+    host = text[:-2].strip("[]")  # port 0: any free port (HostPort wants 1..65535)
+    if not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return (host, 0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", type=Path, required=True, help="broker TOML file (configs/broker.toml)"
+    )
+    parser.add_argument(
+        "--listen-sip", type=_listen, metavar="HOST:PORT", help="override [sip] host and port"
+    )
+    parser.add_argument(
+        "--listen-media",
+        type=_listen,
+        metavar="HOST:PORT",
+        help="override [media] host and port (RUDP; 0 picks a free port)",
+    )
+
+
+async def serve(
+    config: BrokerConfig, sip_listen: Address | None, media_listen: Address | None
+) -> int:
+    """Run until SIGINT/SIGTERM; 0 after a clean shutdown."""
+    # Imported as a module: mdeci.cli would take a 'run_broker' attribute for run().
+    running = await broker_app.run_broker(config, sip_listen=sip_listen, media_listen=media_listen)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        print(
+            f"broker listening sip={addr_text(running.sip_addr)} "
+            f"media={addr_text(running.media_addr)}",
+            flush=True,
+        )
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await running.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Raises :class:`~mdeci.errors.MdeciError` subclasses (one line, exit 2)."""
+    config = load_broker_config(args.config)
+    return asyncio.run(serve(config, args.listen_sip, args.listen_media))
