@@ -214,6 +214,7 @@ class Agent:
         self._dialog: Dialog | None = None
         self._broker_media: tuple[str, int] | None = None
         self._version = 0
+        self._rekey = False
         self._sess_id = str(int.from_bytes(random_bytes(4), "big"))
         self._user = config.aor.split(":", 1)[1].split("@", 1)[0]
         self._monitor: PollingIpMonitor | None = None
@@ -320,6 +321,12 @@ class Agent:
             ]
             if len(found) >= count:
                 return found[count - 1]
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` holds; checked after each churn event or pub-ok."""
+        while not predicate():
             self._changed.clear()
             await self._changed.wait()
 
@@ -452,6 +459,7 @@ class Agent:
         if not isinstance(reply, PubOk):
             raise AgentError(f"unexpected answer {reply.op!r} to pub")
         self.outbox.done(pub.msg_id)
+        self._changed.set()
         return reply.matched
 
     async def _flush(self) -> None:
@@ -489,6 +497,8 @@ class Agent:
                 raise NotConnected(f"no answer from the broker to {frame.op}") from None
         finally:
             self._pending.pop(frame.req, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: a failure was already raised as NotConnected
         if isinstance(reply, Error):
             raise BrokerRefused(reply.code, reply.message)
         return reply
@@ -553,6 +563,7 @@ class Agent:
         self.status_value = Status.DISCONNECTED
         self._connected.clear()
         self.last_error = reason
+        self._rekey = True
         self._log(Event.MEDIA_DISCONNECTED, reason=reason, channel="ip")
         self._fail_pending(NotConnected(reason))
         self._need.set()
@@ -591,6 +602,11 @@ class Agent:
             dialog = self._dialog
             event = Event.SESSION_REINVITED
             if dialog is not None and dialog.id in ua.dialogs and self._key is not None:
+                if self._rekey:
+                    # The media failed: a restarted broker may hold our old key with a new
+                    # RUDP incarnation we would refuse (docs/rudp.md §2 step 6); a new key
+                    # gives both sides a fresh association.
+                    self._new_key()
                 try:
                     answer = (await ua.reinvite(dialog, self._offer(host, port))).body
                 except SipRequestFailed as exc:
@@ -610,6 +626,7 @@ class Agent:
                 )
                 answer = response.body
             media = parse_session(answer)
+            self._rekey = False
             self._attach((media.addr, media.port))
             assert self._dialog is not None
             self._log(event, call_id=self._dialog.call_id, addr=_hostport((host, port)))

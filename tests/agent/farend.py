@@ -85,9 +85,10 @@ class FarEnd:
         return Reply(200, body=answer.encode())
 
 
-def agent_config(state: Path, user: str, host: str, far: FarEnd) -> AgentConfig:
-    """An agent of ``user`` bound to ``host``, talking to ``far``, with quick timers."""
-    sip_addr = HostPort(BROKER_HOST, far.sip_port)
+def agent_config(state: Path, user: str, host: str, far: FarEnd | int) -> AgentConfig:
+    """An agent of ``user`` bound to ``host``, talking to ``far`` (or a broker's SIP port
+    on 127.0.0.1), with quick timers; its password is ``<user>-secret``."""
+    sip_addr = HostPort(BROKER_HOST, far if isinstance(far, int) else far.sip_port)
     return AgentConfig(
         aor=f"sip:{user}@localhost",
         password=f"{user}-secret",
