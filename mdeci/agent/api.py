@@ -1,0 +1,264 @@
+"""The agent's local API: JSON lines over a Unix socket (``docs/agent.md``).
+
+Every request is one JSON object on one line with an ``op``; every answer is one line:
+``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. ``tail`` turns the
+connection into a stream of ``{"notify": {...}}`` lines. One connection may carry many
+requests, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from mdeci.agent.core import Agent
+from mdeci.agent.errors import ApiError, BrokerRefused
+from mdeci.errors import MdeciError
+
+MAX_LINE = 4 << 20  # bytes per request line (a publish payload travels base64 in it)
+
+
+def _error(message: str, code: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": False, "error": message}
+    if code is not None:
+        out["code"] = code
+    return out
+
+
+def _payload(req: dict[str, Any]) -> bytes:
+    if "payload" in req and req["payload"] is not None:
+        try:
+            return base64.b64decode(str(req["payload"]), validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError("'payload' must be base64 (use 'text' for text)") from None
+    text = req.get("text")
+    return str(text).encode("utf-8") if text is not None else b""
+
+
+class ApiServer:
+    """Serves an :class:`Agent` on ``path``."""
+
+    def __init__(self, agent: Agent, path: Path) -> None:
+        self.agent = agent
+        self.path = path
+        self._server: asyncio.base_events.Server | None = None
+        self._streams: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        """Listen (a stale socket file left by a crash is replaced).
+
+        Raises :class:`ApiError` if another agent is listening there, :class:`OSError`.
+        """
+        if self.path.exists():
+            if _alive(self.path):
+                raise ApiError(f"another agent is listening on {self.path}")
+            self.path.unlink()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
+        with contextlib.suppress(OSError):
+            os.chmod(self.path, 0o600)  # the owner's applications only
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in list(self._streams):
+                writer.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._streams.add(writer)
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    await self._write(writer, _error("request line too long"))
+                    return
+                if not line:
+                    return
+                try:
+                    req = json.loads(line)
+                except ValueError:
+                    await self._write(writer, _error("request is not JSON"))
+                    continue
+                if not isinstance(req, dict):
+                    await self._write(writer, _error("request must be a JSON object"))
+                    continue
+                if req.get("op") == "tail":
+                    await self._tail(req, writer)
+                    return
+                await self._write(writer, await self.handle(req))
+        except (ConnectionError, OSError):
+            return
+        finally:
+            self._streams.discard(writer)
+            writer.close()
+
+    @staticmethod
+    async def _write(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
+        writer.write((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+        await writer.drain()
+
+    async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Answer one request object (never raises)."""
+        agent = self.agent
+        op = req.get("op")
+        try:
+            if op == "status":
+                return {"ok": True, "status": agent.status().to_json()}
+            if op == "sub":
+                ttl = req.get("ttl")
+                ok = await agent.subscribe(
+                    str(req.get("subject", "")),
+                    str(req.get("filter") or ""),
+                    int(ttl) if ttl is not None else None,
+                )
+                return {"ok": True, "sub_id": ok.sub_id, "expires_at": ok.expires_at}
+            if op == "unsub":
+                await agent.unsubscribe(str(req.get("sub_id", "")))
+                return {"ok": True}
+            if op == "subs":
+                stale = not agent.connected
+                items = agent.subscriptions if stale else await agent.list_subscriptions()
+                return {
+                    "ok": True,
+                    "stale": stale,
+                    "items": [
+                        {
+                            "sub_id": s.sub_id,
+                            "subject": s.subject,
+                            "filter": s.filter,
+                            "expires_at": s.expires_at,
+                        }
+                        for s in items
+                    ],
+                }
+            if op == "pub":
+                attrs = req.get("attrs") or {}
+                if not isinstance(attrs, dict):
+                    raise ApiError("'attrs' must be an object")
+                result = await agent.publish(
+                    str(req.get("subject", "")),
+                    attrs,
+                    _payload(req),
+                    urgent=bool(req.get("urgent", False)),
+                )
+                return {
+                    "ok": True,
+                    "msg_id": result.msg_id,
+                    "state": result.state,
+                    "matched": result.matched,
+                }
+            return _error(f"unknown op {str(op)[:40]!r}")
+        except BrokerRefused as exc:
+            return _error(str(exc), exc.code)
+        except MdeciError as exc:
+            return _error(str(exc))
+        except (TypeError, ValueError) as exc:
+            return _error(f"bad request: {exc}")
+
+    async def _tail(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        queue = self.agent.listen()
+        try:
+            start = req.get("from")
+            last = 0
+            if isinstance(start, int) and not isinstance(start, bool):
+                for record in self.agent.delivered_since(start):
+                    await self._write(writer, {"notify": record})
+                    last = int(record["nseq"])
+            await self._write(writer, {"ok": True, "live": True})
+            while True:
+                record = await queue.get()
+                if int(record["nseq"]) > last:
+                    await self._write(writer, {"notify": record})
+        finally:
+            self.agent.unlisten(queue)
+
+
+def _alive(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------ client
+
+
+class ApiClient:
+    """One connection to the agent's API (async context manager)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> ApiClient:
+        try:
+            self._reader, self._writer = await asyncio.open_unix_connection(
+                self.path, limit=MAX_LINE
+            )
+        except OSError:
+            raise ApiError(
+                f"cannot reach the agent at {self.path}: is `mdeci agent` running?"
+            ) from None
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(OSError, ConnectionError):
+                await self._writer.wait_closed()
+
+    async def _send(self, obj: dict[str, Any]) -> None:
+        assert self._writer is not None
+        self._writer.write((json.dumps(obj) + "\n").encode())
+        await self._writer.drain()
+
+    async def _line(self) -> dict[str, Any]:
+        assert self._reader is not None
+        line = await self._reader.readline()
+        if not line:
+            raise ApiError("the agent closed the connection")
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ApiError("the agent answered something that is not a JSON object")
+        return obj
+
+    async def call(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Send one request; its answer. Raises :class:`ApiError` for ``ok: false``."""
+        try:
+            await self._send(obj)
+            answer = await self._line()
+        except (OSError, ConnectionError, ValueError) as exc:
+            raise ApiError(f"agent connection failed: {exc}") from None
+        if not answer.get("ok"):
+            raise ApiError(str(answer.get("error", "the agent refused the request")))
+        return answer
+
+    async def tail(self, from_nseq: int | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Notifications (kept ones from ``from_nseq`` first, then live ones)."""
+        request: dict[str, Any] = {"op": "tail"}
+        if from_nseq is not None:
+            request["from"] = from_nseq
+        await self._send(request)
+        while True:
+            obj = await self._line()
+            if "notify" in obj:
+                yield obj["notify"]
+            elif obj.get("ok") is False:
+                raise ApiError(str(obj.get("error")))

@@ -1,0 +1,256 @@
+"""The agent's durable state in ``state_dir``: delivered nseq, inbox and outgoing buffer.
+
+Theory of operation
+-------------------
+Three files, none of them SQL (only ``mdeci/store`` speaks SQL):
+
+- ``nseq.json``: ``{"highest": N, "recent": [...]}``, the state of the
+  :class:`~mdeci.sms.dedupe.NseqGate`. Replaced atomically (write a temporary file,
+  ``fsync``, ``rename``, ``fsync`` the folder) *before* the agent sends ``ack``, so a
+  notification handed to the applications is never handed over again, whatever crashes.
+- ``inbox.jsonl``: the notifications handed to the applications, one JSON object per
+  line, appended and ``fsync``-ed before ``nseq.json`` moves. ``tail`` reads it, so an
+  application that was not listening still finds what arrived. It keeps the newest
+  ``inbox_keep`` records (compacted when opened). A crash between the inbox append and the
+  nseq write leaves the inbox one ahead; opening takes the higher of the two.
+- ``outbox.jsonl``: publishes not yet acknowledged by ``pub-ok``: ``{"add": {...}}`` when
+  an application publishes, ``{"done": msg_id}`` when the broker accepted it; each line is
+  ``fsync``-ed before the application is answered. Opening replays the lines, drops a torn
+  last line and rewrites the file with only the pending publishes.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mdeci.agent.errors import StateError
+from mdeci.frames import AttrValue
+from mdeci.sms.dedupe import NseqGate
+
+NSEQ_FILE = "nseq.json"
+INBOX_FILE = "inbox.jsonl"
+OUTBOX_FILE = "outbox.jsonl"
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temporary file, fsync, rename, fsync the folder.
+
+    Raises :class:`StateError` when the file cannot be written.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StateError(f"cannot write {path}: {exc.strerror}") from exc
+    _fsync_dir(path.parent)
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file; a torn or invalid line is skipped."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise StateError(f"cannot read {path}: {exc.strerror}") from exc
+    out: list[dict[str, Any]] = []
+    for line in raw.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            continue  # a torn last line after a crash
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def _line(obj: Mapping[str, Any]) -> bytes:
+    return (json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+
+
+class _Appender:
+    """An append-only file where every line is fsync-ed before ``append`` returns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fh = open(path, "ab")  # noqa: SIM115 - kept open for the agent's life
+        except OSError as exc:
+            raise StateError(f"cannot open {path}: {exc.strerror}") from exc
+
+    def append(self, obj: Mapping[str, Any]) -> None:
+        try:
+            self._fh.write(_line(obj))
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except (OSError, ValueError) as exc:
+            raise StateError(f"cannot append to {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _rewrite(path: Path, objs: list[dict[str, Any]]) -> None:
+    write_atomic(path, b"".join(_line(o) for o in objs))
+
+
+# ------------------------------------------------------------------ delivered nseq
+
+
+class NseqState:
+    """The exactly-once gate and its file (``nseq.json``)."""
+
+    def __init__(self, path: Path, floor: int = 0) -> None:
+        self.path = path
+        highest, recent = 0, []
+        if path.exists():
+            try:
+                data = json.loads(path.read_bytes())
+                highest = int(data["highest"])
+                recent = [int(n) for n in data.get("recent", [])]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise StateError(f"{path} is unreadable: {exc}") from exc
+        self.gate = NseqGate(max(highest, floor), recent=recent)
+
+    @property
+    def highest(self) -> int:
+        """The highest ``nseq`` handed to the applications."""
+        return self.gate.highest
+
+    def save(self) -> None:
+        """Persist the gate atomically. Raises :class:`StateError`."""
+        data = {"highest": self.gate.highest, "recent": list(self.gate.recent)}
+        write_atomic(self.path, json.dumps(data).encode())
+
+
+# ------------------------------------------------------------------ inbox
+
+
+class Inbox:
+    """Notifications handed to the applications (newest ``keep`` kept)."""
+
+    def __init__(self, path: Path, keep: int = 1000) -> None:
+        records = [r for r in _read_lines(path) if isinstance(r.get("nseq"), int)]
+        if len(records) > keep:
+            records = records[-keep:]
+            _rewrite(path, records)
+        self.records = records
+        self.keep = keep
+        self._file = _Appender(path)
+
+    @property
+    def last_nseq(self) -> int:
+        return max((int(r["nseq"]) for r in self.records), default=0)
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one notification and fsync it. Raises :class:`StateError`."""
+        self._file.append(record)
+        self.records.append(record)
+        if len(self.records) > 2 * self.keep:
+            del self.records[: -self.keep]
+
+    def since(self, nseq: int) -> list[dict[str, Any]]:
+        """Kept notifications with ``nseq >= nseq``, oldest first."""
+        return [r for r in self.records if int(r["nseq"]) >= nseq]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# ------------------------------------------------------------------ outbox
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutgoingPub:
+    """A publish the broker has not acknowledged yet."""
+
+    msg_id: str
+    subject: str
+    attrs: Mapping[str, AttrValue] = field(default_factory=dict)
+    payload: bytes = b""
+    urgent: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "msg_id": self.msg_id,
+            "subject": self.subject,
+            "attrs": dict(self.attrs),
+            "payload": base64.b64encode(self.payload).decode("ascii"),
+            "urgent": self.urgent,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> OutgoingPub:
+        return cls(
+            msg_id=str(obj["msg_id"]),
+            subject=str(obj["subject"]),
+            attrs=dict(obj.get("attrs", {})),
+            payload=base64.b64decode(obj.get("payload", "")),
+            urgent=bool(obj.get("urgent", False)),
+        )
+
+
+class Outbox:
+    """Publishes waiting for ``pub-ok``, durable across crashes (``outbox.jsonl``)."""
+
+    def __init__(self, path: Path) -> None:
+        pending: dict[str, OutgoingPub] = {}
+        for obj in _read_lines(path):
+            if isinstance(obj.get("add"), dict):
+                try:
+                    pub = OutgoingPub.from_json(obj["add"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                pending[pub.msg_id] = pub
+            elif isinstance(obj.get("done"), str):
+                pending.pop(obj["done"], None)
+        _rewrite(path, [{"add": p.to_json()} for p in pending.values()])
+        self.path = path
+        self._pending = pending
+        self._file = _Appender(path)
+
+    def add(self, pub: OutgoingPub) -> None:
+        """Record a publish durably before it is sent. Raises :class:`StateError`."""
+        self._file.append({"add": pub.to_json()})
+        self._pending[pub.msg_id] = pub
+
+    def done(self, msg_id: str) -> None:
+        """The broker acknowledged ``msg_id`` (idempotent). Raises :class:`StateError`."""
+        if msg_id in self._pending:
+            self._file.append({"done": msg_id})
+            del self._pending[msg_id]
+
+    def pending(self) -> list[OutgoingPub]:
+        """Unacknowledged publishes, oldest first."""
+        return list(self._pending.values())
+
+    def __contains__(self, msg_id: object) -> bool:
+        return msg_id in self._pending
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def close(self) -> None:
+        self._file.close()

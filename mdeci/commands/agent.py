@@ -1,0 +1,49 @@
+"""``mdeci agent --config configs/agent.toml``: run the device agent until SIGINT/SIGTERM.
+
+Prints ``agent <aor> api=<socket> sip=HOST:PORT`` once the API socket listens; on a
+signal it sends BYE and unREGISTERs, then exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from mdeci.agent.daemon import run_agent
+from mdeci.config import load_agent_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", type=Path, default=Path("configs/agent.toml"), help="agent TOML file"
+    )
+
+
+async def _main(config_path: Path) -> int:
+    config = load_agent_config(config_path)
+    running = await run_agent(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        ua = running.agent.ua
+        assert ua is not None
+        host, port = ua.local_addr
+        print(f"agent {config.aor} api={config.api_socket} sip={host}:{port}", flush=True)
+        await stop.wait()
+    finally:
+        await running.close(clean=True)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Raises :class:`~mdeci.errors.ConfigError`, :class:`~mdeci.agent.errors.AgentError`."""
+    try:
+        return asyncio.run(_main(args.config))
+    except OSError as exc:
+        from mdeci.agent.errors import AgentError
+
+        raise AgentError(f"cannot bind: {exc.strerror or exc}") from None

@@ -1,0 +1,99 @@
+"""Unit tests of the agent's pure parts: state files, back-off, IP monitor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mdeci.agent.backoff import Backoff
+from mdeci.agent.ipmonitor import PollingIpMonitor, is_held, pick_new
+from mdeci.agent.state import Inbox, NseqState, Outbox, OutgoingPub
+from mdeci.config import ReconnectConfig
+
+
+def test_nseq_survives_restart_and_refuses_duplicates(tmp_path: Path) -> None:
+    state = NseqState(tmp_path / "nseq.json")
+    assert state.gate.accept(1) and state.gate.accept(2)
+    state.save()
+    again = NseqState(tmp_path / "nseq.json")
+    assert again.highest == 2
+    assert not again.gate.accept(2) and not again.gate.accept(1)
+    assert again.gate.accept(3)
+    assert not (tmp_path / "nseq.json.tmp").exists()  # written by rename
+
+
+def test_nseq_takes_the_inbox_when_ahead(tmp_path: Path) -> None:
+    # A crash after the inbox append and before the nseq file moved.
+    inbox = Inbox(tmp_path / "inbox.jsonl")
+    inbox.append({"nseq": 7, "subject": "a"})
+    inbox.close()
+    reopened = Inbox(tmp_path / "inbox.jsonl")
+    state = NseqState(tmp_path / "nseq.json", floor=reopened.last_nseq)
+    assert state.highest == 7 and not state.gate.accept(7)
+    assert [r["nseq"] for r in reopened.since(0)] == [7]
+
+
+def test_inbox_keeps_the_newest(tmp_path: Path) -> None:
+    inbox = Inbox(tmp_path / "i.jsonl", keep=3)
+    for n in range(1, 6):
+        inbox.append({"nseq": n})
+    inbox.close()
+    assert [r["nseq"] for r in Inbox(tmp_path / "i.jsonl", keep=3).since(0)] == [3, 4, 5]
+
+
+def test_outbox_survives_a_crash_and_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.jsonl"
+    box = Outbox(path)
+    box.add(OutgoingPub(msg_id="a", subject="x.y", attrs={"n": 1}, payload=b"\x00\xff"))
+    box.add(OutgoingPub(msg_id="b", subject="x.z", urgent=True))
+    box.add(OutgoingPub(msg_id="c", subject="x.w"))
+    box.done("b")
+    # No close: a crash. Then a torn half line at the end.
+    with open(path, "ab") as fh:
+        fh.write(b'{"done":"a"')
+    reopened = Outbox(path)
+    assert [p.msg_id for p in reopened.pending()] == ["a", "c"]
+    first = reopened.pending()[0]
+    assert (dict(first.attrs), first.payload) == ({"n": 1}, b"\x00\xff")
+    reopened.done("a")
+    reopened.close()
+    assert [p.msg_id for p in Outbox(path).pending()] == ["c"]
+    # Reopening compacts: only the pending publish is left in the file.
+    assert len(path.read_text().splitlines()) == 1
+
+
+def test_backoff_schedule_with_fixed_random() -> None:
+    cfg = ReconnectConfig(base=1.0, max=10.0, jitter=0.5)
+    draws = iter([0.5, 0.0, 0.999999, 0.5, 0.5, 0.0])
+    backoff = Backoff(cfg, lambda: next(draws))
+    delays = [backoff.next_delay() for _ in range(6)]
+    assert delays == pytest.approx([1.0, 1.0, 6.0, 8.0, 10.0, 5.0], abs=1e-4)
+    backoff.reset()
+    assert backoff.attempt == 0
+
+
+def test_backoff_spreads_agents() -> None:
+    cfg = ReconnectConfig(base=1.0, max=60.0, jitter=0.2)
+    values = iter([0.0, 0.25, 0.5, 0.75])
+    delays = {Backoff(cfg, lambda: next(values)).delay_for(3) for _ in range(4)}
+    assert len(delays) == 4 and all(6.4 <= d <= 9.6 for d in delays)
+
+
+def test_ip_monitor_follows_a_fake_source() -> None:
+    addresses = [frozenset({"10.0.0.5/24"})]
+    monitor = PollingIpMonitor(lambda: addresses[0], "10.0.0.5", 1.0)
+    assert monitor.check() is None
+    addresses[0] = frozenset({"10.0.1.7/24", "fe80::1/64"})
+    assert monitor.check() == "10.0.1.7"
+    assert monitor.host == "10.0.1.7"
+    assert monitor.check() is None  # settled
+    addresses[0] = frozenset()
+    assert monitor.check() is None  # nothing to move to
+
+
+def test_loopback_aliases_are_held_by_the_lo_network() -> None:
+    lo = frozenset({"127.0.0.1/8", "::1/128"})
+    assert is_held("127.0.0.2", lo)
+    assert pick_new("127.0.0.3", lo) is None
+    assert pick_new("192.168.1.4", frozenset({"192.168.2.9/24", "127.0.0.1/8"})) == "192.168.2.9"
