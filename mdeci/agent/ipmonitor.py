@@ -93,9 +93,21 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
 
     Raises :class:`ImportError` when pyroute2 is missing.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from pyroute2 import IPRoute
 
+    # pyroute2 0.9's synchronous IPRoute runs its own event loop: it refuses to run inside
+    # ours, so every netlink call goes to one worker thread (a dump takes milliseconds).
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mdeci-netlink")
+
+    def in_thread(fn: Callable[[], Any]) -> Any:
+        return worker.submit(fn).result()
+
     def dump() -> list[tuple[int, str]]:
+        return list(in_thread(_dump))
+
+    def _dump() -> list[tuple[int, str]]:
         with IPRoute() as ipr:
             out: list[tuple[int, str]] = []
             for msg in ipr.get_addr():
@@ -106,8 +118,12 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
 
     index: int | None = None
     if interface is not None:
-        with IPRoute() as ipr:
-            found = ipr.link_lookup(ifname=interface)
+
+        def lookup() -> list[int]:
+            with IPRoute() as ipr:
+                return list(ipr.link_lookup(ifname=interface))
+
+        found = in_thread(lookup)
         index = int(found[0]) if found else -1
     else:
         for idx, text in dump():
@@ -127,18 +143,18 @@ def _netlink_events(monitor: PollingIpMonitor, loop: asyncio.AbstractEventLoop) 
 
     from pyroute2 import IPRoute
 
-    ipr = IPRoute()
-    ipr.bind()
-
     def listen() -> None:
         with contextlib.suppress(Exception):
+            ipr = IPRoute()
+            ipr.bind()
             while True:
                 for msg in ipr.get():
                     if str(msg.get("event", "")).endswith("ADDR"):
                         loop.call_soon_threadsafe(monitor.wake)
 
-    threading.Thread(target=listen, name="mdeci-netlink", daemon=True).start()
-    return ipr
+    thread = threading.Thread(target=listen, name="mdeci-netlink-events", daemon=True)
+    thread.start()
+    return thread
 
 
 def make_monitor(
@@ -158,7 +174,7 @@ def make_monitor(
     if source is None:
         try:
             source = netlink_source(host, config.interface)
-        except (ImportError, OSError):
+        except (ImportError, OSError, RuntimeError):
             return None
     monitor = PollingIpMonitor(source, host, config.poll_interval)
     if config.mode is IpMonitorMode.NETLINK:

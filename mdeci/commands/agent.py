@@ -1,5 +1,7 @@
 """``mdeci agent --config configs/agent.toml``: run the device agent until SIGINT/SIGTERM.
 
+(``run_agent`` must not be a name of this module: the CLI would take it for the runner.)
+
 Prints ``agent <aor> api=<socket> sip=HOST:PORT`` once the API socket listens; on a
 signal it sends BYE and unREGISTERs, then exits 0.
 """
@@ -11,7 +13,7 @@ import asyncio
 import signal
 from pathlib import Path
 
-from mdeci.agent.daemon import run_agent
+from mdeci.agent import daemon
 from mdeci.config import load_agent_config
 
 
@@ -23,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _main(config_path: Path) -> int:
     config = load_agent_config(config_path)
-    running = await run_agent(config)
+    running = await daemon.run_agent(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
