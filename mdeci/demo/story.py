@@ -400,6 +400,8 @@ class Story:
             with contextlib.suppress(RudpError):  # the endpoint is closing
                 st = alice.status()
                 status, addr = str(st.status), st.media_addr
+            if state.phase.startswith("radio off"):
+                addr = f"silent (socket parked on {addr})"
         return Snapshot(
             elapsed=state.now(),
             phase=state.phase,
