@@ -213,6 +213,8 @@ class Story:
         self.bob: RunningAgent | None = None
         self.restore_ms: list[float] = []
         self.outage: Outage | None = None
+        self._broker_log: ChurnLog | None = None
+        self._consumer: asyncio.Task[None] | None = None
 
     def note(self, text: str) -> None:
         self.view.note(self.state.now(), text)
@@ -273,15 +275,15 @@ class Story:
         self.note(f"alice subscribed {SUBJECT} where {FILTER} ({ok.sub_id})")
 
     async def _close(self) -> None:
-        consumer = getattr(self, "_consumer", None)
-        if consumer is not None:
-            consumer.cancel()
+        if self._consumer is not None:
+            self._consumer.cancel()
         for agent in (self.alice, self.bob):
             if agent is not None:
                 with contextlib.suppress(MdeciError, OSError):
                     await agent.close()
         if self.broker is not None:
             await self.broker.close()
+        if self._broker_log is not None:
             self._broker_log.close()
 
     # ------------------------------------------------------------------ the story
