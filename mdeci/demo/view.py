@@ -57,8 +57,9 @@ class PlainView:
         self._last = snap.elapsed
         self._line(
             snap.elapsed,
-            f"alice {snap.broker_sees_alice} at {snap.alice_addr}; published {snap.published}"
-            f" matched {snap.matched} delivered {snap.delivered} queued {snap.queue_depth}",
+            f"broker sees alice {snap.broker_sees_alice}; alice at {snap.alice_addr};"
+            f" published {snap.published} matched {snap.matched} delivered {snap.delivered}"
+            f" queued {snap.queue_depth}",
         )
 
     def note(self, elapsed: float, text: str) -> None:
