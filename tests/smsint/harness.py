@@ -52,7 +52,7 @@ async def start_broker(
     clock: FakeClock,
     sink: WaitingSink,
     sms: BrokerSmsConfig,
-    gateway: SmsGateway,
+    gateway: SmsGateway | None,
 ) -> RunningBroker:
     config = BrokerConfig(
         domain="localhost",
