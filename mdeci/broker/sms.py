@@ -45,6 +45,7 @@ import cbor2
 
 from mdeci.broker.sink import ChurnSink
 from mdeci.channels import (
+    CachedUsage,
     Channel,
     Hold,
     Kind,
@@ -176,7 +177,11 @@ class SmsFallback:
         self.config = config
         self.clock = clock
         self.log = log_sink
-        self.usage: UsageCounter = usage if usage is not None else SqlUsage(store.engine)
+        # Period sums read once from SQL, then kept exact by record_send (one broker per
+        # database): the selector adds microseconds, not a query per limit.
+        self.usage: UsageCounter = (
+            usage if usage is not None else CachedUsage(SqlUsage(store.engine))
+        )
         cfg = link_config(config)
         self.policy = policy if policy is not None else sms_policy(config, cfg)
         self.link = SmsLink(config.number, cfg)
