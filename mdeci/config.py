@@ -241,6 +241,54 @@ class AuthConfig:
         _check(not dupes, f"user {dupes[0]!r} is defined twice" if dupes else "")
 
 
+class SmsGatewayKind(StrEnum):
+    """Which SMS gateway the broker uses (docs/channels.md, docs/sms.md)."""
+
+    SIMULATED = "simulated"  # the embedded simulated SMSC (tests, demo)
+    KANNEL = "kannel"  # smsbox's sendsms out, get-url callback in
+    SMPP = "smpp"  # an ESME bound as transceiver (smpplib)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BrokerSmsConfig:
+    """``[sms]``: SMS fallback of urgent notifications while IP is DISCONNECTED (issue 6).
+
+    Off unless ``enabled``. ``number`` is the broker's own MSISDN (the sender of MT).
+    The SMS channel's figures feed the selector (PROTOCOL.md §7); the limits are per user
+    on the SMS channel (``None``: unbounded). Times are seconds.
+    """
+
+    enabled: bool = False
+    number: str = "+15550000000"
+    gateway: SmsGatewayKind = SmsGatewayKind.SIMULATED
+    price: float = 0.0015  # money per SMS (a frame costs as many SMS as it has segments)
+    energy_mw: float = 600.0  # the thesis' figures for SMS
+    latency_ms: float = 10_000.0
+    day_messages: int | None = None  # SMS per user per UTC day
+    month_messages: int | None = None  # SMS-carried notifications per user per UTC month
+    month_money: float | None = None  # money per user per UTC month
+    ttl: float = 86_400.0  # from publication; then the notification is undeliverable
+    ack_timeout: float = 60.0  # first wait for the agent's buffer ack; doubles
+    ack_timeout_max: float = 4 * 3600.0
+    kannel_sendsms_url: str = "http://127.0.0.1:13013/cgi-bin/sendsms"
+    kannel_username: str = "mdeci"
+    kannel_password: str = field(default="", repr=False)
+    kannel_callback: HostPort = HostPort("127.0.0.1", 13080)  # Kannel's get-url target
+    smpp_address: HostPort = HostPort("127.0.0.1", 2775)
+    smpp_system_id: str = "mdeci"
+    smpp_password: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        _check(bool(E164.fullmatch(self.number)), f"'number' {self.number!r} is not E.164")
+        for name in ("price", "energy_mw", "latency_ms"):
+            _check(getattr(self, name) >= 0, f"'{name}' must be >= 0")
+        _check(self.ttl > 0, "'ttl' must be > 0")
+        _check(0 < self.ack_timeout <= self.ack_timeout_max, "need 0 < ack_timeout <= max")
+        for name in ("day_messages", "month_messages", "month_money"):
+            value = getattr(self, name)
+            _check(value is None or value >= 0, f"'{name}' must be >= 0")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BrokerConfig:
     """Everything ``mdeci broker`` needs (``configs/broker.toml``)."""
@@ -260,6 +308,7 @@ class BrokerConfig:
     )
     registrar: RegistrarConfig = field(default_factory=RegistrarConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    sms: BrokerSmsConfig = field(default_factory=BrokerSmsConfig)
 
     def __post_init__(self) -> None:
         _check(bool(self.node), "'node' must not be empty")
@@ -337,6 +386,23 @@ class IpMonitorConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class AgentSmsConfig:
+    """``[sms]`` in agent.toml: take notifications by SMS from ``broker_number``.
+
+    ``window``: how far below the highest ``nseq`` a not-yet-seen one is still accepted
+    (SMS reorders; docs/sms.md "Exactly once to the application").
+    """
+
+    enabled: bool = False
+    broker_number: str = "+15550000000"
+    window: int = 1024
+
+    def __post_init__(self) -> None:
+        _check(bool(E164.fullmatch(self.broker_number)), "'broker_number' is not E.164")
+        _check(self.window >= 0, "'window' must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AgentConfig:
     """Everything ``mdeci agent`` needs (``configs/agent.toml``).
 
@@ -358,6 +424,7 @@ class AgentConfig:
     reconnect: ReconnectConfig = field(default_factory=ReconnectConfig)
     ip_monitor: IpMonitorConfig = field(default_factory=IpMonitorConfig)
     churnlog: ChurnLogConfig = field(default_factory=ChurnLogConfig)
+    sms: AgentSmsConfig = field(default_factory=AgentSmsConfig)
 
     def __post_init__(self) -> None:
         _check(bool(SIP_AOR.fullmatch(self.aor)), f"'aor' {self.aor!r} is not sip:user@domain")

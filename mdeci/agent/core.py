@@ -46,6 +46,7 @@ from typing import Any
 from mdeci.agent.backoff import Backoff
 from mdeci.agent.errors import AgentError, BrokerRefused, NotConnected, StateError
 from mdeci.agent.ipmonitor import AddressSource, PollingIpMonitor, make_monitor
+from mdeci.agent.sms import SmsInbox, windowed_gate
 from mdeci.agent.state import (
     INBOX_FILE,
     NSEQ_FILE,
@@ -75,6 +76,7 @@ from mdeci.frames import (
     decode,
     encode,
 )
+from mdeci.sms.gateway import SmsGateway
 from rudp.aio import RudpEndpoint, RudpPeer
 from rudp.errors import PeerUnreachable, RudpError
 from sip.aio.ua import (
@@ -188,8 +190,12 @@ class Agent:
         jitter: Callable[[], float] = _random.random,
         address_source: AddressSource | None = None,
         response_timeout: float = RESPONSE_TIMEOUT,
+        sms_gateway: SmsGateway | None = None,
     ) -> None:
         self.config = config
+        # With [sms] enabled: the phone's SMS gateway (required then; see agent/sms.py).
+        self.sms_gateway = sms_gateway
+        self.sms: SmsInbox | None = None
         self.clock = clock
         self.random_bytes = random_bytes
         self.response_timeout = response_timeout
@@ -243,6 +249,8 @@ class Agent:
         self.inbox = Inbox(cfg.state_dir / INBOX_FILE)
         self.nseq = NseqState(cfg.state_dir / NSEQ_FILE, floor=self.inbox.last_nseq)
         self.outbox = Outbox(cfg.state_dir / OUTBOX_FILE)
+        if cfg.sms.enabled:
+            self.nseq.gate = windowed_gate(self.nseq.path, self.nseq.highest, cfg.sms.window)
         self.churn = ChurnLog(
             cfg.churnlog.path, cfg.node, self.clock, cfg.churnlog.max_bytes, cfg.churnlog.backups
         )
@@ -258,6 +266,13 @@ class Agent:
         self._monitor = make_monitor(cfg.ip_monitor, cfg.sip.host, self.address_source)
         if self._monitor is not None:
             self._spawn(self._monitor.run(self._on_ip_change))
+        if cfg.sms.enabled:
+            if self.sms_gateway is None or cfg.msisdn is None:
+                raise AgentError("[sms] enabled needs msisdn and an SMS gateway")
+            self.sms = SmsInbox(
+                cfg.msisdn, cfg.sms.broker_number, self.sms_gateway, self._on_sms_frame
+            )
+            await self.sms.start()
         self._need.set()
 
     async def close(self, *, clean: bool = True) -> None:
@@ -276,6 +291,8 @@ class Agent:
                 await self._hang_up(ua)
             await ua.close()
         self._fail_pending(NotConnected("the agent is shutting down"))
+        if self.sms is not None:
+            await self.sms.close()
         if self.endpoint is not None:
             await self.endpoint.close()
         for f in (self.inbox, self.outbox):
@@ -534,7 +551,18 @@ class Agent:
                 if future is not None and not future.done():
                     future.set_result(frame)
 
-    def _on_notify(self, n: Notify) -> None:
+    def _on_sms_frame(self, data: bytes) -> None:
+        try:
+            frame = decode(data)
+        except FrameError:
+            return
+        nseq = frame.nseq if isinstance(frame, Notify) else None
+        self._log(Event.SMS_RECEIVED, nseq=nseq, channel="sms", bytes=len(data))
+        if isinstance(frame, Notify):
+            # The SMS link acknowledged the buffer already; no `ack` frame by SMS.
+            self._on_notify(frame, channel="sms")
+
+    def _on_notify(self, n: Notify, channel: str = "ip") -> None:
         assert self.nseq is not None and self.inbox is not None
         if self.nseq.gate.accept(n.nseq):
             record = notification_record(n)
@@ -548,8 +576,12 @@ class Agent:
             for queue in list(self._listeners):
                 queue.put_nowait(record)
             latency = max(0.0, (self.clock() - n.published_at) * 1000.0)
-            self._log(Event.NOTIFY_DELIVERED, nseq=n.nseq, channel="ip", latency_ms=latency)
-        self._spawn(self._ack(self.nseq.highest))
+            self._log(Event.NOTIFY_DELIVERED, nseq=n.nseq, channel=channel, latency_ms=latency)
+        if channel == "ip":
+            # Up to this nseq, not the gate's highest: IP delivers in nseq order, but the
+            # highest may have come by SMS while older notifications still wait for IP,
+            # and the broker's ack is cumulative.
+            self._spawn(self._ack(n.nseq))
 
     async def _ack(self, upto: int) -> None:
         with contextlib.suppress(NotConnected):

@@ -29,9 +29,11 @@ from mdeci.broker.endpoint import (
 from mdeci.broker.errors import BrokerError
 from mdeci.broker.service import BrokerService
 from mdeci.broker.sink import ChurnLogSink, ChurnSink
+from mdeci.broker.sms import SmsFallback, make_gateway
 from mdeci.churnlog import ChurnLog
 from mdeci.config import BrokerConfig
 from mdeci.errors import ConfigError
+from mdeci.sms.gateway import SmsGateway
 from mdeci.store.base import make_engine
 from mdeci.store.migrate import upgrade
 from mdeci.store.repo import BrokerStore
@@ -104,6 +106,7 @@ class RunningBroker:
     endpoint: BrokerSipEndpoint
     sip_addr: Address
     media_addr: Address
+    sms: SmsFallback | None = None
     _owned_log: ChurnLog | None = None
     _owns_store: bool = False
     _closed: bool = field(default=False)
@@ -117,6 +120,8 @@ class RunningBroker:
         try:
             await self.endpoint.close()
         finally:
+            if self.sms is not None:
+                await self.sms.close()
             await self.service.close()
             if self._owned_log is not None:
                 self._owned_log.close()
@@ -135,13 +140,16 @@ async def run_broker(
     random: Callable[[int], bytes] = secrets.token_bytes,
     migrate: bool = True,
     expire_interval: float = 5.0,
+    sms_gateway: SmsGateway | None = None,
 ) -> RunningBroker:
     """Start a broker from ``config``; returns once both sockets are bound.
 
     ``sip_listen`` / ``media_listen`` override ``[sip]`` / ``[media]`` host and port (0:
     any free port). Without ``store`` the database at ``[store] url`` is migrated to the
     Alembic head (``migrate``) and opened; without ``log`` the churn log file of
-    ``[churnlog]`` is opened. ``clock`` is wall-clock epoch seconds.
+    ``[churnlog]`` is opened. ``clock`` is wall-clock epoch seconds. With ``[sms]
+    enabled``, urgent notifications of DISCONNECTED users go by SMS through
+    ``sms_gateway`` (default: the gateway ``[sms] gateway`` names).
 
     Raises:
         BrokerError: a socket cannot be bound, or the external registrar refuses us.
@@ -171,6 +179,7 @@ async def run_broker(
         )
         log = ChurnLogSink(owned_log)
     service: BrokerService | None = None
+    sms: SmsFallback | None = None
     try:
         broker = Broker(store, core_config(config), clock, log)
         try:
@@ -180,6 +189,14 @@ async def run_broker(
                 f"cannot listen for media on {media_host}:{media_port}: {exc.strerror or exc}"
             ) from None
         service.start()
+        if config.sms.enabled:
+            defaults = {
+                f"sip:{u.user}@{config.domain}": u.msisdn for u in config.auth.users if u.msisdn
+            }
+            gateway = sms_gateway if sms_gateway is not None else make_gateway(config.sms)
+            sms = SmsFallback(store, config.sms, gateway, log, clock, default_msisdns=defaults)
+            await sms.start()
+            service.sms = sms
         endpoint = BrokerSipEndpoint(ep_config, store, service, log, clock=clock, random=random)
         try:
             sip_addr = await endpoint.start(sip_host, sip_port)
@@ -188,6 +205,8 @@ async def run_broker(
                 f"cannot listen for SIP on {sip_host}:{sip_port}: {exc.strerror or exc}"
             ) from None
     except BaseException:
+        if sms is not None:
+            await sms.close()
         if service is not None:
             await service.close()
         if owned_log is not None:
@@ -203,6 +222,7 @@ async def run_broker(
         endpoint=endpoint,
         sip_addr=sip_addr,
         media_addr=service.local_addr,
+        sms=sms,
         _owned_log=owned_log,
         _owns_store=owns_store,
     )

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from mdeci.broker.core import Broker
 from mdeci.broker.errors import SessionKeyError
+from mdeci.broker.sms import SmsFallback
 from mdeci.errors import FrameError
 from mdeci.frames import Error, encode
 from mdeci.store.errors import StoreError
@@ -67,6 +68,8 @@ class BrokerService:
         self.endpoint = endpoint
         self._users: dict[str, _UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        # Urgent notifications of DISCONNECTED users go by SMS when set (run_broker).
+        self.sms: SmsFallback | None = None
         broker.listener = self
 
     @classmethod
@@ -119,6 +122,8 @@ class BrokerService:
         if not link.peer.connected:
             link.peer.reset()
         link.epoch += 1
+        if self.sms is not None:
+            self.sms.ip_back(uri)
         try:
             self.broker.mark_connected(uri, _addr_text(media_addr))
         finally:
@@ -137,6 +142,8 @@ class BrokerService:
             self._drop(link)
         status = SessionStatus.ENDED if ended else SessionStatus.DISCONNECTED
         self.broker.mark_disconnected(uri, "session ended" if ended else "sip", status)
+        if self.sms is not None and not ended:
+            self.sms.kick(uri)
 
     def is_connected(self, uri: str) -> bool:
         """True while notifications are being sent to ``uri``."""
@@ -158,12 +165,14 @@ class BrokerService:
     # ------------------------------------------------------------------ QueueListener
 
     def queued(self, uri: str) -> None:
+        self.acked(uri)
+        if self.sms is not None and not self.broker.is_connected(uri):
+            self.sms.kick(uri)
+
+    def acked(self, uri: str) -> None:
         link = self._users.get(uri)
         if link is not None:
             link.wake.set()
-
-    def acked(self, uri: str) -> None:
-        self.queued(uri)
 
     # ------------------------------------------------------------------ tasks
 
@@ -221,6 +230,8 @@ class BrokerService:
         # change if the database is down now.
         with contextlib.suppress(StoreError):
             self.broker.mark_disconnected(link.uri, f"rudp: {reason}")
+        if self.sms is not None:
+            self.sms.kick(link.uri)
 
     async def _sweep_forever(self) -> None:
         while True:

@@ -7,7 +7,15 @@ counters behind :class:`UsageCounter`, which the caller supplies.
 from mdeci.channels.calendar import Rule, WeeklyCalendar
 from mdeci.channels.cost import score
 from mdeci.channels.errors import ChannelError, PolicyError, UnknownQueueClass
-from mdeci.channels.limits import Limit, MemoryUsage, Period, Usage, UsageCounter, period_days
+from mdeci.channels.limits import (
+    CachedUsage,
+    Limit,
+    MemoryUsage,
+    Period,
+    Usage,
+    UsageCounter,
+    period_days,
+)
 from mdeci.channels.model import (
     CHEAPEST,
     Billing,
@@ -33,6 +41,7 @@ from mdeci.channels.selector import (
 __all__ = [
     "CHEAPEST",
     "Billing",
+    "CachedUsage",
     "Channel",
     "ChannelError",
     "ClassPolicy",

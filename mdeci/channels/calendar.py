@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 
 from mdeci.channels.errors import PolicyError
 
@@ -73,8 +72,9 @@ class WeeklyCalendar:
         probs = self.slots.get(channel)
         if probs is None:
             return 0.0
-        local = datetime.fromtimestamp(at, UTC) + timedelta(minutes=self.utc_offset_minutes)
-        minute = local.weekday() * 24 * 60 + local.hour * 60 + local.minute
+        # Minute of the local week by arithmetic (no datetime: this is the selector's hot
+        # path); 1970-01-01 was a Thursday, day 3 of a week starting on Monday.
+        minute = int((at // 60 + self.utc_offset_minutes + 3 * 24 * 60) % WEEK_MINUTES)
         return probs[minute // self.slot_minutes]
 
     def any_of(self, channels: Iterable[str], at: float) -> float:

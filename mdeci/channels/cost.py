@@ -31,3 +31,27 @@ def score(channel: Channel, weights: Weights, size: int) -> float:
     if weights.coverage:
         total += weights.coverage * -_ln(channel.coverage)
     return total
+
+
+def fixed_terms(channel: Channel, weights: Weights) -> tuple[float, ...]:
+    """The size-independent terms of :func:`score` (energy, latency, coverage), in its
+    order, with zero-weight terms left out: precomputed once per channel and class."""
+    terms: list[float] = []
+    if weights.energy:
+        terms.append(weights.energy * _ln(channel.energy_mw))
+    if weights.latency:
+        terms.append(weights.latency * _ln(channel.latency_ms))
+    if weights.coverage:
+        terms.append(weights.coverage * -_ln(channel.coverage))
+    return tuple(terms)
+
+
+def score_with(fixed: tuple[float, ...], cost_weight: float, cost: float) -> float:
+    """:func:`score` from :func:`fixed_terms` and the message's cost (same sum order, so
+    the same float)."""
+    total = 0.0
+    if cost_weight:
+        total += cost_weight * _ln(cost)
+    for term in fixed:
+        total += term
+    return total

@@ -10,6 +10,7 @@ sending it would take a counter above its limit. Usage is counted by a
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -40,6 +41,9 @@ class Usage:
         )
 
 
+_EPOCH = date(1970, 1, 1)
+
+
 def utc_day(at: float) -> date:
     """The UTC calendar day of the Unix time ``at``."""
     return datetime.fromtimestamp(at, UTC).date()
@@ -47,7 +51,14 @@ def utc_day(at: float) -> date:
 
 def period_days(period: Period, at: float) -> tuple[date, date]:
     """First day of the period containing ``at`` and first day of the next one (UTC)."""
-    day = utc_day(at)
+    return period_of_day(period, int(at // 86400))
+
+
+@functools.lru_cache(maxsize=256)
+def period_of_day(period: Period, epoch_day: int) -> tuple[date, date]:
+    """:func:`period_days` for UTC day number ``epoch_day`` (days since 1970-01-01);
+    memoised: every message of a day asks the same question."""
+    day = _EPOCH + timedelta(days=epoch_day)
     if period is Period.DAY:
         return day, day + timedelta(days=1)
     if period is Period.WEEK:
@@ -150,6 +161,14 @@ class Limit:
             or (self.money is not None and total.money > self.money + 1e-9)
         )
 
+    def allows_more(self, used: Usage, messages: int, nbytes: int, money: float) -> bool:
+        """:meth:`allows` for ``used`` plus these amounts, without building a Usage."""
+        return not (
+            (self.messages is not None and used.messages + messages > self.messages)
+            or (self.bytes is not None and used.bytes + nbytes > self.bytes)
+            or (self.money is not None and used.money + money > self.money + 1e-9)
+        )
+
     def describe(self) -> str:
         scope = f"channel={self.channel or '*'} class={self.qclass or '*'}"
         bounds = ", ".join(
@@ -179,3 +198,56 @@ def first_exceeded(
         if not limit.allows(used, extra):
             return limit
     return None
+
+
+_Window = tuple[str, date, date, str | None, str | None]
+
+
+class CachedUsage:
+    """A :class:`UsageCounter` that remembers period sums in front of another one.
+
+    Each distinct question (user, period, channel, class) is asked of ``inner`` once;
+    :meth:`add` writes through and adds the new usage to every remembered sum it falls
+    in, so the cache stays exact without re-reading. Valid while this object is the only
+    writer of ``inner`` (one broker per database); :meth:`clear` forgets everything.
+    At most ``max_entries`` sums are kept (all are dropped when full).
+    """
+
+    def __init__(self, inner: UsageCounter, *, max_entries: int = 100_000) -> None:
+        self.inner = inner
+        self.max_entries = max_entries
+        self._sums: dict[_Window, Usage] = {}
+        self._by_user: defaultdict[str, set[_Window]] = defaultdict(set)
+        self.misses = 0
+
+    def clear(self) -> None:
+        self._sums.clear()
+        self._by_user.clear()
+
+    def add(self, user: str, channel: str, qclass: str, at: float, usage: Usage) -> None:
+        self.inner.add(user, channel, qclass, at, usage)
+        day = utc_day(at)
+        for key in self._by_user.get(user, ()):
+            _, first, end, ch, qc = key
+            if first <= day < end and ch in (None, channel) and qc in (None, qclass):
+                self._sums[key] = self._sums[key] + usage
+
+    def usage(
+        self,
+        user: str,
+        first_day: date,
+        end_day: date,
+        *,
+        channel: str | None = None,
+        qclass: str | None = None,
+    ) -> Usage:
+        key = (user, first_day, end_day, channel, qclass)
+        found = self._sums.get(key)
+        if found is None:
+            self.misses += 1
+            found = self.inner.usage(user, first_day, end_day, channel=channel, qclass=qclass)
+            if len(self._sums) >= self.max_entries:
+                self.clear()
+            self._sums[key] = found
+            self._by_user[user].add(key)
+        return found

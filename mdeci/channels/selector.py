@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from mdeci.channels.calendar import WeeklyCalendar
-from mdeci.channels.cost import score
+from mdeci.channels.cost import fixed_terms, score_with
 from mdeci.channels.errors import PolicyError, UnknownQueueClass
-from mdeci.channels.limits import Limit, Usage, UsageCounter, first_exceeded
+from mdeci.channels.limits import Limit, Usage, UsageCounter, period_of_day
 from mdeci.channels.model import Channel, ClassPolicy, default_classes
 
 
@@ -40,11 +40,50 @@ class SelectorPolicy:
     channels: tuple[Channel, ...]
     classes: Mapping[str, ClassPolicy] = field(default_factory=default_classes)
     limits: tuple[Limit, ...] = ()
+    # Per class, computed on first use: the policy is immutable, so the allowed channels,
+    # their size-independent score terms and their applicable limits never change.
+    _plans: dict[str, tuple[_Candidate, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.channels]
         if len(set(names)) != len(names):
             raise PolicyError(f"channel names must be unique: {names}")
+
+    def plan(self, qclass: str) -> tuple[ClassPolicy, tuple[_Candidate, ...]]:
+        """The class policy and its candidate channels, in policy order.
+
+        Raises :class:`UnknownQueueClass` for a class without a policy.
+        """
+        try:
+            cls = self.classes[qclass]
+        except KeyError:
+            raise UnknownQueueClass(f"no policy for queue class {qclass!r}") from None
+        plan = self._plans.get(qclass)
+        if plan is None:
+            plan = tuple(
+                _Candidate(
+                    order,
+                    channel,
+                    fixed_terms(channel, cls.weights),
+                    cls.weights.cost,
+                    tuple(lim for lim in self.limits if lim.applies(channel.name, qclass)),
+                )
+                for order, channel in enumerate(self.channels)
+                if channel.kind in cls.kinds
+            )
+            self._plans[qclass] = plan
+        return cls, plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    order: int
+    channel: Channel
+    fixed: tuple[float, ...]
+    cost_weight: float
+    limits: tuple[Limit, ...]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,30 +142,27 @@ def select(
 
     Raises :class:`UnknownQueueClass` if the policy has no class ``message.qclass``.
     """
-    try:
-        cls = policy.classes[message.qclass]
-    except KeyError:
-        raise UnknownQueueClass(f"no policy for queue class {message.qclass!r}") from None
+    cls, plan = policy.plan(message.qclass)
     ranked: list[tuple[float, int, Channel, float]] = []
     blocked: list[tuple[str, str]] = []
-    for order, channel in enumerate(policy.channels):
-        if channel.kind not in cls.kinds:
-            continue
-        cost = channel.cost(message.size)
-        over = first_exceeded(
-            policy.limits,
-            usage,
-            user=message.user,
-            channel=channel.name,
-            qclass=message.qclass,
-            extra=Usage(1, message.size, cost),
-            now=now,
-        )
+    user, size = message.user, message.size
+    day = int(now // 86400)  # UTC day number: the periods' bounds are memoised by it
+    for cand in plan:
+        channel = cand.channel
+        cost = channel.cost(size)
+        over: Limit | None = None
+        # The same test as limits.first_exceeded, inlined: this loop is the hot path.
+        for limit in cand.limits:
+            first, end = period_of_day(limit.period, day)
+            used = usage.usage(user, first, end, channel=limit.channel, qclass=limit.qclass)
+            if not limit.allows_more(used, 1, size, cost):
+                over = limit
+                break
         if over is not None:
             blocked.append((channel.name, over.describe()))
             continue
-        ranked.append((score(channel, cls.weights, message.size), order, channel, cost))
-    ranked.sort(key=lambda r: (r[0], r[1]))
+        ranked.append((score_with(cand.fixed, cand.cost_weight, cost), cand.order, channel, cost))
+    ranked.sort()
 
     best = next((r for r in ranked if r[2].name in available), None)
     if cls.max_delay > 0 and calendar is not None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date
 
-from sqlalchemy import BigInteger, Date, Index, String, func, select
+from sqlalchemy import BigInteger, Date, Index, String, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from mdeci.channels.limits import Usage, utc_day
+from mdeci.store._sql import transaction
 from mdeci.store.base import Base
+from mdeci.store.models import QueuedRow
 
 NANOS = 1_000_000_000
 
@@ -164,3 +166,18 @@ class SqlUsage:
     def spend(self, first_day: date, end_day: date, *, user: str | None = None) -> list[UserSpend]:
         with Session(self._engine) as session:
             return spend_by_user(session, first_day=first_day, end_day=end_day, user=user)
+
+
+def remove_delivered(engine: Engine, uri: str, nseq: int) -> bool:
+    """Delete one queued notification of ``uri`` that a side channel (SMS) delivered.
+
+    ``SqlQueueStore.ack`` is cumulative (``nseq <= upto``), which is right for the
+    in-order IP stream but would drop older notifications still waiting for IP when an
+    urgent one is acknowledged by SMS; this removes exactly one. Whether it existed.
+
+    Raises:
+        StoreError: the database failed.
+    """
+    with transaction(engine, "remove_delivered") as conn:
+        result = conn.execute(delete(QueuedRow).where(QueuedRow.uri == uri, QueuedRow.nseq == nseq))
+    return bool(result.rowcount)

@@ -1,0 +1,77 @@
+"""The agent's SMS inbox: frames from the broker's number, into the same handling as RUDP.
+
+An :class:`SmsInbox` runs an :class:`~mdeci.sms.link.SmsLink` for the device's MSISDN
+over a gateway (the phone's modem in production; the simulated network or Kannel's
+fakesmsc in tests). The link reassembles buffers and acknowledges each one to the broker
+(the broker then deletes that notification from its queue, docs/channels.md); every
+frame from the broker's number goes to ``on_frame``, i.e. the agent's notify handling:
+``nseq`` gate, inbox, listeners. Frames from other numbers are counted and dropped (SMS
+sender numbers are not authenticated; see docs/sms.md "Not done").
+
+The gate must tolerate reordering (SMS, and urgent notifications overtaking normal ones
+still queued for IP): :func:`windowed_gate` rebuilds the agent's persisted gate with a
+window (docs/sms.md "Exactly once to the application").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from mdeci.sms.config import SmsConfig
+from mdeci.sms.dedupe import NseqGate
+from mdeci.sms.gateway import LinkRunner, SmsGateway
+from mdeci.sms.link import FrameReceived, LinkEvent, SmsLink
+
+
+def windowed_gate(path: Path, highest: int, window: int) -> NseqGate:
+    """The gate persisted at ``path`` (``nseq.json``, read before) with ``window``.
+
+    ``highest`` is the state's current highest (it may include the inbox floor); the
+    ``recent`` numbers are read again from the file, since a gate without a window keeps
+    none of them.
+    """
+    recent: list[int] = []
+    try:
+        data = json.loads(path.read_bytes())
+        recent = [int(n) for n in data.get("recent", [])]
+    except (OSError, ValueError, TypeError, AttributeError):
+        recent = []  # no file yet (or unreadable: NseqState already refused that)
+    return NseqGate(highest, window=window, recent=recent)
+
+
+class SmsInbox:
+    """Receives frames from ``broker_number`` at ``number`` through ``gateway``."""
+
+    def __init__(
+        self,
+        number: str,
+        broker_number: str,
+        gateway: SmsGateway,
+        on_frame: Callable[[bytes], None],
+        config: SmsConfig | None = None,
+    ) -> None:
+        self.broker_number = broker_number
+        self.link = SmsLink(number, config)
+        self.runner = LinkRunner(self.link, gateway, self._on_event)
+        self._on_frame = on_frame
+        self.foreign = 0
+
+    async def start(self) -> None:
+        await self.runner.start()
+
+    async def close(self) -> None:
+        await self.runner.close()
+
+    def send_frame(self, frame: bytes) -> int:
+        """Send a frame to the broker by SMS (MO); returns the link's buffer id."""
+        return self.runner.send_frame(self.broker_number, frame)
+
+    def _on_event(self, event: LinkEvent) -> None:
+        if not isinstance(event, FrameReceived):
+            return  # acks of our own MO buffers: nothing to do
+        if event.sender != self.broker_number:
+            self.foreign += 1
+            return
+        self._on_frame(event.frame)
