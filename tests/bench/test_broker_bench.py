@@ -50,13 +50,16 @@ BROKER = f"sip:broker@{DOMAIN}"
 HOST = "127.0.0.1"
 N_AGENTS = 100
 FAN_PUBS = 50  # each matched by all N_AGENTS: 5,000 notifications
-DRAIN = 10_000
+DRAIN = int(os.environ.get("BENCH_DRAIN", "10000"))
 SESSIONS = 1_000
 PAYLOAD = b"x" * 100
 PUB_WINDOW = 32  # publishes in flight (no pub-ok yet); paho's own default is 20
 SETUP_CONCURRENCY = 20
 RUN_LIMIT = 300.0  # seconds: a guard per workload, never a synchronisation
 RESULTS: dict[str, float] = {}
+PROFILE = (
+    ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
+)
 
 
 def password(user: str) -> str:
@@ -103,7 +106,7 @@ class BrokerProc:
         config = tmp / "broker.toml"
         config.write_text("\n".join(lines) + "\n")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mdeci", "broker", "--config", str(config),
+            sys.executable, *PROFILE, "-m", "mdeci", "broker", "--config", str(config),
             "--listen-sip", f"{HOST}:0", "--listen-media", f"{HOST}:0",
             cwd=ROOT, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
@@ -396,9 +399,7 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
         "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
         "connection_messages false\n"
     )
-    proc = subprocess.Popen(
-        [binary, "-c", str(config)], stderr=subprocess.PIPE, text=True, cwd=tmp
-    )
+    proc = subprocess.Popen([binary, "-c", str(config)], stderr=subprocess.PIPE, text=True, cwd=tmp)
     assert proc.stderr is not None
     try:
         for _ in range(50):  # bounded: its start-up lines, then "running"
@@ -557,4 +558,3 @@ def test_report() -> None:
                 ratio = r["mosquitto.drain_s"] / r[f"{label}.drain_s"]
                 print(f"  drain speed {label}: {ratio:.3f}")
     assert r, "run the whole file: the report needs the other tests' figures"
-
