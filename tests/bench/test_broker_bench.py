@@ -421,9 +421,10 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, i
 class MqttSub:
     def __init__(self, port: int, client_id: str) -> None:
         import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
 
         self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
+            CallbackAPIVersion.VERSION2,
             client_id=client_id,
             clean_session=False,
             protocol=mqtt.MQTTv311,
@@ -512,7 +513,6 @@ def test_mosquitto_fanout_and_drain(mosquitto: tuple[int, int]) -> None:
         print(f"mosquitto: drain {DRAIN} in {RESULTS['mosquitto.drain_s']:.2f} s")
     finally:
         back.stop()
-    RESULTS["mosquitto.rss_kb"] = _proc_rss_kb(pid)
 
 
 # ---------------------------------------------------------------------------- report
