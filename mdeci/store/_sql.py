@@ -36,6 +36,39 @@ def transaction(engine: Engine, what: str) -> Iterator[Connection]:
 
 
 @contextmanager
+def relaxed_transaction(engine: Engine, what: str) -> Iterator[Connection]:
+    """One transaction whose commit does not wait for the disk (no fsync): only for
+    writes whose loss in a crash merely repeats work, never loses any (an ack: the
+    notifications come again and the agent drops them by nseq). The next durable commit
+    flushes it anyway (SQLite's WAL is one file; PostgreSQL's WAL is sequential).
+
+    SQLite: ``synchronous=NORMAL`` for this transaction, ``FULL`` again afterwards;
+    PostgreSQL: ``SET LOCAL synchronous_commit = off``.
+
+    Raises:
+        StoreError: the database failed; the transaction was rolled back.
+    """
+    try:
+        with engine.connect() as conn:
+            lite = conn.dialect.name == "sqlite"
+            # The pragma runs outside SQLite's transaction (the driver begins at the
+            # first write); SET LOCAL is inside PostgreSQL's and ends with it.
+            conn.exec_driver_sql(
+                "PRAGMA synchronous=NORMAL" if lite else "SET LOCAL synchronous_commit = off"
+            )
+            try:
+                yield conn
+                conn.commit()
+            finally:
+                if lite:
+                    conn.rollback()
+                    conn.exec_driver_sql("PRAGMA synchronous=FULL")
+                    conn.commit()
+    except SQLAlchemyError as exc:
+        raise StoreError(f"{what} failed: {exc.__class__.__name__}: {exc}") from exc
+
+
+@contextmanager
 def reading(engine: Engine, what: str) -> Iterator[Connection]:
     """A connection for reads only.
 

@@ -43,7 +43,7 @@ from typing import Literal, get_args
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from mdeci.store._sql import insert_on_conflict, reading, transaction
+from mdeci.store._sql import insert_on_conflict, reading, relaxed_transaction, transaction
 from mdeci.store.errors import InvalidArgument
 from mdeci.store.models import PublishedRow, QueueCounterRow, QueuedRow
 
@@ -269,10 +269,14 @@ class SqlQueueStore:
     def ack(self, uri: str, upto: int) -> int:
         """Delete ``uri``'s queued notifications with ``nseq <= upto``; how many went.
 
+        Not fsync'd (one per notification would dominate delivery): an ack lost in a
+        crash only makes the broker send those notifications again, and the agent drops
+        them by nseq. The next durable commit makes it durable too.
+
         Raises:
             StoreError: the database failed.
         """
-        with transaction(self._engine, "ack") as conn:
+        with relaxed_transaction(self._engine, "ack") as conn:
             result = conn.execute(
                 delete(QueuedRow).where(QueuedRow.uri == uri, QueuedRow.nseq <= upto)
             )

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from sqlalchemy import delete
 from sqlalchemy.engine import Engine
 
+from mdeci.store._sql import relaxed_transaction
 from mdeci.store.errors import InvalidArgument
+from mdeci.store.models import QueuedRow
 from mdeci.store.queues import (
     Dropped,
     Enqueued,
@@ -146,6 +149,23 @@ def test_ack_deletes_up_to_and_counts(engine: Engine) -> None:
     assert q.depth(BOB) == 4
     assert q.ack(ALICE, 100) == 2
     assert q.depth(ALICE) == 0
+
+
+def test_ack_is_not_fsynced_and_leaves_the_connection_durable(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    _publish(q, "m0", [(ALICE, 1)])
+    assert q.ack(ALICE, 1) == 1
+    assert q.depth(ALICE) == 0
+    if engine.dialect.name == "sqlite":
+        # The pooled connection is FULL (2) again for the next publish.
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+    # A failing ack rolls back and leaves the connection usable.
+    with pytest.raises(InvalidArgument), relaxed_transaction(engine, "ack") as conn:
+        conn.execute(delete(QueuedRow))
+        raise InvalidArgument("boom")
+    _publish(q, "m1", [(ALICE, 1)])
+    assert [p.nseq for p in q.pending(ALICE)] == [2]
 
 
 def test_overflow_drop_oldest_reports_and_counts_missed(engine: Engine) -> None:

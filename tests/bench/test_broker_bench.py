@@ -1,0 +1,560 @@
+"""Benchmark of the broker (issue 4): end-to-end fan-out, queue drain and RSS, against
+Mosquitto (QoS 1, persistent sessions) on the same machine in the same run.
+
+Run: ``.venv/bin/pytest -m bench -s tests/bench/test_broker_bench.py``; the last test
+prints every figure and the mdeci/Mosquitto ratios. Figures go to docs/benchmarks.md.
+
+- The broker is a child process (``python -m mdeci broker``), so its RSS and CPU are its
+  own. The agents are lightweight and in this process: per agent a real
+  :class:`sip.aio.ua.UserAgent` (digest REGISTER + INVITE with ``build_offer``) and a
+  real :class:`rudp.aio.RudpEndpoint` peer that acks every notify with an ``Ack`` frame,
+  as ``mdeci.agent`` does (without its state files).
+- Mosquitto is our own child (``mosquitto -c``, free port, ``max_queued_messages``
+  raised past the drain size), subscribers and publisher are paho-mqtt clients in this
+  process (one network thread each), QoS 1, ``clean_session=False``.
+- Every wait is guarded by ``RUN_LIMIT``; every loop is bounded by its count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from mdeci.frames import Ack, Frame, Notify, Pub, PubOk, Sub, SubOk, decode, encode
+from mdeci.store.base import make_engine
+from rudp.aio import RudpEndpoint, RudpPeer
+from sip.aio.ua import UaConfig, UserAgent
+from sip.dialog import Dialog
+from sip.sdp import build_offer, parse_session
+from tests.peers import pg_url, require_binary
+
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+DOMAIN = "bench.example"
+BROKER = f"sip:broker@{DOMAIN}"
+HOST = "127.0.0.1"
+N_AGENTS = 100
+FAN_PUBS = 50  # each matched by all N_AGENTS: 5,000 notifications
+DRAIN = int(os.environ.get("BENCH_DRAIN", "10000"))
+SESSIONS = 1_000
+PAYLOAD = b"x" * 100
+PUB_WINDOW = 32  # publishes in flight (no pub-ok yet); paho's own default is 20
+SETUP_CONCURRENCY = 20
+RUN_LIMIT = 300.0  # seconds: a guard per workload, never a synchronisation
+RESULTS: dict[str, float] = {}
+PROFILE = (
+    ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
+)
+
+
+def password(user: str) -> str:
+    return f"pw-{user}"
+
+
+# ---------------------------------------------------------------------------- broker
+
+
+def _proc_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class BrokerProc:
+    """``python -m mdeci broker`` with a generated config, stopped by its own PID."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, sip: tuple[str, int]) -> None:
+        self.proc = proc
+        self.sip = sip
+
+    @classmethod
+    async def start(cls, tmp: Path, store_url: str, users: list[str]) -> BrokerProc:
+        lines = [
+            'node = "bench"',
+            f'domain = "{DOMAIN}"',
+            'data_dir = "data"',
+            "[sip]",
+            'transports = ["udp"]',
+            "[store]",
+            f'url = "{store_url}"',
+            "[queue]",
+            f"max_per_uri = {DRAIN * 2}",  # the drain must not overflow
+        ]
+        for user in users:
+            lines += ["[[auth.users]]", f'user = "{user}"', f'password = "{password(user)}"']
+        config = tmp / "broker.toml"
+        config.write_text("\n".join(lines) + "\n")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *PROFILE, "-m", "mdeci", "broker", "--config", str(config),
+            "--listen-sip", f"{HOST}:0", "--listen-media", f"{HOST}:0",
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+        words = line.split()
+        assert words[:2] == ["broker", "listening"], line
+        host, _, port = words[2].removeprefix("sip=").rpartition(":")
+        return cls(proc, (host, int(port)))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def rss_kb(self) -> int:
+        return _proc_rss_kb(self.pid)
+
+    def cpu_s(self) -> float:
+        return _proc_cpu_s(self.pid)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 30)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+# ---------------------------------------------------------------------------- agents
+
+
+class LightAgent:
+    """A device reduced to its SIP UA and its RUDP peer; acks every notify."""
+
+    def __init__(self, user: str, ua: UserAgent, rudp: RudpEndpoint, own_rudp: bool) -> None:
+        self.user = user
+        self.ua = ua
+        self.rudp = rudp
+        self.own_rudp = own_rudp
+        self.key = secrets.token_bytes(32)
+        self.version = 0
+        self.dialog: Dialog | None = None
+        self.peer: RudpPeer | None = None
+        self.replies: asyncio.Queue[Frame] = asyncio.Queue()
+        self.highest = 0
+        self.target = 0  # notifications to wait for
+        self.done = asyncio.Event()
+        self.pub_oks = 0
+        self.pub_room: asyncio.Semaphore | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def open(cls, user: str, rudp: RudpEndpoint | None = None) -> LightAgent:
+        ua = UserAgent(UaConfig(aor=f"sip:{user}@{DOMAIN}", password=password(user), tcp=False))
+        await ua.start(HOST, 0)
+        own = rudp is None
+        if rudp is None:
+            rudp = await RudpEndpoint.open(HOST, 0)
+        return cls(user, ua, rudp, own)
+
+    async def connect(self, sip: tuple[str, int], *, register: bool, read: bool = True) -> None:
+        if register:
+            await self.ua.register(sip, 3600)
+        self.version += 1
+        offer = build_offer(self.user, 1, self.version, HOST, self.rudp.local_addr[1], self.key)
+        self.dialog, response = await self.ua.invite(BROKER, sip, offer.encode())
+        media = parse_session(response.body)
+        self.peer = self.rudp.peer(self.key, (media.addr, media.port))
+        if read:
+            self._reader = asyncio.create_task(self._read(self.peer))
+
+    async def hang_up(self) -> None:
+        """BYE (the broker marks the session ENDED); the next connect uses a new key."""
+        assert self.dialog is not None
+        await self.ua.bye(self.dialog)
+        self.dialog = None
+        await self._stop_reader()
+        self.rudp.remove_peer(self.key)
+        self.peer = None
+        self.key = secrets.token_bytes(32)
+
+    async def _stop_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
+
+    async def _read(self, peer: RudpPeer) -> None:
+        while True:
+            frame = decode(await peer.receive())
+            if isinstance(frame, Notify):
+                if frame.nseq > self.highest:
+                    self.highest = frame.nseq
+                    # As mdeci.agent: one Ack task per notify, cumulative.
+                    self._spawn(self._ack(peer, self.highest))
+            elif isinstance(frame, PubOk):
+                self.pub_oks += 1
+                if self.pub_room is not None:
+                    self.pub_room.release()
+            else:
+                self.replies.put_nowait(frame)
+
+    async def _ack(self, peer: RudpPeer, upto: int) -> None:
+        await peer.send(encode(Ack(upto=upto)))
+        if upto >= self.target > 0:
+            self.done.set()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def subscribe(self, subject: str) -> None:
+        assert self.peer is not None
+        await self.peer.send(encode(Sub(req=1, subject=subject)))
+        reply = await self.replies.get()
+        assert isinstance(reply, SubOk), reply
+
+    def expect(self, upto_nseq: int) -> None:
+        self.target = upto_nseq
+        self.done.clear()
+        if self.highest >= upto_nseq:
+            self.done.set()
+
+    async def publish(self, subject: str, count: int, prefix: str) -> None:
+        """``count`` publishes, ``PUB_WINDOW`` at a time; returns once all are pub-ok."""
+        assert self.peer is not None
+        self.pub_room = asyncio.Semaphore(PUB_WINDOW)
+        start = self.pub_oks
+        for i in range(count):
+            await self.pub_room.acquire()
+            frame = Pub(req=i + 2, msg_id=f"{prefix}{i}", subject=subject, payload=PAYLOAD)
+            self._spawn(self.peer.send(encode(frame)))
+        for _ in range(PUB_WINDOW):  # every slot back: every publish answered
+            await self.pub_room.acquire()
+        assert self.pub_oks - start == count
+
+    async def close(self) -> None:
+        await self._stop_reader()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.own_rudp:
+            await self.rudp.close()
+        await self.ua.close()
+
+
+async def bounded_gather(items: list[Any], fn: Callable[[Any], Awaitable[Any]]) -> list[Any]:
+    room = asyncio.Semaphore(SETUP_CONCURRENCY)
+
+    async def one(item: Any) -> Any:
+        async with room:
+            return await fn(item)
+
+    return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+# ---------------------------------------------------------------------------- stores
+
+
+@pytest.fixture(scope="module")
+def pg_schema_url() -> Iterator[str]:
+    """A schema of our own in the shared test database, dropped at the end."""
+    url = pg_url()
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in url else "?"
+    try:
+        yield f"{url}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def store_url(kind: str, request: pytest.FixtureRequest) -> str:
+    if kind == "sqlite":
+        return "sqlite:///broker.db"  # inside data_dir
+    return str(request.getfixturevalue("pg_schema_url"))
+
+
+# ---------------------------------------------------------------------------- mdeci
+
+
+async def _mdeci_run(tmp: Path, url: str, label: str) -> None:
+    agents_users = [f"a{i:03d}" for i in range(N_AGENTS)]
+    broker = await BrokerProc.start(tmp, url, [*agents_users, "pub", "drain"])
+    agents: list[LightAgent] = []
+    try:
+        # (a) fan-out: 100 connected agents, every publish matches all of them.
+        agents = await bounded_gather(agents_users, LightAgent.open)
+        await bounded_gather(agents, lambda a: a.connect(broker.sip, register=True))
+        await bounded_gather(agents, lambda a: a.subscribe("bench.fan"))
+        pub = await LightAgent.open("pub")
+        agents.append(pub)
+        await pub.connect(broker.sip, register=True)
+        for a in agents[:N_AGENTS]:
+            a.expect(FAN_PUBS)
+        cpu0, t0 = broker.cpu_s(), time.perf_counter()
+        await asyncio.wait_for(pub.publish("bench.fan", FAN_PUBS, "f"), RUN_LIMIT)
+        await asyncio.wait_for(
+            asyncio.gather(*(a.done.wait() for a in agents[:N_AGENTS])), RUN_LIMIT
+        )
+        elapsed = time.perf_counter() - t0
+        total = FAN_PUBS * N_AGENTS
+        RESULTS[f"{label}.fan_rate"] = total / elapsed
+        RESULTS[f"{label}.fan_cpu"] = (broker.cpu_s() - cpu0) / total * 10_000
+        print(f"\n{label}: fan-out {total} notifications in {elapsed:.2f} s")
+
+        # (b) drain: 10,000 queued while the session is ENDED, then a new INVITE.
+        drain = await LightAgent.open("drain")
+        agents.append(drain)
+        await drain.connect(broker.sip, register=True)
+        await drain.subscribe("bench.drain")
+        await drain.hang_up()
+        t_pub = time.perf_counter()
+        await asyncio.wait_for(pub.publish("bench.drain", DRAIN, "d"), RUN_LIMIT)
+        RESULTS[f"{label}.pub_rate"] = DRAIN / (time.perf_counter() - t_pub)
+        drain.expect(DRAIN)
+        cpu0, t0 = broker.cpu_s(), time.perf_counter()
+        await drain.connect(broker.sip, register=False)
+        await asyncio.wait_for(drain.done.wait(), RUN_LIMIT)
+        RESULTS[f"{label}.drain_s"] = time.perf_counter() - t0
+        RESULTS[f"{label}.drain_cpu"] = broker.cpu_s() - cpu0
+        print(f"{label}: drain {DRAIN} in {RESULTS[f'{label}.drain_s']:.2f} s")
+    finally:
+        for a in agents:
+            await a.close()
+        await broker.stop()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_mdeci_fanout_and_drain(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    await _mdeci_run(tmp_path, store_url(kind, request), f"mdeci-{kind}")
+
+
+async def test_mdeci_rss_with_1000_sessions(tmp_path: Path) -> None:
+    users = [f"a{i:04d}" for i in range(SESSIONS)]
+    broker = await BrokerProc.start(tmp_path, "sqlite:///broker.db", users)
+    shared = await RudpEndpoint.open(HOST, 0)  # one socket, one peer per session key
+    agents: list[LightAgent] = []
+    try:
+        rss0 = broker.rss_kb()
+        agents = await bounded_gather(users, lambda u: LightAgent.open(u, shared))
+        t0 = time.perf_counter()
+        await asyncio.wait_for(
+            bounded_gather(agents, lambda a: a.connect(broker.sip, register=True, read=False)),
+            RUN_LIMIT,
+        )
+        setup = time.perf_counter() - t0
+        rss1 = broker.rss_kb()
+        RESULTS["rss.before_kb"] = rss0
+        RESULTS["rss.after_kb"] = rss1
+        RESULTS["rss.setup_rate"] = SESSIONS / setup
+        print(f"\nRSS {rss0} kB -> {rss1} kB with {SESSIONS} sessions ({setup:.1f} s to set up)")
+    finally:
+        for a in agents:
+            await a.close()
+        await shared.close()
+        await broker.stop()
+
+
+# ---------------------------------------------------------------------------- mosquitto
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    """Our own Mosquitto (port, pid); stopped by its PID."""
+    binary = require_binary("mosquitto", "apt-get install mosquitto")
+    tmp = tmp_path_factory.mktemp("mosquitto")
+    port = _free_port()
+    config = tmp / "mosquitto.conf"
+    config.write_text(
+        f"listener {port} {HOST}\nallow_anonymous true\n"
+        f"max_queued_messages {DRAIN * 2}\n"  # default 1000 would drop most of the drain
+        f"persistence true\npersistence_location {tmp}/\n"
+        "log_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
+        "connection_messages false\n"
+    )
+    proc = subprocess.Popen([binary, "-c", str(config)], stderr=subprocess.PIPE, text=True, cwd=tmp)
+    assert proc.stderr is not None
+    try:
+        for _ in range(50):  # bounded: its start-up lines, then "running"
+            line = proc.stderr.readline()
+            assert line, "mosquitto exited"
+            if "running" in line:
+                break
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe empty
+        yield port, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class MqttSub:
+    def __init__(self, port: int, client_id: str) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            clean_session=False,
+            protocol=mqtt.MQTTv311,
+        )
+        self.port = port
+        self.count = 0
+        self.target = 0
+        self.done = threading.Event()
+        self.connected = threading.Event()
+        self.subscribed = threading.Event()
+        self.client.on_message = self._on_message
+        self.client.on_connect = lambda *a: self.connected.set()
+        self.client.on_subscribe = lambda *a: self.subscribed.set()
+
+    def _on_message(self, _c: Any, _u: Any, _m: Any) -> None:
+        self.count += 1
+        if self.count >= self.target > 0:
+            self.done.set()
+
+    def start(self) -> None:
+        self.client.connect(HOST, self.port, keepalive=60)
+        self.client.loop_start()
+        assert self.connected.wait(RUN_LIMIT)
+
+    def subscribe(self, topic: str) -> None:
+        self.client.subscribe(topic, qos=1)
+        assert self.subscribed.wait(RUN_LIMIT)
+
+    def expect(self, count: int) -> None:
+        self.target = count
+        if self.count >= count:
+            self.done.set()
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def _mqtt_publish(port: int, topic: str, count: int) -> None:
+    pub = MqttSub(port, f"pub-{uuid.uuid4().hex[:6]}")
+    pub.start()
+    try:
+        infos = [pub.client.publish(topic, PAYLOAD, qos=1) for _ in range(count)]
+        for info in infos:
+            info.wait_for_publish(RUN_LIMIT)  # PUBACK received
+    finally:
+        pub.stop()
+
+
+def test_mosquitto_fanout_and_drain(mosquitto: tuple[int, int]) -> None:
+    port, pid = mosquitto
+    subs = [MqttSub(port, f"s{i:03d}") for i in range(N_AGENTS)]
+    try:
+        for s in subs:
+            s.start()
+            s.subscribe("bench/fan")
+            s.expect(FAN_PUBS)
+        cpu0, t0 = _proc_cpu_s(pid), time.perf_counter()
+        _mqtt_publish(port, "bench/fan", FAN_PUBS)
+        for s in subs:
+            assert s.done.wait(RUN_LIMIT)
+        elapsed = time.perf_counter() - t0
+        total = FAN_PUBS * N_AGENTS
+        RESULTS["mosquitto.fan_rate"] = total / elapsed
+        RESULTS["mosquitto.fan_cpu"] = (_proc_cpu_s(pid) - cpu0) / total * 10_000
+        print(f"\nmosquitto: fan-out {total} messages in {elapsed:.2f} s")
+    finally:
+        for s in subs:
+            s.stop()
+
+    drain = MqttSub(port, "drain")
+    drain.start()
+    drain.subscribe("bench/drain")
+    drain.stop()  # offline; the persistent session queues for it
+    t_pub = time.perf_counter()
+    _mqtt_publish(port, "bench/drain", DRAIN)
+    RESULTS["mosquitto.pub_rate"] = DRAIN / (time.perf_counter() - t_pub)
+    back = MqttSub(port, "drain")  # same client id, clean_session=False: the session resumes
+    back.expect(DRAIN)
+    cpu0, t0 = _proc_cpu_s(pid), time.perf_counter()
+    back.start()
+    try:
+        assert back.done.wait(RUN_LIMIT), f"only {back.count} of {DRAIN} arrived"
+        RESULTS["mosquitto.drain_s"] = time.perf_counter() - t0
+        RESULTS["mosquitto.drain_cpu"] = _proc_cpu_s(pid) - cpu0
+        print(f"mosquitto: drain {DRAIN} in {RESULTS['mosquitto.drain_s']:.2f} s")
+    finally:
+        back.stop()
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def test_report() -> None:
+    """Prints every figure of this run and the ratios (run the whole file)."""
+    r = RESULTS
+    print("\n\n| workload | system | figure | broker CPU |")
+    print("|---|---|---|---|")
+    for label in ("mdeci-sqlite", "mdeci-postgresql", "mosquitto"):
+        if f"{label}.fan_rate" in r:
+            print(
+                f"| fan-out {FAN_PUBS}x{N_AGENTS} | {label} | "
+                f"{r[f'{label}.fan_rate']:.0f} notifications/s | "
+                f"{r[f'{label}.fan_cpu']:.2f} s / 10k |"
+            )
+    for label in ("mdeci-sqlite", "mdeci-postgresql", "mosquitto"):
+        if f"{label}.drain_s" in r:
+            print(
+                f"| drain {DRAIN} | {label} | {r[f'{label}.drain_s']:.2f} s "
+                f"({DRAIN / r[f'{label}.drain_s']:.0f}/s) | {r[f'{label}.drain_cpu']:.2f} s |"
+            )
+    for label in ("mdeci-sqlite", "mdeci-postgresql", "mosquitto"):
+        if f"{label}.pub_rate" in r:
+            print(f"| publish {DRAIN} (1 recipient) | {label} | {r[f'{label}.pub_rate']:.0f}/s | |")
+    if "rss.after_kb" in r:
+        before, after = r["rss.before_kb"], r["rss.after_kb"]
+        print(
+            f"| RSS, {SESSIONS} sessions | mdeci-sqlite | {before / 1024:.1f} MB -> "
+            f"{after / 1024:.1f} MB ({(after - before) / SESSIONS:.1f} kB/session; "
+            f"set up at {r['rss.setup_rate']:.0f} sessions/s) | |"
+        )
+    print("\nratios mdeci / mosquitto (> 1: mdeci better):")
+    if "mosquitto.fan_rate" in r:
+        for label in ("mdeci-sqlite", "mdeci-postgresql"):
+            if f"{label}.fan_rate" in r:
+                ratio = r[f"{label}.fan_rate"] / r["mosquitto.fan_rate"]
+                print(f"  fan-out rate {label}: {ratio:.3f}")
+    if "mosquitto.drain_s" in r:
+        for label in ("mdeci-sqlite", "mdeci-postgresql"):
+            if f"{label}.drain_s" in r:
+                ratio = r["mosquitto.drain_s"] / r[f"{label}.drain_s"]
+                print(f"  drain speed {label}: {ratio:.3f}")
+    assert r, "run the whole file: the report needs the other tests' figures"
