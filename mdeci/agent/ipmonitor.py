@@ -16,10 +16,11 @@ netlink socket can be bound, and polls as a fallback).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ipaddress
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TypeVar
 
 from mdeci.config import IpMonitorConfig, IpMonitorMode
 
@@ -88,6 +89,17 @@ class PollingIpMonitor:
                 await on_change(new)
 
 
+_T = TypeVar("_T")
+
+
+def _off_loop(call: Callable[[], _T]) -> _T:
+    """``call()`` in a worker thread, waited for: pyroute2 (0.9) runs an event loop of its
+    own in its synchronous API, which raises "This event loop is already running" when
+    called from a coroutine. Netlink dumps are short, so blocking for them is fine."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result()
+
+
 def netlink_source(host: str, interface: str | None = None) -> AddressSource:
     """Addresses of ``interface`` (default: the one holding ``host`` now) via pyroute2.
 
@@ -95,7 +107,7 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
     """
     from pyroute2 import IPRoute
 
-    def dump() -> list[tuple[int, str]]:
+    def read() -> list[tuple[int, str]]:
         with IPRoute() as ipr:
             out: list[tuple[int, str]] = []
             for msg in ipr.get_addr():
@@ -104,11 +116,17 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
                     out.append((int(msg["index"]), f"{addr}/{int(msg['prefixlen'])}"))
             return out
 
+    def lookup() -> list[int]:
+        with IPRoute() as ipr:
+            return [int(i) for i in ipr.link_lookup(ifname=interface)]
+
+    def dump() -> list[tuple[int, str]]:
+        return _off_loop(read)
+
     index: int | None = None
     if interface is not None:
-        with IPRoute() as ipr:
-            found = ipr.link_lookup(ifname=interface)
-        index = int(found[0]) if found else -1
+        found = _off_loop(lookup)
+        index = found[0] if found else -1
     else:
         for idx, text in dump():
             if is_held(host, frozenset({text})):
@@ -121,24 +139,23 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
     return source
 
 
-def _netlink_events(monitor: PollingIpMonitor, loop: asyncio.AbstractEventLoop) -> Any:
+def _netlink_events(monitor: PollingIpMonitor, loop: asyncio.AbstractEventLoop) -> None:
     """Bind a pyroute2 socket to address events; a daemon thread wakes the monitor."""
     import threading
 
     from pyroute2 import IPRoute
 
-    ipr = IPRoute()
-    ipr.bind()
-
     def listen() -> None:
         with contextlib.suppress(Exception):
+            # Made in this thread: pyroute2's synchronous API cannot run on the loop's.
+            ipr = IPRoute()
+            ipr.bind()
             while True:
                 for msg in ipr.get():
                     if str(msg.get("event", "")).endswith("ADDR"):
                         loop.call_soon_threadsafe(monitor.wake)
 
     threading.Thread(target=listen, name="mdeci-netlink", daemon=True).start()
-    return ipr
 
 
 def make_monitor(

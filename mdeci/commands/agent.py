@@ -11,7 +11,8 @@ import asyncio
 import signal
 from pathlib import Path
 
-from mdeci.agent.daemon import run_agent
+# Imported as a module: mdeci.cli would take a 'run_agent' attribute for run().
+from mdeci.agent import daemon as agent_daemon
 from mdeci.config import load_agent_config
 
 
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _main(config_path: Path) -> int:
     config = load_agent_config(config_path)
-    running = await run_agent(config)
+    running = await agent_daemon.run_agent(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
