@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from mdeci.agent.ipmonitor import make_monitor
+from mdeci.config import IpMonitorConfig, IpMonitorMode
 from tests.e2e.harness_b import (
     AgentProcess,
     BrokerProcess,
@@ -173,3 +175,11 @@ async def test_agent_kill9_mid_stream(tmp_path: Path) -> None:
             await tail.close()
         for child in (alice, bob, broker):
             await child.stop()
+
+
+async def test_netlink_address_source_works_inside_the_event_loop() -> None:
+    """Regression: pyroute2's synchronous API raised "This event loop is already running"
+    when ``mdeci agent`` built its IP monitor, so the daemon did not start at all."""
+    monitor = make_monitor(IpMonitorConfig(mode=IpMonitorMode.NETLINK), "127.0.0.2")
+    assert monitor is not None
+    assert monitor.check() is None  # 127.0.0.2 is still held by lo's 127.0.0.1/8
