@@ -77,7 +77,7 @@ async def test_agents_through_the_real_broker(
         broker = await start_broker(tmp_path, store, clock, sink, port)
         got = await asyncio.wait_for(inbox.get(), GUARD)
         assert (got["nseq"], got["text"]) == (3, "3")
-        await bob.wait_event("media_connected", count=2)
+        await asyncio.wait_for(bob.wait_event("media_connected", count=2), GUARD)
         await asyncio.wait_for(bob.wait_until(lambda: bob.status().buffered == 0), GUARD)
         assert alice.status().status is Status.CONNECTED
         assert [r["nseq"] for r in alice.delivered_since(0)] == [1, 2, 3]
