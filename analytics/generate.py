@@ -49,6 +49,7 @@ MINUTE = 60_000
 HOUR = 60 * MINUTE
 DAY = 24 * HOUR
 
+SUBSCRIPTION_TTL = 8 * HOUR  # of the simulated apps' subscriptions
 DEFAULT_START = datetime(2024, 3, 4, tzinfo=UTC)  # a Monday, so commutes start on day one
 
 
@@ -408,6 +409,7 @@ class _UserLog:
         ai = 0
         session = False  # a dialog exists (ended only by a graceful gap)
         registered_until = 0
+        expired = False  # the subscriptions ran out during the last gap
         for i, (start, end, subnet) in enumerate(stints):
             prev_end = stints[i - 1][1] if i else -1
             gap = start - prev_end if i else -1
@@ -434,7 +436,15 @@ class _UserLog:
                 if self.calls == 1:
                     for k in range(rng.randint(1, 3)):
                         self.simple(start + 4 + k, self.broker, "subscription_added")
+                elif expired:
+                    # Its subscriptions ran out while it was off; the app subscribes again.
+                    self.simple(start + 4, self.broker, "subscription_added")
+                elif rng.random() < 0.2:
+                    # Interests change: one subscription swapped for another.
+                    self.simple(start + 4, self.broker, "subscription_removed")
+                    self.simple(start + 5, self.broker, "subscription_added")
                 session = True
+                expired = False
             else:
                 self.simple(
                     start,
@@ -483,6 +493,9 @@ class _UserLog:
                 self.simple(end, self.agent, "session_ended", f',"call_id":"{self.call_id}"')
                 self.simple(end + 2, self.broker, "unregistered")
                 session = False
+                if nxt - end > SUBSCRIPTION_TTL and rng.random() < 0.5:
+                    self.simple(end + SUBSCRIPTION_TTL, self.broker, "subscription_expired")
+                    expired = True
             elif end < span:
                 self.simple(
                     end,
@@ -548,6 +561,11 @@ def user_lines(cfg: GeneratorConfig, world: World, fmt: _Fmt, index: int) -> lis
     span = cfg.days * DAY
     stints = _MODEL_FUNCS[cfg.model](log.rng, world, cfg.days, cfg.start.weekday())
     stints = _clean(_apply_outages(_clean(stints, span), world, log.rng), span)
+    if stints and stints[0][0] == 0:
+        # Users already online when the log begins: their first lines are spread out, or
+        # every log would open with a "storm" of all users registering at midnight.
+        first = stints[0]
+        stints[0] = (min(first[1] - 1, int(log.rng.uniform(0, 20) * MINUTE)), first[1], first[2])
     events = log.play(stints, span)
     events.sort(key=lambda e: e[0])
     return [line for _, line in events]
