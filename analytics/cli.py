@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     churn.add_argument("--flap-changes", type=int, default=5, help="address changes that flap")
     churn.add_argument("--storm-window", type=float, default=60.0, help="storm bucket, seconds")
     churn.add_argument("--storm-users", type=int, default=8, help="users restoring that storm")
+    churn.add_argument(
+        "--storm-factor", type=float, default=4.0, help="times the hourly baseline that storm"
+    )
     churn.add_argument("--quiet", action="store_true", help="no progress output")
 
     rep = sub.add_parser(
@@ -173,6 +176,7 @@ def _churn(args: argparse.Namespace) -> int:
         flap_min_changes=args.flap_changes,
         storm_window_ms=int(args.storm_window * 1000),
         storm_min_users=args.storm_users,
+        storm_factor=args.storm_factor,
     )
     find_inputs(args.input, args.format)  # fail fast, before the JVM starts
     begun = time.perf_counter()

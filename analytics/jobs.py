@@ -58,7 +58,9 @@ class JobConfig:
     storm_window_ms: int = 60_000
     """Reconnect storm: restores are counted in buckets of this length ..."""
     storm_min_users: int = 8
-    """... and a bucket with at least this many distinct users is a storm."""
+    """... and a bucket with at least this many distinct users ..."""
+    storm_factor: float = 4.0
+    """... and this many times the mean restores per bucket of its hour is a storm."""
     latency_edges_ms: tuple[float, ...] = (
         0.0,
         50.0,
@@ -468,17 +470,25 @@ def flapping(events: DataFrame, cfg: JobConfig) -> DataFrame:
 def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
     """Reconnect storms: buckets where many users restore at once; schema STORM_SCHEMA.
 
-    Restores (``media_connected``) are counted per bucket of ``storm_window_ms``; a bucket
-    with at least ``storm_min_users`` distinct users is stormy, and adjacent stormy
-    buckets are one storm.
+    Restores (``media_connected``) are counted per bucket of ``storm_window_ms``. A bucket
+    is stormy when its distinct users reach ``storm_min_users`` *and* ``storm_factor``
+    times the mean restores per bucket of its UTC hour: at rush hour many users restore
+    every minute by chance, and only a burst well above that baseline is a storm.
+    Adjacent stormy buckets are one storm.
     """
     w = cfg.storm_window_ms
     ts = F.col("ts_ms")
     restores = events.where(_is("media_connected")).select(
-        "uri", (ts - F.pmod(ts, F.lit(w))).alias("_bucket")
+        "uri", (ts - F.pmod(ts, F.lit(w))).alias("_bucket"), hour_of(ts).alias("_hour")
     )
-    per_bucket = restores.groupBy("_bucket").agg(F.countDistinct("uri").alias("_users"))
-    stormy = per_bucket.where(F.col("_users") >= cfg.storm_min_users)
+    per_bucket = restores.groupBy("_bucket", "_hour").agg(F.countDistinct("uri").alias("_users"))
+    baseline = restores.groupBy("_hour").agg(
+        (F.count(F.lit(1)) / F.lit(HOUR_MS / w)).alias("_per_bucket")
+    )
+    stormy = per_bucket.join(baseline, "_hour").where(
+        (F.col("_users") >= cfg.storm_min_users)
+        & (F.col("_users") >= F.col("_per_bucket") * cfg.storm_factor)
+    )
     # Adjacent buckets share (bucket / w - row number): the classic gaps-and-islands trick.
     seq = Window.orderBy("_bucket")
     islands = stormy.select(

@@ -313,6 +313,14 @@ def test_reconnect_storms(spark: Any) -> None:
     lines += [
         line(base + 300 + i, "media_connected", u, latency_ms=1.0) for i, u in enumerate(users[:3])
     ]
+    # An hour later, rush hour: 9 users restore in every minute of the hour. That is the
+    # baseline (9 per bucket), so a minute of 20 users is below 4 x 9 and no storm.
+    busy = 2 * 3600
+    lines += [
+        line(busy + 60 * m + i, "media_connected", f"sip:r{m}.{i}@example.net", latency_ms=1.0)
+        for m in range(60)
+        for i in range(20 if m == 30 else 9)
+    ]
     got = jobs.storms(events(spark, lines), jobs.JobConfig(storm_min_users=8))
     expected = frame(spark, [(ms(base), ms(base + 120), 12, 18)], S.STORM_SCHEMA)
     assert_equal(got, expected)
