@@ -81,6 +81,8 @@ def find_inputs(path: str, fmt: str = "auto") -> Inputs:
     parquet = [f for f in files if f.suffix == ".parquet"]
     text = [f for f in files if f.suffix != ".parquet" and f.suffix != ".crc"]
     if fmt == "auto":
+        if not (text or parquet):
+            raise InputError(f"no churn-log files (JSON lines or Parquet) under {path}")
         fmt = "jsonl" if text else "parquet"
     chosen = text if fmt == "jsonl" else parquet
     if not chosen:
