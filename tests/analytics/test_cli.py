@@ -122,3 +122,13 @@ def test_generate_churn_report_in_a_fresh_process_on_the_given_master(tmp_path: 
     report = mdeci("report", "--input", str(tmp_path / "out"), "--output", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "r.html").read_text().count('<svg class="chart"') == 6
+
+
+def test_spark_submit_driver_file_parses_like_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from analytics import submit
+
+    argv = ["churn", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")]
+    assert submit.main(argv) == 2
+    assert "does not exist" in capsys.readouterr().err
