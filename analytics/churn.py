@@ -90,14 +90,16 @@ def find_inputs(path: str, fmt: str = "auto") -> Inputs:
     return Inputs(fmt, [str(f.resolve()) for f in chosen])
 
 
-def read_parsed(spark: Any, inputs: Inputs) -> DataFrame:
+def read_parsed(spark: Any, inputs: Inputs, *, keep_extra: bool = False) -> DataFrame:
     """The parsed lines of ``inputs`` (see :func:`analytics.jobs.parse_lines`)."""
     source = F.col("_metadata.file_path").alias("source")
     if inputs.fmt == "parquet":
         df = spark.read.option("recursiveFileLookup", "true").parquet(*inputs.paths)
         return jobs.parse_records(df.select("*", source))
     reader = spark.read.option("recursiveFileLookup", "true")
-    return jobs.parse_lines(reader.text(inputs.paths).select("value", source))
+    return jobs.parse_lines(
+        reader.text(inputs.paths).select("value", source), keep_extra=keep_extra
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +118,15 @@ def run_churn(
     *,
     fmt: str = "auto",
     csv: bool = True,
+    keep_extra: bool = False,
     step: Callable[[str], None] | None = None,
 ) -> ChurnResult:
     """Run every job over ``input_path`` and write the tables under ``output_path``.
 
     Tables go to ``<output>/<table>/`` as Parquet and ``<output>/csv/<table>/`` as CSV
-    with a header; invalid lines to ``<output>/quarantine/`` as JSON lines.
+    with a header; invalid lines to ``<output>/quarantine/`` as JSON lines. With
+    ``keep_extra`` the de-duplicated events, unknown fields in ``extra``, go to
+    ``<output>/events/`` (Parquet).
 
     Raises:
         InputError: if there is nothing to read.
@@ -131,7 +136,7 @@ def run_churn(
     say = step or (lambda _msg: None)
     out = output_path.rstrip("/")
     try:
-        return _run(spark, inputs, out, cfg, csv, say)
+        return _run(spark, inputs, out, cfg, csv, keep_extra, say)
     except InputError:
         raise
     except Exception as exc:
@@ -149,10 +154,17 @@ def _first(df: DataFrame) -> Row:
 
 
 def _run(
-    spark: Any, inputs: Inputs, out: str, cfg: jobs.JobConfig, csv: bool, say: Callable[[str], None]
+    spark: Any,
+    inputs: Inputs,
+    out: str,
+    cfg: jobs.JobConfig,
+    csv: bool,
+    keep_extra: bool,
+    say: Callable[[str], None],
 ) -> ChurnResult:
     say(f"parsing {len(inputs.paths)} {inputs.fmt} input(s)")
-    parsed = read_parsed(spark, inputs).persist(StorageLevel.MEMORY_AND_DISK)
+    parsed = read_parsed(spark, inputs, keep_extra=keep_extra)
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     counts = _first(parsed.agg(F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid")))
     lines, invalid = int(counts["lines"]), int(counts["invalid"])
     say(f"{lines} lines, {invalid} invalid: quarantining")
@@ -160,6 +172,9 @@ def _run(
     events = jobs.valid_events(parsed).persist(StorageLevel.MEMORY_AND_DISK)
     n_events = events.count()
     parsed.unpersist()
+    if keep_extra:
+        say("writing events")
+        events.write.mode("overwrite").parquet(f"{out}/events")
     window = cfg.window
     current = jobs.in_window(events, window)
     eps = jobs.episodes(events, window).persist(StorageLevel.MEMORY_AND_DISK)

@@ -68,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     churn.add_argument("--no-csv", action="store_true", help="write Parquet tables only")
     churn.add_argument(
+        "--keep-extra",
+        action="store_true",
+        help="also write the events, unknown fields kept, to <output>/events (slower)",
+    )
+    churn.add_argument(
         "--shuffle-partitions", type=int, default=None, help="Spark shuffle partitions"
     )
     churn.add_argument("--flap-window", type=float, default=300.0, help="flapping window, seconds")
@@ -188,7 +193,14 @@ def _churn(args: argparse.Namespace) -> int:
     spark = session(args.master, shuffle_partitions=args.shuffle_partitions)
     say(f"Spark {spark.version} on {spark.sparkContext.master}")
     result = run_churn(
-        spark, args.input, args.output, cfg, fmt=args.format, csv=not args.no_csv, step=say
+        spark,
+        args.input,
+        args.output,
+        cfg,
+        fmt=args.format,
+        csv=not args.no_csv,
+        keep_extra=args.keep_extra,
+        step=say,
     )
     s = result.summary
     took = time.perf_counter() - begun

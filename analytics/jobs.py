@@ -91,14 +91,17 @@ def conform(df: DataFrame, schema: T.StructType) -> DataFrame:
 # ---------------------------------------------------------------------------- parsing
 
 
-def parse_lines(lines: DataFrame) -> DataFrame:
+def parse_lines(lines: DataFrame, *, keep_extra: bool = False) -> DataFrame:
     """Parse raw lines (columns ``value`` and ``source``) into records or errors.
 
     Blank lines are skipped (a trailing newline is not a record). The result has the
-    churn-log fields, ``ts_ms``, ``extra`` (the line's unknown fields, as text),
-    ``error`` (null for a valid record), ``line`` (the raw text, kept for invalid lines
-    only, so that caching the result does not hold a second copy of the log) and
-    ``source``.
+    churn-log fields, ``ts_ms``, ``extra``, ``error`` (null for a valid record), ``line``
+    (the raw text, kept for invalid lines only, so that caching the result does not hold
+    a second copy of the log) and ``source``.
+
+    Unknown fields never make a line invalid. With ``keep_extra`` they are collected in
+    ``extra`` (name -> value as JSON text); that parses every line a second time, which
+    costs about 40 % of the parse, so it is off unless asked for; ``extra`` is then null.
     """
     text = F.col("value")
     rec = F.from_json(
@@ -106,13 +109,15 @@ def parse_lines(lines: DataFrame) -> DataFrame:
         S.CHURN_PARSE_SCHEMA,
         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT_COLUMN},
     )
-    as_map = F.from_json(text, T.MapType(T.StringType(), T.StringType()))
+    map_type = T.MapType(T.StringType(), T.StringType())
     known = list(S.FIELD_NAMES)
+    extra = (
+        F.map_filter(F.from_json(text, map_type), lambda k, _v: ~k.isin(*known))
+        if keep_extra
+        else F.lit(None).cast(map_type)
+    )
     parsed = lines.where(F.trim(text) != "").select(
-        text.alias("_line"),
-        F.col("source"),
-        rec.alias("r"),
-        F.map_filter(as_map, lambda k, _v: ~k.isin(*known)).alias("extra"),
+        text.alias("_line"), F.col("source"), rec.alias("r"), extra.alias("extra")
     )
     corrupt = F.col("r").isNull() | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull()
     fields = [F.col(f"r.{name}").alias(name) for name in S.FIELD_NAMES]

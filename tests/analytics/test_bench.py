@@ -6,9 +6,9 @@ Run by ``make bench`` (``-m bench``), not by ``make test``. Sizes come from
 
 For each size: generate a commuters' log, run ``mdeci analytics churn --master local[2]``
 in a fresh process on the JSON lines and on the Parquet copy (wall time includes the JVM
-start, as an admin sees it), and on the smallest size the per-user job in plain
-single-process pandas for reference. Results are printed as Markdown rows and appended
-to ``$MDECI_BENCH_OUT`` (JSON lines) when set.
+start, as an admin sees it); then the per-user job alone, in Spark with a warm JVM and,
+on the smallest size, in plain single-process pandas for reference. Results are printed
+and appended to ``$MDECI_BENCH_OUT`` (JSON lines) when set.
 """
 
 from __future__ import annotations
@@ -106,8 +106,21 @@ def _pandas_per_user(parquet: Path) -> tuple[float, int]:
     return time.perf_counter() - started, len(table)
 
 
+def _spark_per_user(spark: Any, parquet: Path) -> float:
+    """The per-user job alone in Spark (warm JVM, whole log), to set beside pandas."""
+    from analytics import jobs
+    from analytics.churn import find_inputs, read_parsed
+
+    started = time.perf_counter()
+    events = jobs.valid_events(read_parsed(spark, find_inputs(str(parquet), "parquet")))
+    window = jobs.TimeWindow()
+    table = jobs.per_user(jobs.in_window(events, window), jobs.episodes(events, window))
+    table.write.mode("overwrite").format("noop").save()
+    return time.perf_counter() - started
+
+
 @pytest.mark.parametrize("events", SIZES)
-def test_churn_throughput(events: int, tmp_path: Path) -> None:
+def test_churn_throughput(events: int, tmp_path: Path, spark: Any) -> None:
     users = max(1, round(events / (EVENTS_PER_USER_DAY * DAYS)))
     cfg = GeneratorConfig(users=users, days=DAYS, seed=42, model="commute")
     started = time.perf_counter()
@@ -131,6 +144,15 @@ def test_churn_throughput(events: int, tmp_path: Path) -> None:
                 "events_per_s": round(result.events / t["wall_s"]),
             }
         )
+    took = _spark_per_user(spark, tmp_path / "log" / "parquet")
+    _record(
+        {
+            "what": "spark per-user job only, Parquet input, local[2], warm JVM",
+            "events": result.events,
+            "wall_s": round(took, 1),
+            "events_per_s": round(result.events / took),
+        }
+    )
     if events == min(SIZES):
         took, rows = _pandas_per_user(tmp_path / "log" / "parquet")
         assert rows == users

@@ -24,13 +24,13 @@ B = "sip:bob@example.net"
 C = "sip:carol@example.net"
 
 
-def parsed(spark: Any, lines: list[str]) -> Any:
+def parsed(spark: Any, lines: list[str], keep_extra: bool = False) -> Any:
     df = spark.createDataFrame([(x, "test.jsonl") for x in lines], "value string, source string")
-    return jobs.parse_lines(df)
+    return jobs.parse_lines(df, keep_extra=keep_extra)
 
 
-def events(spark: Any, lines: list[str]) -> Any:
-    return jobs.valid_events(parsed(spark, lines))
+def events(spark: Any, lines: list[str], keep_extra: bool = False) -> Any:
+    return jobs.valid_events(parsed(spark, lines, keep_extra))
 
 
 def frame(spark: Any, rows: list[tuple[Any, ...]], schema: Any) -> Any:
@@ -86,9 +86,12 @@ def test_invalid_lines_are_quarantined_with_a_reason_and_never_fatal(spark: Any)
 
 def test_unknown_fields_are_kept_as_text(spark: Any) -> None:
     lines = [line(2, "ip_changed", addr="10.0.0.2:1", zone="eu-1", hops=3, geo={"lat": 1.5})]
-    row = events(spark, lines).collect()[0]
+    row = events(spark, lines, keep_extra=True).collect()[0]
     assert row["extra"] == {"zone": "eu-1", "hops": "3", "geo": '{"lat":1.5}'}
     assert row["addr"] == "10.0.0.2:1"
+    # Without keep_extra the same line is just as valid; the unknown fields are skipped.
+    row = events(spark, lines).collect()[0]
+    assert (row["addr"], row["extra"]) == ("10.0.0.2:1", None)
 
 
 def test_parquet_records_parse_like_lines(spark: Any) -> None:
