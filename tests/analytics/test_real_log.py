@@ -26,7 +26,9 @@ def test_jobs_read_what_the_broker_writes(spark: Any, tmp_path: Path) -> None:
 
     now = [T0]
     folder = tmp_path / "var"
-    log = churnlog.ChurnLog(folder / "churn.log", "broker-1", lambda: now[0], max_bytes=300)
+    log = churnlog.ChurnLog(
+        folder / "churn.log", "broker-1", lambda: now[0], max_bytes=300, backups=20
+    )
 
     def at(seconds: float, event: str, **fields: Any) -> None:
         now[0] = T0 + seconds
