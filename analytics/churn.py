@@ -10,9 +10,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
@@ -90,7 +89,7 @@ def find_inputs(path: str, fmt: str = "auto") -> Inputs:
     return Inputs(fmt, [str(f.resolve()) for f in chosen])
 
 
-def read_parsed(spark: Any, inputs: Inputs, *, keep_extra: bool = False) -> DataFrame:
+def read_parsed(spark: SparkSession, inputs: Inputs, *, keep_extra: bool = False) -> DataFrame:
     """The parsed lines of ``inputs`` (see :func:`analytics.jobs.parse_lines`)."""
     source = F.col("_metadata.file_path").alias("source")
     if inputs.fmt == "parquet":
@@ -111,7 +110,7 @@ class ChurnResult:
 
 
 def run_churn(
-    spark: Any,
+    spark: SparkSession,
     input_path: str,
     output_path: str,
     cfg: jobs.JobConfig,
@@ -154,7 +153,7 @@ def _first(df: DataFrame) -> Row:
 
 
 def _run(
-    spark: Any,
+    spark: SparkSession,
     inputs: Inputs,
     out: str,
     cfg: jobs.JobConfig,

@@ -420,8 +420,6 @@ def restore_latency(events: DataFrame, cfg: JobConfig) -> DataFrame:
     """Histogram and CDF of restore latencies (non-empty buckets only); LATENCY_SCHEMA."""
     edges = sorted(cfg.latency_edges_ms)
     lat = F.col("latency_ms")
-    lo: Column = F.lit(edges[-1])
-    hi: Column = F.lit(None).cast("double")
     # Walk the edges from the top so that the first matching WHEN is the right bucket.
     lo_expr = F.when(lat >= edges[-1], F.lit(edges[-1]))
     hi_expr = F.when(lat >= edges[-1], F.lit(None).cast("double"))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from analytics.errors import JobError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def session(
@@ -13,7 +16,7 @@ def session(
     app_name: str = "mdeci-analytics",
     shuffle_partitions: int | None = None,
     conf: dict[str, str] | None = None,
-) -> Any:
+) -> SparkSession:
     """A SparkSession for the churn jobs.
 
     ``master`` is any Spark master URL (``local[2]``, ``spark://host:7077``, ``yarn``,
