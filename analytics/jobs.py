@@ -119,7 +119,14 @@ def parse_lines(lines: DataFrame, *, keep_extra: bool = False) -> DataFrame:
     parsed = lines.where(F.trim(text) != "").select(
         text.alias("_line"), F.col("source"), rec.alias("r"), extra.alias("extra")
     )
-    corrupt = F.col("r").isNull() | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull()
+    # The never-true partition test makes the flag non-deterministic, which stops the
+    # optimizer from pushing later filters on ``error`` below this projection: pushed
+    # down, each field reference would become its own from_json call on the line.
+    corrupt = (
+        F.col("r").isNull()
+        | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull()
+        | (F.spark_partition_id() < 0)
+    )
     fields = [F.col(f"r.{name}").alias(name) for name in S.FIELD_NAMES]
     return _validate(parsed.select(*fields, "extra", "_line", "source", corrupt.alias("_bad")))
 
@@ -187,7 +194,11 @@ def quarantine(parsed: DataFrame) -> DataFrame:
 def valid_events(parsed: DataFrame) -> DataFrame:
     """The valid records of ``parsed``, exact duplicates (same fields) dropped once."""
     ok = parsed.where(F.col("error").isNull())
-    return conform(ok.dropDuplicates(list(S.FIELD_NAMES)), S.EVENT_SCHEMA)
+    # Partitioned by user first: that one shuffle also serves the de-duplication (whose
+    # keys begin with the same user) and every later per-user window and aggregate,
+    # which then need no shuffle of their own when the result is cached.
+    by_user = ok.repartition("uri")
+    return conform(by_user.dropDuplicates(list(S.FIELD_NAMES)), S.EVENT_SCHEMA)
 
 
 def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
