@@ -100,8 +100,8 @@ def parse_lines(lines: DataFrame, *, keep_extra: bool = False) -> DataFrame:
     a second copy of the log) and ``source``.
 
     Unknown fields never make a line invalid. With ``keep_extra`` they are collected in
-    ``extra`` (name -> value as JSON text); that parses every line a second time, which
-    costs about 40 % of the parse, so it is off unless asked for; ``extra`` is then null.
+    ``extra``, a JSON object as text; that parses every line a second time, which costs
+    about 40 % of the parse, so it is off unless asked for; ``extra`` is then null.
     """
     text = F.col("value")
     rec = F.from_json(
@@ -112,9 +112,9 @@ def parse_lines(lines: DataFrame, *, keep_extra: bool = False) -> DataFrame:
     map_type = T.MapType(T.StringType(), T.StringType())
     known = list(S.FIELD_NAMES)
     extra = (
-        F.map_filter(F.from_json(text, map_type), lambda k, _v: ~k.isin(*known))
+        F.to_json(F.map_filter(F.from_json(text, map_type), lambda k, _v: ~k.isin(*known)))
         if keep_extra
-        else F.lit(None).cast(map_type)
+        else F.lit(None).cast("string")
     )
     parsed = lines.where(F.trim(text) != "").select(
         text.alias("_line"), F.col("source"), rec.alias("r"), extra.alias("extra")
@@ -143,9 +143,7 @@ def parse_records(records: DataFrame) -> DataFrame:
     ]
     others = [c for c in records.columns if c not in S.FIELD_NAMES and c != "source"]
     extra = (
-        F.create_map(*[x for c in others for x in (F.lit(c), F.col(c).cast("string"))])
-        if others
-        else F.create_map().cast(T.MapType(T.StringType(), T.StringType()))
+        F.to_json(F.struct(*[F.col(c) for c in others])) if others else F.lit(None).cast("string")
     )
     source = F.col("source") if "source" in present else F.lit(None).cast("string")
     line = F.to_json(F.struct(*[F.col(c) for c in records.columns if c != "source"]))
@@ -192,13 +190,15 @@ def quarantine(parsed: DataFrame) -> DataFrame:
 
 
 def valid_events(parsed: DataFrame) -> DataFrame:
-    """The valid records of ``parsed``, exact duplicates (same fields) dropped once."""
-    ok = parsed.where(F.col("error").isNull())
+    """The valid records of ``parsed``; exact duplicates (every field, unknown ones too)
+    are kept once."""
+    ok = conform(parsed.where(F.col("error").isNull()), S.EVENT_SCHEMA)
     # Partitioned by user first: that one shuffle also serves the de-duplication (whose
     # keys begin with the same user) and every later per-user window and aggregate,
-    # which then need no shuffle of their own when the result is cached.
-    by_user = ok.repartition("uri")
-    return conform(by_user.dropDuplicates(list(S.FIELD_NAMES)), S.EVENT_SCHEMA)
+    # which then need no shuffle of their own when the result is cached. Every column is
+    # a key (``extra`` is JSON text, not a map, for that reason): with no aggregate
+    # buffer left, Spark de-duplicates in a hash table instead of sorting every row.
+    return ok.repartition("uri").dropDuplicates(ok.columns)
 
 
 def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
