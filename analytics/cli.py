@@ -1,0 +1,222 @@
+"""``mdeci analytics generate|churn|report``: the network admin's commands.
+
+``mdeci/cli.py`` dispatches here through :func:`add_arguments` and :func:`run`. Errors
+the user can fix are :class:`~analytics.errors.AnalyticsError`; they become one line on
+stderr and exit code 2 here, because the top-level CLI only knows mdeci's own errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from analytics.errors import AnalyticsError, OptionError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``generate``, ``churn`` and ``report`` subcommands on ``parser``."""
+    sub = parser.add_subparsers(dest="analytics_command", metavar="STEP", required=True)
+
+    gen = sub.add_parser(
+        "generate",
+        help="write a synthetic churn log (JSON lines and Parquet)",
+        description="Write a synthetic churn log: users moving between subnets under a "
+        "mobility model, deterministic for a seed.",
+    )
+    gen.add_argument("--users", type=int, required=True, help="number of users")
+    gen.add_argument("--days", type=int, required=True, help="length of the log in days")
+    from analytics.generate import MODELS
+
+    gen.add_argument("--model", choices=MODELS, default="commute", help="mobility model")
+    gen.add_argument("--seed", type=int, default=1, help="random seed (same seed, same log)")
+    gen.add_argument("--out", type=Path, required=True, help="output directory")
+    gen.add_argument(
+        "--format",
+        choices=("both", "jsonl", "parquet"),
+        default="both",
+        help="what to write (default: both)",
+    )
+    gen.add_argument(
+        "--notify-rate", type=float, default=4.0, help="notifications per user per hour"
+    )
+    gen.add_argument(
+        "--start", default="2024-03-04", help="first day of the log, UTC (default 2024-03-04)"
+    )
+    gen.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    churn = sub.add_parser(
+        "churn",
+        help="run the Spark churn jobs over a log",
+        description="Run the Spark churn jobs over churn logs and write Parquet and CSV "
+        "tables; invalid lines are counted and set aside in <output>/quarantine.",
+    )
+    churn.add_argument("--input", required=True, help="log file or directory (or a URL)")
+    churn.add_argument("--output", required=True, help="output directory (or a URL)")
+    churn.add_argument(
+        "--master",
+        default=None,
+        help="Spark master URL: local[2], spark://host:7077, yarn, k8s://... "
+        "(default: the one spark-submit set, else local[*])",
+    )
+    churn.add_argument("--since", default=None, help="window start, RFC 3339 (inclusive)")
+    churn.add_argument("--until", default=None, help="window end, RFC 3339 (exclusive)")
+    churn.add_argument(
+        "--format", choices=("auto", "jsonl", "parquet"), default="auto", help="input format"
+    )
+    churn.add_argument("--no-csv", action="store_true", help="write Parquet tables only")
+    churn.add_argument(
+        "--keep-extra",
+        action="store_true",
+        help="also write the events, unknown fields kept, to <output>/events (slower)",
+    )
+    churn.add_argument(
+        "--shuffle-partitions", type=int, default=None, help="Spark shuffle partitions"
+    )
+    churn.add_argument("--flap-window", type=float, default=300.0, help="flapping window, seconds")
+    churn.add_argument("--flap-changes", type=int, default=5, help="address changes that flap")
+    churn.add_argument("--storm-window", type=float, default=60.0, help="storm bucket, seconds")
+    churn.add_argument("--storm-users", type=int, default=8, help="users restoring that storm")
+    churn.add_argument(
+        "--storm-factor", type=float, default=4.0, help="times the hourly baseline that storm"
+    )
+    churn.add_argument("--quiet", action="store_true", help="no progress output")
+
+    rep = sub.add_parser(
+        "report",
+        help="render the churn tables as one HTML page",
+        description="Render the tables written by 'churn' as one self-contained HTML page.",
+    )
+    rep.add_argument("--input", type=Path, required=True, help="the output directory of churn")
+    rep.add_argument("--output", type=Path, required=True, help="the HTML file to write")
+    rep.add_argument("--title", default="mdeci session churn", help="page title")
+
+
+def parse_time(text: str, option: str) -> int:
+    """Epoch milliseconds of an RFC 3339 time or a date (UTC when no offset is given).
+
+    Raises:
+        OptionError: if ``text`` is not a time.
+    """
+    try:
+        t = datetime.fromisoformat(text.strip().replace(" ", "T"))
+    except ValueError:
+        raise OptionError(f"{option} {text!r} is not an RFC 3339 time") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return int(t.timestamp() * 1000)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen step; 0 on success, 2 with one line on stderr on a user error."""
+    try:
+        if args.analytics_command == "generate":
+            return _generate(args)
+        if args.analytics_command == "churn":
+            return _churn(args)
+        return _report(args)
+    except AnalyticsError as exc:
+        print(f"mdeci analytics {args.analytics_command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"mdeci analytics {args.analytics_command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from analytics.generate import GeneratorConfig, generate
+
+    start_ms = parse_time(args.start, "--start")
+    cfg = GeneratorConfig(
+        users=args.users,
+        days=args.days,
+        seed=args.seed,
+        model=args.model,
+        notify_per_hour=args.notify_rate,
+        start=datetime.fromtimestamp(start_ms / 1000, UTC),
+    )
+    begun = time.perf_counter()
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=args.quiet,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(f"{cfg.model} users", total=cfg.users)
+        result = generate(
+            cfg,
+            args.out,
+            jsonl=args.format in ("both", "jsonl"),
+            parquet=args.format in ("both", "parquet"),
+            progress=lambda n: bar.advance(task, n),
+        )
+    took = time.perf_counter() - begun
+    print(
+        f"{result.events} events ({result.lines} lines) for {cfg.users} users over "
+        f"{cfg.days} days in {took:.1f} s ({result.events / max(took, 1e-9):,.0f} events/s) "
+        f"-> {args.out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _churn(args: argparse.Namespace) -> int:
+    from analytics.churn import find_inputs, run_churn
+    from analytics.jobs import JobConfig, TimeWindow
+    from analytics.spark import session
+
+    since = parse_time(args.since, "--since") if args.since else None
+    until = parse_time(args.until, "--until") if args.until else None
+    if since is not None and until is not None and until <= since:
+        raise OptionError("--until must be after --since")
+    cfg = JobConfig(
+        window=TimeWindow(since_ms=since, until_ms=until),
+        flap_window_ms=int(args.flap_window * 1000),
+        flap_min_changes=args.flap_changes,
+        storm_window_ms=int(args.storm_window * 1000),
+        storm_min_users=args.storm_users,
+        storm_factor=args.storm_factor,
+    )
+    find_inputs(args.input, args.format)  # fail fast, before the JVM starts
+    begun = time.perf_counter()
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - begun:6.1f}s] {message}", file=sys.stderr)
+
+    spark = session(args.master, shuffle_partitions=args.shuffle_partitions)
+    say(f"Spark {spark.version} on {spark.sparkContext.master}")
+    result = run_churn(
+        spark,
+        args.input,
+        args.output,
+        cfg,
+        fmt=args.format,
+        csv=not args.no_csv,
+        keep_extra=args.keep_extra,
+        step=say,
+    )
+    s = result.summary
+    took = time.perf_counter() - begun
+    print(
+        f"{int(s['events'])} events ({int(s['invalid_lines'])} invalid lines quarantined, "
+        f"{int(s['duplicates_dropped'])} duplicates dropped), {int(s['users'])} users, "
+        f"{int(s['disconnections'])} disconnections, {int(s['storms'])} storms in {took:.1f} s "
+        f"-> {result.output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from analytics.report import write_report
+
+    write_report(args.input, args.output, title=args.title)
+    print(f"report -> {args.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,628 @@
+"""The churn jobs: pure ``DataFrame -> DataFrame`` functions with explicit output schemas.
+
+Theory of operation. Raw lines (``value``, ``source``) are parsed against the churn-log
+schema (:func:`parse_lines`, or :func:`parse_records` for Parquet copies); each row then
+either carries a reason it is not a valid record (:func:`quarantine`) or is an event
+(:func:`valid_events`, which also drops exact duplicates). Lines may be out of order:
+every job orders by ``ts_ms`` itself and never trusts file order.
+
+Disconnection episodes are computed over the *whole* log and then clipped to the time
+window ``[since, until)``, so an episode that began before ``since`` still has its true
+start, and one still open at ``until`` (or at the end of the log) is marked ``open``.
+Every other metric counts the events inside the window only. The definitions, each one
+written down so that the tests' independent implementation can follow them:
+
+- address change: an ``ip_changed`` event; handover: a ``session_reinvited`` event
+  (the dialog survived the move);
+- episode: starts at a ``media_disconnected`` that follows a connected state (or no
+  media event at all), ends at the next ``media_connected``; further disconnects inside
+  an episode belong to it. At the same millisecond a disconnect sorts before a connect;
+- restore latency: ``latency_ms`` of ``media_connected`` events; percentiles are exact
+  with linear interpolation between closest ranks (``numpy.percentile``'s default);
+- churn score: ``address_changes + 2 * disconnections + disconnected minutes / 10 +
+  5 * notify_dropped``, rounded to 3 decimals: one point per move, two per break, more
+  for long breaks and for lost notifications.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from analytics import schema as S
+
+HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeWindow:
+    """The half-open window ``[since_ms, until_ms)`` in epoch milliseconds; None is open."""
+
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobConfig:
+    """Thresholds of the detectors and recommendations; each default says why."""
+
+    window: TimeWindow = field(default_factory=TimeWindow)
+    """Which events count; episodes are clipped to it."""
+    flap_window_ms: int = 5 * 60_000
+    """Flapping: this many milliseconds ..."""
+    flap_min_changes: int = 5
+    """... holding at least this many address changes of one user."""
+    storm_window_ms: int = 60_000
+    """Reconnect storm: restores are counted in buckets of this length ..."""
+    storm_min_users: int = 8
+    """... and a bucket with at least this many distinct users ..."""
+    storm_factor: float = 4.0
+    """... and this many times the mean restores per bucket of its hour is a storm."""
+    latency_edges_ms: tuple[float, ...] = (
+        0.0,
+        50.0,
+        100.0,
+        200.0,
+        300.0,
+        500.0,
+        750.0,
+        1000.0,
+        1500.0,
+        2000.0,
+        3000.0,
+        5000.0,
+        10000.0,
+    )
+    """Lower edges of the restore-latency histogram; the last bucket is open above."""
+    live_delivery_ms: float = 2000.0
+    """A delivery slower than this was held in a queue, so it says nothing about RTT."""
+    short_disconnection_ms: int = 60_000
+    """Disconnections shorter than this are blips the RUDP retries should ride out."""
+
+
+def conform(df: DataFrame, schema: T.StructType) -> DataFrame:
+    """``df`` with exactly the columns of ``schema``, in its order and of its types."""
+    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def parse_lines(lines: DataFrame, *, keep_extra: bool = False) -> DataFrame:
+    """Parse raw lines (columns ``value`` and ``source``) into records or errors.
+
+    Blank lines are skipped (a trailing newline is not a record). The result has the
+    churn-log fields, ``ts_ms``, ``extra``, ``error`` (null for a valid record), ``line``
+    (the raw text, kept for invalid lines only, so that caching the result does not hold
+    a second copy of the log) and ``source``.
+
+    Unknown fields never make a line invalid. With ``keep_extra`` they are collected in
+    ``extra``, a JSON object as text; that parses every line a second time, which costs
+    about 40 % of the parse, so it is off unless asked for; ``extra`` is then null.
+    """
+    text = F.col("value")
+    rec = F.from_json(
+        text,
+        S.CHURN_PARSE_SCHEMA,
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT_COLUMN},
+    )
+    map_type = T.MapType(T.StringType(), T.StringType())
+    known = list(S.FIELD_NAMES)
+    extra = (
+        F.to_json(F.map_filter(F.from_json(text, map_type), lambda k, _v: ~k.isin(*known)))
+        if keep_extra
+        else F.lit(None).cast("string")
+    )
+    parsed = lines.where(F.trim(text) != "").select(
+        text.alias("_line"), F.col("source"), rec.alias("r"), extra.alias("extra")
+    )
+    # The never-true partition test makes the flag non-deterministic, which stops the
+    # optimizer from pushing later filters on ``error`` below this projection: pushed
+    # down, each field reference would become its own from_json call on the line.
+    corrupt = (
+        F.col("r").isNull()
+        | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull()
+        | (F.spark_partition_id() < 0)
+    )
+    fields = [F.col(f"r.{name}").alias(name) for name in S.FIELD_NAMES]
+    return _validate(parsed.select(*fields, "extra", "_line", "source", corrupt.alias("_bad")))
+
+
+def parse_records(records: DataFrame) -> DataFrame:
+    """Parse typed records (a Parquet copy of the log) into the shape of :func:`parse_lines`.
+
+    Missing churn-log columns are read as null; other columns become ``extra``.
+    """
+    present = set(records.columns)
+    fields = [
+        (F.col(name) if name in present else F.lit(None)).cast(dtype).alias(name)
+        for name, dtype in S.CHURN_FIELDS
+    ]
+    others = [c for c in records.columns if c not in S.FIELD_NAMES and c != "source"]
+    extra = (
+        F.to_json(F.struct(*[F.col(c) for c in others])) if others else F.lit(None).cast("string")
+    )
+    source = F.col("source") if "source" in present else F.lit(None).cast("string")
+    line = F.to_json(F.struct(*[F.col(c) for c in records.columns if c != "source"]))
+    return _validate(
+        records.select(
+            *fields,
+            extra.alias("extra"),
+            line.alias("_line"),
+            source.alias("source"),
+            F.lit(False).alias("_bad"),
+        )
+    )
+
+
+def _validate(df: DataFrame) -> DataFrame:
+    ts = F.try_to_timestamp(F.col("ts"))
+    error = (
+        F.when(F.col("_bad"), F.lit("not a JSON object with the churn-log field types"))
+        .when(F.col("ts").isNull(), F.lit("missing ts"))
+        .when(ts.isNull(), F.lit("ts is not an RFC 3339 time"))
+        .when(F.col("event").isNull(), F.lit("missing event"))
+        .when(~F.col("event").isin(*S.EVENTS), F.lit("unknown event"))
+        .when(F.col("uri").isNull() | (F.trim(F.col("uri")) == ""), F.lit("missing uri"))
+    )
+    return df.select(
+        *S.FIELD_NAMES,
+        F.unix_millis(ts).alias("ts_ms"),
+        "extra",
+        error.alias("error"),
+        F.when(error.isNotNull(), F.col("_line")).alias("line"),
+        "source",
+    )
+
+
+def quarantine(parsed: DataFrame) -> DataFrame:
+    """The lines of ``parsed`` that are not valid records, with why and where from."""
+    bad = parsed.where(F.col("error").isNotNull())
+    return conform(
+        bad.select("line", F.col("error").alias("_reason"), "source").withColumnRenamed(
+            "_reason", "reason"
+        ),
+        S.QUARANTINE_SCHEMA,
+    )
+
+
+def valid_events(parsed: DataFrame) -> DataFrame:
+    """The valid records of ``parsed``; exact duplicates (every field, unknown ones too)
+    are kept once."""
+    ok = conform(parsed.where(F.col("error").isNull()), S.EVENT_SCHEMA)
+    # Partitioned by user first: that one shuffle also serves the de-duplication (whose
+    # keys begin with the same user) and every later per-user window and aggregate,
+    # which then need no shuffle of their own when the result is cached. Every column is
+    # a key (``extra`` is JSON text, not a map, for that reason): with no aggregate
+    # buffer left, Spark de-duplicates in a hash table instead of sorting every row.
+    return ok.repartition("uri").dropDuplicates(ok.columns)
+
+
+def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
+    """The events whose instant is in ``[since, until)``."""
+    cond = F.lit(True)
+    if window.since_ms is not None:
+        cond = cond & (F.col("ts_ms") >= F.lit(window.since_ms))
+    if window.until_ms is not None:
+        cond = cond & (F.col("ts_ms") < F.lit(window.until_ms))
+    return events.where(cond)
+
+
+def _is(event: str) -> Column:
+    return F.col("event") == F.lit(event)
+
+
+def _count_of(event: str) -> Column:
+    return F.sum(F.when(_is(event), 1).otherwise(0)).cast("long")
+
+
+# Ties at the same millisecond: a disconnect first, then a connect, then the rest.
+def _rank() -> Column:
+    return F.when(_is("media_disconnected"), 0).when(_is("media_connected"), 1).otherwise(2)
+
+
+# --------------------------------------------------------------------------- episodes
+
+
+def episodes(events: DataFrame, window: TimeWindow) -> DataFrame:
+    """Disconnection episodes (all events in, clipped to ``window``); schema EPISODE_SCHEMA.
+
+    An episode with no restore in the log is ``open`` and ends at ``until``, or, with no
+    ``until``, at the last instant of the log.
+    """
+    media = events.where(_is("media_disconnected") | _is("media_connected")).select(
+        "uri", "ts_ms", "event", _rank().alias("_rank")
+    )
+    by_user = Window.partitionBy("uri").orderBy("ts_ms", "_rank")
+    prev = F.lag("event").over(by_user)
+    edges = media.select("*", prev.alias("_prev")).where(
+        (
+            _is("media_disconnected")
+            & (F.col("_prev").isNull() | (F.col("_prev") == "media_connected"))
+        )
+        | (_is("media_connected") & (F.col("_prev") == "media_disconnected"))
+    )
+    # Edges alternate start, end, start, end ... per user, so an end is the next edge.
+    paired = edges.select(
+        "uri",
+        "ts_ms",
+        "event",
+        F.lead("event").over(by_user).alias("_next"),
+        F.lead("ts_ms").over(by_user).alias("_next_ts"),
+    ).where(_is("media_disconnected"))
+    raw = paired.select(
+        "uri",
+        F.col("ts_ms").alias("start_ms"),
+        F.when(F.col("_next") == "media_connected", F.col("_next_ts")).alias("end_ms"),
+    )
+    if window.until_ms is not None:
+        horizon: Column = F.lit(window.until_ms)
+    else:
+        last = events.agg(F.max("ts_ms").alias("_horizon"))
+        raw = raw.crossJoin(F.broadcast(last))
+        horizon = F.col("_horizon")
+    end = F.coalesce(F.col("end_ms"), horizon)
+    keep = F.lit(True)
+    lo: Column = F.col("start_ms")
+    hi: Column = end
+    if window.until_ms is not None:
+        keep = keep & (F.col("start_ms") < F.lit(window.until_ms))
+        hi = F.least(end, F.lit(window.until_ms))
+    if window.since_ms is not None:
+        since = F.lit(window.since_ms)
+        keep = keep & ((end > since) | (F.col("start_ms") >= since))
+        lo = F.greatest(F.col("start_ms"), since)
+    out = raw.where(keep).select(
+        "uri",
+        "start_ms",
+        "end_ms",
+        lo.alias("window_start_ms"),
+        hi.alias("window_end_ms"),
+        (hi - lo).alias("duration_ms"),
+        F.col("end_ms").isNull().alias("open"),
+    )
+    return conform(out, S.EPISODE_SCHEMA)
+
+
+# --------------------------------------------------------------------------- per user
+
+
+def churn_score(
+    address_changes: Column, disconnections: Column, disconnected_ms: Column, dropped: Column
+) -> Column:
+    """The churn score of the module docstring, as a Column."""
+    return F.round(
+        address_changes + 2 * disconnections + disconnected_ms / F.lit(600_000.0) + 5 * dropped,
+        3,
+    )
+
+
+def per_user(events: DataFrame, eps: DataFrame) -> DataFrame:
+    """One row per user with events or episodes in the window; schema PER_USER_SCHEMA.
+
+    ``events`` are the events in the window (:func:`in_window`), ``eps`` the episodes of
+    :func:`episodes` for the same window.
+    """
+    restore = F.when(_is("media_connected"), F.col("latency_ms"))
+    counts = events.groupBy("uri").agg(
+        F.count(F.lit(1)).alias("events"),
+        _count_of("ip_changed").alias("address_changes"),
+        _count_of("session_reinvited").alias("handovers"),
+        F.count(restore).alias("restores"),
+        F.percentile(restore, [0.5, 0.95, 0.99]).alias("_pct"),
+        _count_of("session_started").alias("sessions"),
+        _count_of("notify_queued").alias("notify_queued"),
+        _count_of("notify_delivered").alias("notify_delivered"),
+        _count_of("notify_dropped").alias("notify_dropped"),
+        _count_of("sms_sent").alias("sms_count"),
+        F.sum(F.when(_is("sms_sent"), F.col("cost"))).alias("_sms_cost"),
+    )
+    per_ep = eps.groupBy("uri").agg(
+        F.count(F.lit(1)).alias("disconnections"),
+        F.sum("duration_ms").alias("disconnected_ms"),
+        F.max("duration_ms").alias("longest_disconnection_ms"),
+    )
+    joined = counts.join(per_ep, "uri", "full_outer")
+    zero = F.lit(0).cast("long")
+    longs = [
+        "events",
+        "address_changes",
+        "handovers",
+        "restores",
+        "sessions",
+        "notify_queued",
+        "notify_delivered",
+        "notify_dropped",
+        "sms_count",
+        "disconnections",
+        "disconnected_ms",
+        "longest_disconnection_ms",
+    ]
+    filled = joined.select(
+        "uri",
+        *[F.coalesce(F.col(c), zero).alias(c) for c in longs],
+        F.col("_pct"),
+        F.round(F.coalesce(F.col("_sms_cost"), F.lit(0.0)), 4).alias("sms_cost"),
+    )
+    out = filled.select(
+        "*",
+        F.col("_pct")[0].alias("restore_p50_ms"),
+        F.col("_pct")[1].alias("restore_p95_ms"),
+        F.col("_pct")[2].alias("restore_p99_ms"),
+        churn_score(
+            F.col("address_changes"),
+            F.col("disconnections"),
+            F.col("disconnected_ms"),
+            F.col("notify_dropped"),
+        ).alias("churn_score"),
+    )
+    return conform(out, S.PER_USER_SCHEMA)
+
+
+# --------------------------------------------------------------------------- per hour
+
+
+def hour_of(ms: Column) -> Column:
+    """The start of the UTC hour holding the instant ``ms`` (epoch milliseconds)."""
+    return ms - F.pmod(ms, F.lit(HOUR_MS))
+
+
+def per_hour(events: DataFrame, eps: DataFrame, window: TimeWindow) -> DataFrame:
+    """One row per UTC hour with events in the window; schema PER_HOUR_SCHEMA.
+
+    ``disconnections`` counts the episodes that *began* in that hour (inside the window).
+    """
+    hourly = events.groupBy(hour_of(F.col("ts_ms")).alias("_hour")).agg(
+        F.countDistinct("uri").alias("active_users"),
+        F.count(F.lit(1)).alias("events"),
+        _count_of("ip_changed").alias("address_changes"),
+        _count_of("session_reinvited").alias("handovers"),
+        _count_of("notify_dropped").alias("notify_dropped"),
+        _count_of("sms_sent").alias("sms_count"),
+        F.round(F.coalesce(F.sum(F.when(_is("sms_sent"), F.col("cost"))), F.lit(0.0)), 4).alias(
+            "sms_cost"
+        ),
+    )
+    began = eps
+    if window.since_ms is not None:
+        began = began.where(F.col("start_ms") >= F.lit(window.since_ms))
+    starts = began.groupBy(hour_of(F.col("start_ms")).alias("_hour")).agg(
+        F.count(F.lit(1)).alias("disconnections")
+    )
+    out = hourly.join(starts, "_hour", "left").select(
+        F.timestamp_millis(F.col("_hour")).alias("hour"),
+        *[c for c in hourly.columns if c != "_hour"],
+        F.coalesce(F.col("disconnections"), F.lit(0)).alias("disconnections"),
+    )
+    return conform(out, S.PER_HOUR_SCHEMA).orderBy("hour")
+
+
+# ----------------------------------------------------------------- mobility graph etc.
+
+
+def subnet_of(addr: Column) -> Column:
+    """``a.b.c.0/24`` for an IPv4 ``ip:port``; otherwise the address without its port."""
+    v4 = F.regexp_extract(addr, r"^(\d{1,3}\.\d{1,3}\.\d{1,3})\.\d{1,3}(:\d+)?$", 1)
+    v6 = F.regexp_extract(addr, r"^\[([^\]]+)\](:\d+)?$", 1)
+    return F.when(v4 != "", F.concat(v4, F.lit(".0/24"))).when(v6 != "", v6).otherwise(addr)
+
+
+def transitions(events: DataFrame) -> DataFrame:
+    """Subnet-to-subnet moves (the mobility graph) from ``ip_changed``; TRANSITION_SCHEMA."""
+    moves = events.where(
+        _is("ip_changed") & F.col("addr").isNotNull() & F.col("prev_addr").isNotNull()
+    ).select(
+        subnet_of(F.col("prev_addr")).alias("from_subnet"),
+        subnet_of(F.col("addr")).alias("to_subnet"),
+        "uri",
+    )
+    out = moves.groupBy("from_subnet", "to_subnet").agg(
+        F.count(F.lit(1)).alias("transitions"), F.countDistinct("uri").alias("users")
+    )
+    return conform(out, S.TRANSITION_SCHEMA).orderBy(
+        F.desc("transitions"), "from_subnet", "to_subnet"
+    )
+
+
+def restore_latency(events: DataFrame, cfg: JobConfig) -> DataFrame:
+    """Histogram and CDF of restore latencies (non-empty buckets only); LATENCY_SCHEMA."""
+    edges = sorted(cfg.latency_edges_ms)
+    lat = F.col("latency_ms")
+    # Walk the edges from the top so that the first matching WHEN is the right bucket.
+    lo_expr = F.when(lat >= edges[-1], F.lit(edges[-1]))
+    hi_expr = F.when(lat >= edges[-1], F.lit(None).cast("double"))
+    for i in range(len(edges) - 2, -1, -1):
+        lo_expr = lo_expr.when(lat >= edges[i], F.lit(edges[i]))
+        hi_expr = hi_expr.when(lat >= edges[i], F.lit(edges[i + 1]))
+    lo = lo_expr.otherwise(F.lit(edges[0]))  # below the first edge: the first bucket
+    hi = hi_expr.otherwise(F.lit(edges[1] if len(edges) > 1 else None))
+    restores = events.where(_is("media_connected") & lat.isNotNull())
+    buckets = restores.groupBy(lo.alias("bucket_lo_ms"), hi.alias("bucket_hi_ms")).agg(
+        F.count(F.lit(1)).alias("restores")
+    )
+    total = restores.agg(F.count(F.lit(1)).alias("_total"))
+    upto = Window.orderBy("bucket_lo_ms").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    out = buckets.crossJoin(F.broadcast(total)).select(
+        "*", (F.sum("restores").over(upto) / F.col("_total")).alias("cumulative_fraction")
+    )
+    return conform(out, S.LATENCY_SCHEMA).orderBy("bucket_lo_ms")
+
+
+def flapping(events: DataFrame, cfg: JobConfig) -> DataFrame:
+    """Users changing address many times within minutes; schema FLAPPING_SCHEMA.
+
+    A change is *flagged* when the trailing ``flap_window_ms`` (inclusive) holds at least
+    ``flap_min_changes`` changes of its user; every change inside a flagged window belongs
+    to a flap, and flap changes less than a window apart are one row.
+    """
+    w = cfg.flap_window_ms
+    changes = events.where(_is("ip_changed")).select("uri", "ts_ms")
+    ordered = Window.partitionBy("uri").orderBy("ts_ms")
+    back = ordered.rangeBetween(-w, 0)
+    ahead = ordered.rangeBetween(0, w)
+    counted = changes.select("*", F.count(F.lit(1)).over(back).alias("_n"))
+    flagged = counted.select("*", (F.col("_n") >= cfg.flap_min_changes).cast("int").alias("_flag"))
+    inside = flagged.select("*", F.max("_flag").over(ahead).alias("_in")).where(F.col("_in") == 1)
+    gap = F.col("ts_ms") - F.lag("ts_ms").over(ordered)
+    bursts = inside.select(
+        "*", F.when(gap.isNull() | (gap > w), 1).otherwise(0).alias("_new")
+    ).select(
+        "*", F.sum("_new").over(ordered.rowsBetween(Window.unboundedPreceding, 0)).alias("_burst")
+    )
+    out = bursts.groupBy("uri", "_burst").agg(
+        F.min("ts_ms").alias("start_ms"),
+        F.max("ts_ms").alias("end_ms"),
+        F.count(F.lit(1)).alias("changes"),
+        F.max("_n").alias("peak_changes_in_window"),
+    )
+    return conform(out, S.FLAPPING_SCHEMA).orderBy("uri", "start_ms")
+
+
+def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
+    """Reconnect storms: buckets where many users restore at once; schema STORM_SCHEMA.
+
+    Restores (``media_connected``) are counted per bucket of ``storm_window_ms``. A bucket
+    is stormy when its distinct users reach ``storm_min_users`` *and* ``storm_factor``
+    times the mean restores per bucket of its UTC hour: at rush hour many users restore
+    every minute by chance, and only a burst well above that baseline is a storm.
+    Adjacent stormy buckets are one storm.
+    """
+    w = cfg.storm_window_ms
+    ts = F.col("ts_ms")
+    restores = events.where(_is("media_connected")).select(
+        "uri", (ts - F.pmod(ts, F.lit(w))).alias("_bucket"), hour_of(ts).alias("_hour")
+    )
+    per_bucket = restores.groupBy("_bucket", "_hour").agg(F.countDistinct("uri").alias("_users"))
+    baseline = restores.groupBy("_hour").agg(
+        (F.count(F.lit(1)) / F.lit(HOUR_MS / w)).alias("_per_bucket")
+    )
+    stormy = per_bucket.join(baseline, "_hour").where(
+        (F.col("_users") >= cfg.storm_min_users)
+        & (F.col("_users") >= F.col("_per_bucket") * cfg.storm_factor)
+    )
+    # Adjacent buckets share (bucket / w - row number): the classic gaps-and-islands trick.
+    seq = Window.orderBy("_bucket")
+    islands = stormy.select(
+        "_bucket", (F.col("_bucket") / F.lit(w) - F.row_number().over(seq)).alias("_island")
+    )
+    joined = restores.join(islands, "_bucket")
+    out = joined.groupBy("_island").agg(
+        F.min("_bucket").alias("start_ms"),
+        (F.max("_bucket") + F.lit(w)).alias("end_ms"),
+        F.countDistinct("uri").alias("users"),
+        F.count(F.lit(1)).alias("reconnects"),
+    )
+    return conform(out, S.STORM_SCHEMA).orderBy("start_ms")
+
+
+# ----------------------------------------------------------------- recommendations
+
+
+def recommendations(events: DataFrame, eps: DataFrame, cfg: JobConfig) -> DataFrame:
+    """Settings the data argues for; schema RECOMMENDATION_SCHEMA (one row per setting).
+
+    - ``rudp_initial_rto_ms``: twice the p99 of live IP delivery latency (a delivery is
+      live if faster than ``live_delivery_ms``; slower ones sat in a queue), at least
+      200 ms, rounded up to 50 ms, so that a healthy path never retransmits;
+    - ``rudp_max_retries``: the fewest retries whose back-off (x2) adds up to the p90 of
+      the short disconnections (< ``short_disconnection_ms``), so that blips are ridden
+      out instead of declaring the peer DISCONNECTED; between 1 and 15;
+    - ``subscription_ttl_s``: 1.5 x the p99 of closed disconnection durations, rounded up
+      to 5 minutes, at least 600 s, so subscriptions outlive the breaks users return from;
+    - ``queue_max_per_uri``: the deepest backlog a lossless queue would have held: per
+      user and per stretch between two restores, the highest ``queue_depth`` queued plus
+      the notifications dropped, maximised.
+    """
+    live = events.where(
+        _is("notify_delivered")
+        & (F.coalesce(F.col("channel"), F.lit("ip")) == "ip")
+        & (F.col("latency_ms") < cfg.live_delivery_ms)
+    )
+    rtt = live.agg(F.percentile("latency_ms", 0.99).alias("_rtt_p99"))
+    closed = eps.where(~F.col("open"))
+    short = closed.where(F.col("duration_ms") < cfg.short_disconnection_ms).agg(
+        F.percentile("duration_ms", 0.9).alias("_blip_p90")
+    )
+    long = closed.agg(F.percentile("duration_ms", 0.99).alias("_dur_p99"))
+    ordered = (
+        Window.partitionBy("uri")
+        .orderBy("ts_ms", _rank())
+        .rowsBetween(Window.unboundedPreceding, 0)
+    )
+    stretch = events.where(
+        _is("media_connected") | _is("notify_queued") | _is("notify_dropped")
+    ).select(
+        "uri",
+        "event",
+        "queue_depth",
+        F.sum(F.when(_is("media_connected"), 1).otherwise(0)).over(ordered).alias("_stretch"),
+    )
+    backlog = (
+        stretch.groupBy("uri", "_stretch")
+        .agg(
+            (
+                F.coalesce(F.max(F.when(_is("notify_queued"), F.col("queue_depth"))), F.lit(0))
+                + _count_of("notify_dropped")
+            ).alias("_need")
+        )
+        .agg(F.max("_need").alias("_queue"))
+    )
+    one = rtt.crossJoin(short).crossJoin(long).crossJoin(backlog)
+    rto = F.greatest(
+        F.lit(200.0), F.ceil(F.coalesce(F.col("_rtt_p99"), F.lit(100.0)) * 2 / 50) * 50
+    )
+    blip = F.col("_blip_p90")
+    retries = F.when(blip.isNull(), F.lit(4.0)).otherwise(
+        F.least(F.lit(15.0), F.greatest(F.lit(1.0), F.ceil(F.log2(blip / rto + 1))))
+    )
+    ttl = F.greatest(
+        F.lit(600.0), F.ceil(F.coalesce(F.col("_dur_p99"), F.lit(0.0)) * 1.5 / 300_000) * 300
+    )
+    rows = F.array(
+        F.struct(
+            F.lit("rudp_initial_rto_ms").alias("setting"),
+            rto.cast("double").alias("value"),
+            F.lit("ms").alias("unit"),
+            F.concat(
+                F.lit("2 x p99 of live delivery latency ("),
+                F.coalesce(F.round(F.col("_rtt_p99"), 1).cast("string"), F.lit("no data")),
+                F.lit(" ms), at least 200"),
+            ).alias("basis"),
+        ),
+        F.struct(
+            F.lit("rudp_max_retries").alias("setting"),
+            retries.cast("double").alias("value"),
+            F.lit("retries").alias("unit"),
+            F.concat(
+                F.lit("back-off covers p90 of short disconnections ("),
+                F.coalesce(F.round(blip, 0).cast("string"), F.lit("none")),
+                F.lit(" ms)"),
+            ).alias("basis"),
+        ),
+        F.struct(
+            F.lit("rudp_give_up_after_ms").alias("setting"),
+            (rto * (F.pow(F.lit(2.0), retries) - 1)).cast("double").alias("value"),
+            F.lit("ms").alias("unit"),
+            F.lit("initial RTO x (2^retries - 1)").alias("basis"),
+        ),
+        F.struct(
+            F.lit("subscription_ttl_s").alias("setting"),
+            ttl.cast("double").alias("value"),
+            F.lit("s").alias("unit"),
+            F.concat(
+                F.lit("1.5 x p99 of disconnection durations ("),
+                F.coalesce(F.round(F.col("_dur_p99") / 1000, 1).cast("string"), F.lit("none")),
+                F.lit(" s), at least 600"),
+            ).alias("basis"),
+        ),
+        F.struct(
+            F.lit("queue_max_per_uri").alias("setting"),
+            F.coalesce(F.col("_queue"), F.lit(0)).cast("double").alias("value"),
+            F.lit("notifications").alias("unit"),
+            F.lit("deepest backlog plus drops between two restores").alias("basis"),
+        ),
+    )
+    return conform(one.select(F.inline(rows)), S.RECOMMENDATION_SCHEMA)

@@ -1,0 +1,167 @@
+"""Explicit schemas: the churn-log record (PROTOCOL.md section 8) and every output table.
+
+The field names of :data:`CHURN_SCHEMA` are the contract with the broker and the agents;
+nothing is inferred from the data, so a log with a stray type in one line cannot change
+the type of a column for every other line (it becomes a quarantined line instead).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import types as T
+
+# The churn-log vocabulary, in the order of PROTOCOL.md section 8.
+EVENTS: tuple[str, ...] = (
+    "registered",
+    "unregistered",
+    "registration_expired",
+    "session_started",
+    "session_reinvited",
+    "session_ended",
+    "ip_changed",
+    "media_connected",
+    "media_disconnected",
+    "notify_queued",
+    "notify_delivered",
+    "notify_dropped",
+    "sms_sent",
+    "sms_received",
+    "subscription_added",
+    "subscription_removed",
+    "subscription_expired",
+)
+
+# Fields of one churn-log line, exactly as PROTOCOL.md section 8 names and types them.
+CHURN_FIELDS: tuple[tuple[str, T.DataType], ...] = (
+    ("ts", T.StringType()),
+    ("node", T.StringType()),
+    ("event", T.StringType()),
+    ("uri", T.StringType()),
+    ("call_id", T.StringType()),
+    ("addr", T.StringType()),
+    ("prev_addr", T.StringType()),
+    ("channel", T.StringType()),
+    ("queue_depth", T.LongType()),
+    ("nseq", T.LongType()),
+    ("latency_ms", T.DoubleType()),
+    ("bytes", T.LongType()),
+    ("cost", T.DoubleType()),
+    ("reason", T.StringType()),
+)
+
+FIELD_NAMES: tuple[str, ...] = tuple(name for name, _ in CHURN_FIELDS)
+
+CHURN_SCHEMA = T.StructType([T.StructField(name, dtype, True) for name, dtype in CHURN_FIELDS])
+
+CORRUPT_COLUMN = "_corrupt_record"
+
+# The parser's schema: the record plus the column Spark fills with lines it cannot read.
+CHURN_PARSE_SCHEMA = T.StructType(
+    [*CHURN_SCHEMA.fields, T.StructField(CORRUPT_COLUMN, T.StringType())]
+)
+
+
+def _schema(*fields: tuple[str, T.DataType]) -> T.StructType:
+    return T.StructType([T.StructField(name, dtype, True) for name, dtype in fields])
+
+
+_L = T.LongType()
+_D = T.DoubleType()
+_S = T.StringType()
+_TS = T.TimestampType()
+_B = T.BooleanType()
+
+# A valid, de-duplicated event: the record, its instant in epoch milliseconds, and the
+# unknown fields of its line as a JSON object in text (kept, as PROTOCOL.md asks, when
+# asked for; no job reads them).
+EVENT_SCHEMA = T.StructType(
+    [
+        *CHURN_SCHEMA.fields,
+        T.StructField("ts_ms", _L, True),
+        T.StructField("extra", _S, True),
+    ]
+)
+
+QUARANTINE_SCHEMA = _schema(("line", _S), ("reason", _S), ("source", _S))
+
+# start/end are the episode's true edges (end null while open); window_start/window_end
+# and duration are clipped to the time window the job was asked for.
+EPISODE_SCHEMA = _schema(
+    ("uri", _S),
+    ("start_ms", _L),
+    ("end_ms", _L),
+    ("window_start_ms", _L),
+    ("window_end_ms", _L),
+    ("duration_ms", _L),
+    ("open", _B),
+)
+
+PER_USER_SCHEMA = _schema(
+    ("uri", _S),
+    ("events", _L),
+    ("address_changes", _L),
+    ("handovers", _L),
+    ("disconnections", _L),
+    ("disconnected_ms", _L),
+    ("longest_disconnection_ms", _L),
+    ("restores", _L),
+    ("restore_p50_ms", _D),
+    ("restore_p95_ms", _D),
+    ("restore_p99_ms", _D),
+    ("sessions", _L),
+    ("notify_queued", _L),
+    ("notify_delivered", _L),
+    ("notify_dropped", _L),
+    ("sms_count", _L),
+    ("sms_cost", _D),
+    ("churn_score", _D),
+)
+
+PER_HOUR_SCHEMA = _schema(
+    ("hour", _TS),
+    ("active_users", _L),
+    ("events", _L),
+    ("address_changes", _L),
+    ("handovers", _L),
+    ("disconnections", _L),
+    ("notify_dropped", _L),
+    ("sms_count", _L),
+    ("sms_cost", _D),
+)
+
+TRANSITION_SCHEMA = _schema(
+    ("from_subnet", _S),
+    ("to_subnet", _S),
+    ("transitions", _L),
+    ("users", _L),
+)
+
+LATENCY_SCHEMA = _schema(
+    ("bucket_lo_ms", _D),
+    ("bucket_hi_ms", _D),
+    ("restores", _L),
+    ("cumulative_fraction", _D),
+)
+
+FLAPPING_SCHEMA = _schema(
+    ("uri", _S),
+    ("start_ms", _L),
+    ("end_ms", _L),
+    ("changes", _L),
+    ("peak_changes_in_window", _L),
+)
+
+STORM_SCHEMA = _schema(
+    ("start_ms", _L),
+    ("end_ms", _L),
+    ("users", _L),
+    ("reconnects", _L),
+)
+
+RECOMMENDATION_SCHEMA = _schema(
+    ("setting", _S),
+    ("value", _D),
+    ("unit", _S),
+    ("basis", _S),
+)
+
+SUMMARY_SCHEMA = _schema(("metric", _S), ("value", _D))

@@ -1,0 +1,268 @@
+"""An independent, plain-Python implementation of the per-user and per-hour metrics.
+
+Written from the definitions in ``analytics/jobs.py``'s docstring, not from its code:
+loops over sorted lists instead of window functions, so that an error in one is
+unlikely to be repeated in the other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+EVENTS = {
+    "registered",
+    "unregistered",
+    "registration_expired",
+    "session_started",
+    "session_reinvited",
+    "session_ended",
+    "ip_changed",
+    "media_connected",
+    "media_disconnected",
+    "notify_queued",
+    "notify_delivered",
+    "notify_dropped",
+    "sms_sent",
+    "sms_received",
+    "subscription_added",
+    "subscription_removed",
+    "subscription_expired",
+}
+STRINGS = ("ts", "node", "event", "uri", "call_id", "addr", "prev_addr", "channel", "reason")
+INTS = ("queue_depth", "nseq", "bytes")
+FLOATS = ("latency_ms", "cost")
+ORDER = ("ts", "node", "event", "uri", "call_id", "addr", "prev_addr", "channel")
+
+
+@dataclass
+class Event:
+    ts_ms: int
+    event: str
+    uri: str
+    latency_ms: float | None
+    cost: float | None
+
+
+@dataclass
+class Parsed:
+    events: list[Event] = field(default_factory=list)
+    invalid: int = 0
+    duplicates: int = 0
+
+
+def _record(raw: str) -> dict[str, Any] | None:
+    try:
+        r = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(r, dict):
+        return None
+    for k in STRINGS:
+        if r.get(k) is not None and not isinstance(r[k], str):
+            return None
+    for k in INTS:
+        if r.get(k) is not None and (not isinstance(r[k], int) or isinstance(r[k], bool)):
+            return None
+    for k in FLOATS:
+        if r.get(k) is not None and (not isinstance(r[k], int | float) or isinstance(r[k], bool)):
+            return None
+    if not r.get("ts") or not r.get("event") or r["event"] not in EVENTS:
+        return None
+    if not isinstance(r.get("uri"), str) or not r["uri"].strip():
+        return None
+    try:
+        t = datetime.fromisoformat(r["ts"])
+    except ValueError:
+        return None
+    r["_ms"] = round(t.timestamp() * 1000)
+    return r
+
+
+def read(directory: Path) -> Parsed:
+    """Every line of every file under ``directory``: valid events, de-duplicated."""
+    out = Parsed()
+    seen: set[tuple[Any, ...]] = set()
+    names = (*STRINGS, *INTS, *FLOATS)
+    for path in sorted(directory.rglob("*")):
+        if not path.is_file():
+            continue
+        for raw in path.read_text(encoding="utf-8").splitlines():
+            if not raw.strip():
+                continue
+            r = _record(raw)
+            if r is None:
+                out.invalid += 1
+                continue
+            key = tuple(
+                float(r[k]) if k in FLOATS and r.get(k) is not None else r.get(k) for k in names
+            )
+            if key in seen:
+                out.duplicates += 1
+                continue
+            seen.add(key)
+            lat = r.get("latency_ms")
+            cost = r.get("cost")
+            out.events.append(
+                Event(
+                    r["_ms"],
+                    r["event"],
+                    r["uri"],
+                    None if lat is None else float(lat),
+                    None if cost is None else float(cost),
+                )
+            )
+    return out
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def episodes(events: list[Event], since: int, until: int) -> list[tuple[str, int, int, int]]:
+    """(uri, true start, clipped start, clipped duration) of the episodes in the window."""
+    media: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for e in events:
+        if e.event == "media_disconnected":
+            media[e.uri].append((e.ts_ms, 0))
+        elif e.event == "media_connected":
+            media[e.uri].append((e.ts_ms, 1))
+    out = []
+    for uri, items in media.items():
+        items.sort()
+        start: int | None = None
+        spans: list[tuple[int, int]] = []
+        for t, kind in items:
+            if kind == 0 and start is None:
+                start = t
+            elif kind == 1 and start is not None:
+                spans.append((start, t))
+                start = None
+        if start is not None:
+            spans.append((start, until))  # open: ends at the window's end
+        for s, e in spans:
+            if s >= until:
+                continue
+            if s < since and e <= since:
+                continue
+            lo, hi = max(s, since), min(e, until)
+            out.append((uri, s, lo, hi - lo))
+    return out
+
+
+def per_user(parsed: Parsed, since: int, until: int) -> dict[str, dict[str, Any]]:
+    """The per-user table, keyed by uri."""
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(uri: str) -> dict[str, Any]:
+        if uri not in rows:
+            rows[uri] = {
+                "events": 0,
+                "address_changes": 0,
+                "handovers": 0,
+                "disconnections": 0,
+                "disconnected_ms": 0,
+                "longest_disconnection_ms": 0,
+                "sessions": 0,
+                "notify_queued": 0,
+                "notify_delivered": 0,
+                "notify_dropped": 0,
+                "sms_count": 0,
+                "sms_cost": 0.0,
+                "_lat": [],
+            }
+        return rows[uri]
+
+    names = {
+        "ip_changed": "address_changes",
+        "session_reinvited": "handovers",
+        "session_started": "sessions",
+        "notify_queued": "notify_queued",
+        "notify_delivered": "notify_delivered",
+        "notify_dropped": "notify_dropped",
+        "sms_sent": "sms_count",
+    }
+    for e in parsed.events:
+        if not since <= e.ts_ms < until:
+            continue
+        r = row(e.uri)
+        r["events"] += 1
+        if e.event in names:
+            r[names[e.event]] += 1
+        if e.event == "media_connected" and e.latency_ms is not None:
+            r["_lat"].append(e.latency_ms)
+        if e.event == "sms_sent" and e.cost is not None:
+            r["sms_cost"] += e.cost
+    for uri, _start, _lo, dur in episodes(parsed.events, since, until):
+        r = row(uri)
+        r["disconnections"] += 1
+        r["disconnected_ms"] += dur
+        r["longest_disconnection_ms"] = max(r["longest_disconnection_ms"], dur)
+    for r in rows.values():
+        lat = r.pop("_lat")
+        r["restores"] = len(lat)
+        r["restore_p50_ms"] = percentile(lat, 0.5)
+        r["restore_p95_ms"] = percentile(lat, 0.95)
+        r["restore_p99_ms"] = percentile(lat, 0.99)
+        r["sms_cost"] = round(r["sms_cost"], 4)
+        r["churn_score"] = round(
+            r["address_changes"]
+            + 2 * r["disconnections"]
+            + r["disconnected_ms"] / 600_000
+            + 5 * r["notify_dropped"],
+            3,
+        )
+    return rows
+
+
+def per_hour(parsed: Parsed, since: int, until: int) -> dict[int, dict[str, Any]]:
+    """The per-hour table, keyed by the hour's start in epoch milliseconds."""
+    hours: dict[int, dict[str, Any]] = defaultdict(
+        lambda: {
+            "_users": set(),
+            "events": 0,
+            "address_changes": 0,
+            "handovers": 0,
+            "disconnections": 0,
+            "notify_dropped": 0,
+            "sms_count": 0,
+            "sms_cost": 0.0,
+        }
+    )
+    hour = 3_600_000
+    for e in parsed.events:
+        if not since <= e.ts_ms < until:
+            continue
+        h = hours[e.ts_ms // hour * hour]
+        h["_users"].add(e.uri)
+        h["events"] += 1
+        if e.event == "ip_changed":
+            h["address_changes"] += 1
+        elif e.event == "session_reinvited":
+            h["handovers"] += 1
+        elif e.event == "notify_dropped":
+            h["notify_dropped"] += 1
+        elif e.event == "sms_sent":
+            h["sms_count"] += 1
+            h["sms_cost"] += e.cost or 0.0
+    for _uri, start, _lo, _dur in episodes(parsed.events, since, until):
+        if start >= since:
+            hours[start // hour * hour]["disconnections"] += 1
+    out = {}
+    for k, h in hours.items():
+        h["active_users"] = len(h.pop("_users"))
+        h["sms_cost"] = round(h["sms_cost"], 4)
+        out[k] = h
+    return out

@@ -1,0 +1,134 @@
+"""``mdeci analytics ...`` end to end: one-line errors, and a run on another master."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mdeci.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mdeci analytics {argv[1]}: error:"), err
+    assert needle in err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_missing_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _one_line_error(
+        capsys,
+        ["analytics", "churn", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
+        "does not exist",
+    )
+
+
+def test_empty_input_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    _one_line_error(
+        capsys,
+        ["analytics", "churn", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o")],
+        "no churn-log files",
+    )
+
+
+def test_bad_time_window(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["analytics", "churn", "--input", str(tmp_path), "--output", str(tmp_path / "o")]
+    _one_line_error(capsys, [*argv, "--since", "next week"], "--since")
+    _one_line_error(
+        capsys, [*argv, "--since", "2024-03-05", "--until", "2024-03-04"], "--until must be after"
+    )
+
+
+def test_report_of_nothing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _one_line_error(
+        capsys,
+        ["analytics", "report", "--input", str(tmp_path), "--output", str(tmp_path / "r.html")],
+        "not the output of",
+    )
+
+
+def test_generate_refuses_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["analytics", "generate", "--users", "0", "--days", "1", "--out", str(tmp_path)]
+    _one_line_error(capsys, argv, "--users")
+
+
+def test_generate_writes_and_reports_its_rate(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["analytics", "generate", "--users", "3", "--days", "1", "--model", "salesman"]
+    assert main([*argv, "--seed", "4", "--out", str(tmp_path), "--quiet"]) == 0
+    assert "events/s" in capsys.readouterr().err
+    assert list((tmp_path / "jsonl").glob("*.jsonl")) and list((tmp_path / "parquet").glob("*"))
+
+
+@pytest.mark.peer("spark")
+@pytest.mark.slow
+def test_generate_churn_report_in_a_fresh_process_on_the_given_master(tmp_path: Path) -> None:
+    """Acceptance 5: ``--master`` is passed through to Spark as given; Parquet input works."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def mdeci(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mdeci", "analytics", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+
+    gen = mdeci(
+        "generate",
+        "--users",
+        "8",
+        "--days",
+        "1",
+        "--seed",
+        "9",
+        "--out",
+        str(tmp_path / "log"),
+        "--quiet",
+    )
+    assert gen.returncode == 0, gen.stderr
+    churn = mdeci(
+        "churn",
+        "--input",
+        str(tmp_path / "log" / "parquet"),
+        "--output",
+        str(tmp_path / "out"),
+        "--master",
+        "local[1]",
+        "--shuffle-partitions",
+        "2",
+        "--since",
+        "2024-03-04T06:00:00Z",
+    )
+    assert churn.returncode == 0, churn.stderr[-3000:]
+    assert "on local[1]" in churn.stderr
+    for table in ("per_user", "per_hour", "episodes", "transitions", "storms", "summary"):
+        assert list((tmp_path / "out" / table).glob("*.parquet")), table
+        assert list((tmp_path / "out" / "csv" / table).glob("*.csv")), table
+    report = mdeci("report", "--input", str(tmp_path / "out"), "--output", str(tmp_path / "r.html"))
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "r.html").read_text().count('<svg class="chart"') == 6
+
+
+def test_spark_submit_driver_file_parses_like_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from analytics import submit
+
+    argv = ["churn", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")]
+    assert submit.main(argv) == 2
+    assert "does not exist" in capsys.readouterr().err
