@@ -168,6 +168,7 @@ class RudpConnection:
         self._resend: list[_Outgoing] = []
         self._rto_deadline: float | None = None
         self._retries = 0
+        self._ping_now = False  # a keepalive PING went unanswered: probe again at once
         self._last_sent = 0.0
         self._largest_acked_pn = -1
         self._highest_reported = 0
@@ -292,6 +293,10 @@ class RudpConnection:
         self._commit_replay(header.pn)
         self._peer_sender = header.sender
         self.stats.packets_received += 1
+        if self._rto_deadline is not None and not self._inflight:
+            # Only a keepalive probe was outstanding, and the peer is alive.
+            self._rto_deadline = None
+            self._retries = 0
         return fresh
 
     def _check_replay(self, pn: int) -> bool | None:
@@ -499,6 +504,8 @@ class RudpConnection:
             self._fail(now)
             return
         self.rto.back_off()  # RFC 6298 §5.5
+        # Nothing in flight: the timer guards an unanswered keepalive PING; send another.
+        self._ping_now = not self._inflight
         # RFC 6298 §5.4 resends the earliest unacknowledged packet, SACKed or not (SACK is
         # advisory, RFC 2018 §8); with SACK knowledge every packet not reported received is
         # resent too (as TCP does after an RTO, RFC 6675 §5.1), so a lost tail does not cost
@@ -577,14 +584,18 @@ class RudpConnection:
             out.append(self._data_packet(item, now))
         if self._ack_now:
             out.append(self._ack_packet(now))
+        probe, self._ping_now = self._ping_now and not self._inflight, False
         if (
-            not out
-            and self.config.keepalive_interval > 0
+            self.config.keepalive_interval > 0
             and self.state is ConnectionState.CONNECTED
-            and now >= self._last_sent + self.config.keepalive_interval
+            and (probe or (not out and now >= self._last_sent + self.config.keepalive_interval))
         ):
             self.stats.pings_sent += 1
             out.append(self._packet(wire.PacketType.PING, b"", now))
+            if self._rto_deadline is None:
+                # An unanswered PING counts like unacknowledged DATA (same timer, back-off
+                # and max_retries), so an idle side notices a dead peer (docs/rudp.md §3).
+                self._rto_deadline = now + self.rto.rto
         return out
 
     def next_event(self) -> Event | None:

@@ -6,8 +6,6 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-import pytest
-
 from mdeci.agent import Agent, Status
 from mdeci.broker.app import RunningBroker, run_broker
 from mdeci.config import AuthConfig, BrokerConfig, SipConfig, UserConfig
@@ -39,11 +37,6 @@ async def start_broker(
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: after the broker restart alice re-INVITEs with a new key (200 OK) but the "
-    "`list` probe gets no answer within the guard; see the report of the agent step",
-)
 async def test_agents_through_the_real_broker(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
 ) -> None:
@@ -66,7 +59,7 @@ async def test_agents_through_the_real_broker(
         assert (await asyncio.wait_for(inbox.get(), GUARD))["nseq"] == 1
 
         await asyncio.wait_for(alice.move_to("127.0.0.3"), GUARD)
-        await bob.publish("stocks.br", {"Stock": "PETR4"}, b"2")
+        await asyncio.wait_for(bob.publish("stocks.br", {"Stock": "PETR4"}, b"2"), GUARD)
         got = await asyncio.wait_for(inbox.get(), GUARD)
         assert (got["nseq"], got["text"]) == (2, "2")
 
@@ -84,4 +77,26 @@ async def test_agents_through_the_real_broker(
     finally:
         await alice.close()
         await bob.close()
+        await broker.close()
+
+
+async def test_an_idle_agent_notices_a_closed_broker(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    # Regression: RUDP keepalive PINGs went unanswered without consequence, so an agent
+    # with nothing in flight stayed CONNECTED to a dead broker (and, after a restart,
+    # never re-keyed: the restored peer's new incarnation was dropped as unknown_sender).
+    broker = await start_broker(tmp_path, store, clock, sink)
+    cfg = agent_config(tmp_path / "alice", "alice", "127.0.0.2", broker.sip_addr[1])
+    fast_ping = dataclasses.replace(FAST_RUDP, keepalive_interval=0.3)
+    alice = Agent(dataclasses.replace(cfg, rudp=fast_ping), address_source=lo_only)
+    try:
+        await alice.start()
+        await asyncio.wait_for(alice.wait_connected(), GUARD)
+        await broker.close()
+        lost = await asyncio.wait_for(alice.wait_event("media_disconnected"), GUARD)
+        assert lost["reason"].startswith("rudp:")
+        assert alice.status().status is Status.DISCONNECTED
+    finally:
+        await alice.close(clean=False)  # no BYE to a dead broker
         await broker.close()

@@ -7,7 +7,7 @@ import pytest
 from rudp import PeerDisconnected, PeerUnreachable, RudpConfig, RudpConnection
 from rudp.rto import RtoEstimator
 
-from .sim import KEY
+from .sim import KEY, pair
 
 
 def test_first_and_second_sample_follow_rfc6298() -> None:
@@ -182,3 +182,30 @@ def test_failure_at_computed_time_fails_queued_messages_in_order() -> None:
     assert a.stats.messages_failed == 4
     with pytest.raises(PeerUnreachable):
         a.send_message(b"late", 11.0)
+
+
+def test_unanswered_keepalive_fails_an_idle_connection() -> None:
+    # An idle side (nothing in flight) must notice a dead peer: the PING arms the
+    # retransmission timer like DATA, so the agent of a dead broker goes DISCONNECTED.
+    config = RudpConfig(rto_initial=1.0, backoff=2.0, max_retries=2, keepalive_interval=10.0)
+    conn = RudpConnection(KEY, config, sender_id=1)
+    pings: list[float] = []
+    while (when := conn.get_timer()) is not None and len(pings) < 10:
+        conn.handle_timer(when)
+        sent = conn.datagrams_to_send(when)
+        pings.extend(when for _ in sent)
+    # Keepalive at 10, then RTO 1, 2 (one more PING each), and expiry 3 at 17 fails.
+    assert pings == [10.0, 11.0, 13.0]
+    assert conn.stats.pings_sent == 3
+    assert not conn.connected
+    events = _events(conn)
+    assert len(events) == 1 and isinstance(events[0], PeerDisconnected)
+    assert events[0].failed == 0
+
+
+def test_answered_keepalive_keeps_an_idle_connection() -> None:
+    config = RudpConfig(rto_initial=1.0, max_retries=2, keepalive_interval=10.0)
+    net = pair(config, lambda _i: [0.01])
+    net.run_until(lambda: net.now >= 100.0)
+    assert net.a.connected and net.b.connected
+    assert net.a.stats.pings_sent >= 9 and net.a.stats.timeouts == 0
