@@ -16,15 +16,17 @@ netlink socket can be bound, and polls as a fallback).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ipaddress
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TypeVar
 
 from mdeci.config import IpMonitorConfig, IpMonitorMode
 
 AddressSource = Callable[[], frozenset[str]]
 OnChange = Callable[[str], Awaitable[None]]
+T = TypeVar("T")
 
 
 def _version(text: str) -> int:
@@ -88,6 +90,17 @@ class PollingIpMonitor:
                 await on_change(new)
 
 
+def _off_loop(call: Callable[[], T]) -> T:
+    """``call()`` in a short-lived thread, waited for.
+
+    pyroute2 (0.9) runs its synchronous API on an asyncio loop of its own, which raises
+    "This event loop is already running" in a thread that runs ours (the agent's). An
+    address dump is one quick netlink round trip, so blocking our loop on it is fine.
+    """
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mdeci-netlink") as pool:
+        return pool.submit(call).result()
+
+
 def netlink_source(host: str, interface: str | None = None) -> AddressSource:
     """Addresses of ``interface`` (default: the one holding ``host`` now) via pyroute2.
 
@@ -95,7 +108,7 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
     """
     from pyroute2 import IPRoute
 
-    def dump() -> list[tuple[int, str]]:
+    def read() -> list[tuple[int, str]]:
         with IPRoute() as ipr:
             out: list[tuple[int, str]] = []
             for msg in ipr.get_addr():
@@ -104,10 +117,16 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
                     out.append((int(msg["index"]), f"{addr}/{int(msg['prefixlen'])}"))
             return out
 
+    def dump() -> list[tuple[int, str]]:
+        return _off_loop(read)
+
+    def lookup() -> list[int]:
+        with IPRoute() as ipr:
+            return [int(i) for i in ipr.link_lookup(ifname=interface)]
+
     index: int | None = None
     if interface is not None:
-        with IPRoute() as ipr:
-            found = ipr.link_lookup(ifname=interface)
+        found = _off_loop(lookup)
         index = int(found[0]) if found else -1
     else:
         for idx, text in dump():
@@ -121,24 +140,23 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
     return source
 
 
-def _netlink_events(monitor: PollingIpMonitor, loop: asyncio.AbstractEventLoop) -> Any:
+def _netlink_events(monitor: PollingIpMonitor, loop: asyncio.AbstractEventLoop) -> None:
     """Bind a pyroute2 socket to address events; a daemon thread wakes the monitor."""
     import threading
 
     from pyroute2 import IPRoute
 
-    ipr = IPRoute()
-    ipr.bind()
-
     def listen() -> None:
-        with contextlib.suppress(Exception):
+        # The socket is made in this thread: pyroute2's synchronous API runs an event
+        # loop of its own, which cannot start in the agent's (already running) thread.
+        with contextlib.suppress(Exception), IPRoute() as ipr:
+            ipr.bind()
             while True:
                 for msg in ipr.get():
                     if str(msg.get("event", "")).endswith("ADDR"):
                         loop.call_soon_threadsafe(monitor.wake)
 
     threading.Thread(target=listen, name="mdeci-netlink", daemon=True).start()
-    return ipr
 
 
 def make_monitor(

@@ -11,7 +11,8 @@ import asyncio
 import signal
 from pathlib import Path
 
-from mdeci.agent.daemon import run_agent
+# The module, not `run_agent`: mdeci.cli looks up `run_agent` here as this command's runner.
+from mdeci.agent import daemon
 from mdeci.config import load_agent_config
 
 
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _main(config_path: Path) -> int:
     config = load_agent_config(config_path)
-    running = await run_agent(config)
+    running = await daemon.run_agent(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
