@@ -314,6 +314,18 @@ class Tail:
             await self._changed.wait()
         return self.records
 
+    async def wait_until(
+        self, predicate: Callable[[list[dict[str, Any]]], bool]
+    ) -> list[dict[str, Any]]:
+        """Return once ``predicate(records)`` holds (checked after each arrival)."""
+        while not predicate(self.records):
+            if self._task is not None and self._task.done():
+                self._task.result()
+                raise AssertionError(f"tail ended after {len(self.records)}")
+            self._changed.clear()
+            await self._changed.wait()
+        return self.records
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
