@@ -119,8 +119,11 @@ class BrokerService:
         elif link.delivery is not None:
             link.delivery.cancel()
         link.peer.set_address(media_addr)
-        if not link.peer.connected:
-            link.peer.reset()
+        # Always a fresh retry budget: the (re-)INVITE just proved the user reachable at
+        # this address; retries spent on the old one during a move must not fail the
+        # association a moment later (then nothing would bring it back: the agent, which
+        # believes it is CONNECTED, has no reason to re-INVITE).
+        link.peer.reset()
         link.epoch += 1
         if self.sms is not None:
             self.sms.ip_back(uri)
@@ -187,6 +190,8 @@ class BrokerService:
     async def _read(self, link: _UserLink) -> None:
         while True:
             data = await link.peer.receive()
+            if not self.broker.is_connected(link.uri):
+                self._heard(link)
             for frame in self.broker.handle_frame(link.uri, data):
                 try:
                     reply = encode(frame)
@@ -232,6 +237,26 @@ class BrokerService:
             self.broker.mark_disconnected(link.uri, f"rudp: {reason}")
         if self.sms is not None:
             self.sms.kick(link.uri)
+
+    def _heard(self, link: _UserLink) -> None:
+        """A frame authenticated on the association of a user we marked DISCONNECTED
+        after RUDP retries ran out: the user is reachable again, so deliver again.
+
+        Without this, an agent that was frozen (suspended, SIGSTOP) rather than moved
+        never got its queue: it comes back with its RUDP state intact, its keepalives are
+        still acknowledged, so it sees no reason to re-INVITE, while we waited for one.
+        """
+        if self._users.get(link.uri) is not link:
+            return
+        if not link.peer.connected:
+            link.peer.reset()
+        link.epoch += 1
+        try:
+            self.broker.mark_connected(link.uri, _addr_text(link.peer.addr))
+        except StoreError:
+            pass  # delivery is enabled anyway; the stored status follows at the next change
+        finally:
+            link.delivery = asyncio.create_task(self._deliver(link, link.epoch))
 
     async def _sweep_forever(self) -> None:
         while True:
