@@ -53,6 +53,7 @@ class EndpointStats:
     datagrams_received: int = 0
     unknown_cid: int = 0
     malformed: int = 0
+    dropped_incoming: int = 0  # while ``RudpEndpoint.drop_incoming`` was set
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -177,6 +178,11 @@ class RudpEndpoint:
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.DatagramTransport | None = None
         self._peers: dict[int, RudpPeer] = {}
+        #: Test and diagnostic knob: while true, every datagram received is dropped
+        #: (counted in ``stats.dropped_incoming``) as if the path towards this endpoint
+        #: had failed; sends are unaffected. Lets a test cut a device's IP path without a
+        #: network namespace (the kernel here has no netem) and restore it by clearing it.
+        self.drop_incoming = False
 
     @classmethod
     async def open(
@@ -246,6 +252,9 @@ class RudpEndpoint:
 
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         self.stats.datagrams_received += 1
+        if self.drop_incoming:
+            self.stats.dropped_incoming += 1
+            return
         try:
             cid = wire.peek_cid(data)
         except PacketError:

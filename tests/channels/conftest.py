@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 Reopen = Callable[[], UsageCounter]
 
 
-def _upgrade(url: str) -> None:
+def migrate(url: str) -> None:
     cfg = Config(str(ROOT / "alembic.ini"))
     cfg.attributes["url"] = url
     command.upgrade(cfg, "head")
@@ -63,7 +63,7 @@ def _factory(kind: str, tmp_path: Path) -> Iterator[Reopen]:
                 conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
             admin.dispose()
 
-    _upgrade(url)
+    migrate(url)
 
     def reopen() -> SqlUsage:
         # A new engine each time: nothing survives in process memory, only in the DB.

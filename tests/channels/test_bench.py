@@ -28,7 +28,7 @@ from mdeci.sms.link import SmsLink
 from mdeci.sms.reassembly import Reassembler
 from mdeci.store.base import make_engine
 from mdeci.store.usage import SqlUsage
-from tests.channels.conftest import _upgrade
+from tests.channels.conftest import migrate
 
 POLICY = SelectorPolicy(
     channels=(
@@ -68,7 +68,7 @@ def _per_message(usage: UsageCounter, n: int, *, record: bool = True) -> float:
 def test_selection_per_message(tmp_path: Path) -> None:
     mem = _per_message(MemoryUsage(), 2000)
     url = f"sqlite:///{tmp_path / 'b.db'}"
-    _upgrade(url)
+    migrate(url)
     engine = make_engine(url)
     sql = _per_message(SqlUsage(engine), 300)
     sql_select = _per_message(SqlUsage(engine), 300, record=False)
@@ -138,7 +138,7 @@ def test_selection_3x3_cached(tmp_path: Path) -> None:
     cached_sel = _select_us(cached, 20000, record=False)
     cached_rec = _select_us(cached, 20000, record=True)
     url = f"sqlite:///{tmp_path / 'c.db'}"
-    _upgrade(url)
+    migrate(url)
     engine = make_engine(url)
     sql = CachedUsage(SqlUsage(engine))
     _select_us(sql, 30, record=True)  # warm: the period sums are read once

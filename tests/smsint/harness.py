@@ -91,27 +91,43 @@ def plain_agent(tmp: Path, user: str, host: str, port: int) -> Agent:
 
 
 class Deaf:
-    """Makes an agent's RUDP endpoint drop every datagram: to the broker, the device's
-    IP path has failed (its sends time out and it marks the user DISCONNECTED)."""
+    """Cuts an agent's IP path with the endpoint's public knob
+    (``RudpEndpoint.drop_incoming``): every datagram towards the device is dropped, so to
+    the broker its sends time out and it marks the user DISCONNECTED."""
 
     def __init__(self, agent: Agent) -> None:
         assert agent.endpoint is not None
         self.endpoint = agent.endpoint
-        self.on = False
-        real = agent.endpoint._on_datagram
 
-        def filtered(data: bytes, addr: tuple[str, int]) -> None:
-            if not self.on:
-                real(data, addr)
+    @property
+    def on(self) -> bool:
+        return self.endpoint.drop_incoming
 
-        self.endpoint._on_datagram = filtered  # type: ignore[method-assign]
+    @on.setter
+    def on(self, value: bool) -> None:
+        self.endpoint.drop_incoming = value
 
 
-async def until(sink: WaitingSink, predicate: Callable[[], bool]) -> None:
-    """Return once ``predicate()`` holds; checked after each broker churn event."""
-    while not predicate():
-        sink._changed.clear()
-        await sink._changed.wait()
+async def ip_back(agent: Agent, host: str = "127.0.0.3") -> None:
+    """The device's IP path comes back, with a new address (the mobility case): the
+    agent moves there (``Agent.move_to``: REGISTER + re-INVITE), which tells the broker
+    it is reachable again. The IP path must not be cut any more."""
+    await guard(agent.move_to(host))
+
+
+class Sink(WaitingSink):
+    """A :class:`WaitingSink` that can also wait for any condition on its events."""
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` holds; checked after each broker churn event."""
+        while not predicate():
+            self._changed.clear()
+            await self._changed.wait()
+
+
+async def until(sink: Sink, predicate: Callable[[], bool]) -> None:
+    """``sink.wait_until(predicate)`` (without a hang guard: callers add it)."""
+    await sink.wait_until(predicate)
 
 
 def network(config: SmscConfig, seed: int) -> SimulatedNetwork:

@@ -45,6 +45,14 @@ class SmppSim:
             self._server.close()
             await self._server.wait_closed()
 
+    def attach(self, number: str, on_sms: SmsHandler) -> None:
+        """Hand MT SMS for ``number`` to ``on_sms`` (a phone switched on)."""
+        self._phones[number] = on_sms
+
+    def detach(self, number: str) -> None:
+        """MT SMS for ``number`` go nowhere any more (a phone switched off)."""
+        self._phones.pop(number, None)
+
     def phone(self, number: str) -> SimPhone:
         return SimPhone(self, number)
 
@@ -123,10 +131,10 @@ class SimPhone:
         self.number = number
 
     async def start(self, on_sms: SmsHandler) -> None:
-        self.sim._phones[self.number] = on_sms
+        self.sim.attach(self.number, on_sms)
 
     async def send(self, sms: Sms) -> None:
         self.sim.deliver(sms)
 
     async def close(self) -> None:
-        self.sim._phones.pop(self.number, None)
+        self.sim.detach(self.number)

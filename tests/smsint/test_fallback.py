@@ -17,14 +17,16 @@ import pytest
 
 from mdeci.agent import Agent
 from mdeci.store.repo import BrokerStore
-from tests.broker.conftest import FakeClock, WaitingSink
+from tests.broker.conftest import FakeClock
 from tests.smsint.harness import (
     ALICE,
     ALICE_NO,
     BROKER_NO,
     THESIS_SMSC,
     Deaf,
+    Sink,
     guard,
+    ip_back,
     network,
     plain_agent,
     sms_agent,
@@ -40,7 +42,7 @@ def _inbox(agent: Agent) -> Counter[int]:
     return Counter(int(r["nseq"]) for r in agent.delivered_since(0))
 
 
-def _sms_outcome(sink: WaitingSink, event: str) -> set[int]:
+def _sms_outcome(sink: Sink, event: str) -> set[int]:
     return {
         int(e.fields["nseq"])  # type: ignore[arg-type]
         for e in sink.named(event)
@@ -60,7 +62,7 @@ async def _publish(bob: Agent, rng: random.Random, indices: range, urgent: bool 
 
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_urgent_by_sms_exactly_once_or_undeliverable(
-    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink, seed: int
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink, seed: int
 ) -> None:
     net = network(THESIS_SMSC, seed)
     broker = await start_broker(tmp_path, store, clock, sink, sms_config(), net.gateway(BROKER_NO))
@@ -107,7 +109,7 @@ async def test_urgent_by_sms_exactly_once_or_undeliverable(
 
         # IP comes back: the normal ones arrive over IP, nothing twice.
         deaf.on = False
-        alice._lost("test: the IP path is back")
+        await ip_back(alice)
         await guard(alice.wait_until(lambda: set(_inbox(alice)) >= normal))
         await guard(until(sink, lambda: not store.queues.pending(ALICE)))
         assert max(_inbox(alice).values()) == 1
@@ -118,7 +120,7 @@ async def test_urgent_by_sms_exactly_once_or_undeliverable(
 
 
 async def test_ip_back_midway_shows_no_duplicate(
-    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:
     net = network(THESIS_SMSC, 7)
     broker = await start_broker(
@@ -141,8 +143,8 @@ async def test_ip_back_midway_shows_no_duplicate(
         await guard(until(sink, lambda: len(_sms_outcome(sink, "notify_delivered")) >= 5))
 
         deaf.on = False
-        alice._lost("test: the IP path is back")
-        await guard(alice.wait_event("media_connected", count=2))
+        await ip_back(alice)
+        await guard(sink.wait_for("media_connected", ALICE, count=2))
         await _publish(bob, rng, range(N // 2, N))
         everything = set(range(1, N + 1))
         await guard(alice.wait_until(lambda: set(_inbox(alice)) >= everything))

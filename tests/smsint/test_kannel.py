@@ -22,13 +22,14 @@ from mdeci.sms.fakesmsc import mo_argument, parse_mt_line
 from mdeci.sms.gateway import SmsHandler
 from mdeci.sms.link import SmsLink
 from mdeci.store.repo import BrokerStore
-from tests.broker.conftest import FakeClock, WaitingSink
+from tests.broker.conftest import FakeClock
 from tests.sms.kannel_harness import fakesmsc_binary
 from tests.smsint.harness import (
     ALICE,
     ALICE_NO,
     BROKER_NO,
     Deaf,
+    Sink,
     guard,
     plain_agent,
     sms_agent,
@@ -67,7 +68,7 @@ class FakesmscPhone:
 
 
 async def test_urgent_notification_through_kannel_and_mo_back(
-    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:
     fakesmsc = fakesmsc_binary()
     with running_sample_kannel(tmp_path) as kannel:

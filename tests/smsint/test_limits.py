@@ -10,13 +10,15 @@ from mdeci.channels import Period, period_days
 from mdeci.sms.smsc import SmscConfig
 from mdeci.store.repo import BrokerStore
 from mdeci.store.usage import SqlUsage
-from tests.broker.conftest import FakeClock, WaitingSink
+from tests.broker.conftest import FakeClock
 from tests.smsint.harness import (
     ALICE,
     ALICE_NO,
     BROKER_NO,
     Deaf,
+    Sink,
     guard,
+    ip_back,
     network,
     plain_agent,
     sms_agent,
@@ -29,7 +31,7 @@ LIMIT = 3
 
 
 async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
-    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:
     net = network(SmscConfig(time_scale=0.001), 5)  # 1-5 ms, no loss, no duplicates
     broker = await start_broker(
@@ -66,7 +68,7 @@ async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
         assert len(sink.named("sms_sent")) == LIMIT
 
         deaf.on = False
-        alice._lost("test: the IP path is back")
+        await ip_back(alice)
         await guard(until(sink, lambda: not store.queues.pending(ALICE)))
         await guard(alice.wait_until(lambda: len(alice.delivered_since(0)) == 7))
         got = Counter(int(r["nseq"]) for r in alice.delivered_since(0))

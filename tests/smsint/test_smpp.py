@@ -9,12 +9,13 @@ from pathlib import Path
 from mdeci.config import HostPort, SmsGatewayKind
 from mdeci.sms import segments_needed
 from mdeci.store.repo import BrokerStore
-from tests.broker.conftest import FakeClock, WaitingSink
+from tests.broker.conftest import FakeClock
 from tests.smsint.harness import (
     ALICE,
     ALICE_NO,
     BROKER_NO,
     Deaf,
+    Sink,
     guard,
     plain_agent,
     sms_agent,
@@ -25,7 +26,7 @@ from tests.smsint.smppsim import SmppSim
 
 
 async def test_urgent_notification_through_smpp_and_ack_back(
-    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:
     smsc = SmppSim()
     port = await smsc.start()
