@@ -36,6 +36,11 @@ class WeeklyCalendar:
     slots: Mapping[str, Sequence[float]] = field(default_factory=dict)
     slot_minutes: int = 60
     utc_offset_minutes: int = 0
+    # any_of answers per (channels, slot): the calendar is immutable, and a user's
+    # messages ask the same question for a whole slot (an hour by default).
+    _any: dict[tuple[tuple[str, ...], int], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.slot_minutes < 1 or WEEK_MINUTES % self.slot_minutes:
@@ -72,14 +77,29 @@ class WeeklyCalendar:
         probs = self.slots.get(channel)
         if probs is None:
             return 0.0
+        return probs[self.slot_of(at)]
+
+    def slot_of(self, at: float) -> int:
+        """Index of the slot containing Unix time ``at``."""
         # Minute of the local week by arithmetic (no datetime: this is the selector's hot
         # path); 1970-01-01 was a Thursday, day 3 of a week starting on Monday.
         minute = int((at // 60 + self.utc_offset_minutes + 3 * 24 * 60) % WEEK_MINUTES)
-        return probs[minute // self.slot_minutes]
+        return minute // self.slot_minutes
 
     def any_of(self, channels: Iterable[str], at: float) -> float:
         """Probability that at least one of ``channels`` is available (taken as independent)."""
-        none = 1.0
-        for channel in channels:
-            none *= 1.0 - self.probability(channel, at)
-        return 1.0 - none
+        names = tuple(channels)
+        slot = self.slot_of(at)
+        key = (names, slot)
+        found = self._any.get(key)
+        if found is None:
+            none = 1.0
+            for channel in names:
+                probs = self.slots.get(channel)
+                if probs is not None:
+                    none *= 1.0 - probs[slot]
+            found = 1.0 - none
+            if len(self._any) >= 4096:
+                self._any.clear()
+            self._any[key] = found
+        return found

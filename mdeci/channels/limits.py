@@ -46,7 +46,14 @@ _EPOCH = date(1970, 1, 1)
 
 def utc_day(at: float) -> date:
     """The UTC calendar day of the Unix time ``at``."""
-    return datetime.fromtimestamp(at, UTC).date()
+    return _day_number(int(at // 86400))
+
+
+@functools.lru_cache(maxsize=64)
+def _day_number(epoch_day: int) -> date:
+    # Memoised: every send of a day asks for the same date (datetime.fromtimestamp per
+    # send was a visible part of record_send).
+    return datetime.fromtimestamp(epoch_day * 86400, UTC).date()
 
 
 def period_days(period: Period, at: float) -> tuple[date, date]:
@@ -201,6 +208,7 @@ def first_exceeded(
 
 
 _Window = tuple[str, date, date, str | None, str | None]
+_NOTHING = Usage()
 
 
 class CachedUsage:
@@ -211,6 +219,10 @@ class CachedUsage:
     in, so the cache stays exact without re-reading. Valid while this object is the only
     writer of ``inner`` (one broker per database); :meth:`clear` forgets everything.
     At most ``max_entries`` sums are kept (all are dropped when full).
+
+    :meth:`added` (what was added for a user since :attr:`epoch` began) lets the
+    selector keep a decision while the usage added since cannot have changed it
+    (``select`` docstring). Counts only grow (usage added is never negative).
     """
 
     def __init__(self, inner: UsageCounter, *, max_entries: int = 100_000) -> None:
@@ -219,12 +231,23 @@ class CachedUsage:
         self._sums: dict[_Window, Usage] = {}
         self._by_user: defaultdict[str, set[_Window]] = defaultdict(set)
         self.misses = 0
+        #: Bumped by :meth:`clear` (sums may then be read again with other values).
+        self.epoch = 0
+        self._added: dict[str, Usage] = {}
+
+    def added(self, user: str) -> Usage:
+        """Everything :meth:`add` counted for ``user`` (any channel, class, day) since
+        the current :attr:`epoch` began."""
+        return self._added.get(user, _NOTHING)
 
     def clear(self) -> None:
         self._sums.clear()
         self._by_user.clear()
+        self._added.clear()
+        self.epoch += 1
 
     def add(self, user: str, channel: str, qclass: str, at: float, usage: Usage) -> None:
+        self._added[user] = self._added.get(user, _NOTHING) + usage
         self.inner.add(user, channel, qclass, at, usage)
         day = utc_day(at)
         for key in self._by_user.get(user, ()):

@@ -29,7 +29,7 @@ from typing import Generic, TypeVar
 from mdeci.channels.calendar import WeeklyCalendar
 from mdeci.channels.cost import fixed_terms, score_with
 from mdeci.channels.errors import PolicyError, UnknownQueueClass
-from mdeci.channels.limits import Limit, Usage, UsageCounter, period_of_day
+from mdeci.channels.limits import CachedUsage, Limit, Usage, UsageCounter, period_of_day
 from mdeci.channels.model import Channel, ClassPolicy, default_classes
 
 
@@ -43,6 +43,11 @@ class SelectorPolicy:
     # Per class, computed on first use: the policy is immutable, so the allowed channels,
     # their size-independent score terms and their applicable limits never change.
     _plans: dict[str, tuple[_Candidate, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    # Ranked channels per (user, class, size, UTC day), valid while the usage added for
+    # the user since stays within their limits' slack (only with a CachedUsage; select).
+    _ranked: dict[tuple[str, str, int, int], _Ranking] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -84,6 +89,27 @@ class _Candidate:
     fixed: tuple[float, ...]
     cost_weight: float
     limits: tuple[Limit, ...]
+
+
+#: Rankings kept per policy before the memo is emptied (a few hundred bytes each).
+MAX_RANKINGS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _Ranking:
+    """Steps 1-3 of select for one (user, class, size, day), with the decisions it can
+    give already built (no allocation when it is reused)."""
+
+    usage: UsageCounter
+    epoch: int
+    # What CachedUsage.added(user) was when this was computed, and how much more of each
+    # may be added (to any counter) before some limit test here could come out otherwise.
+    base: Usage
+    slack_messages: float
+    slack_bytes: float
+    slack_money: float
+    ranked: tuple[tuple[float, int, SendNow], ...]  # (score, order, decision), best first
+    none: NoChannel  # what select answers when no ranked channel is available
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -140,13 +166,78 @@ def select(
 ) -> Decision:
     """Choose a channel for ``message`` (see the module docstring).
 
+    With a :class:`~mdeci.channels.limits.CachedUsage` (what the broker runs), steps 1-3
+    (limits and ranking) are remembered per (user, class, size, UTC day) until that
+    user's usage changes (:meth:`CachedUsage.generation`: a ``record_send``), so a
+    repeated question costs a dictionary lookup; the answer is the same as without the
+    memo, and equal decisions may be the same object.
+
     Raises :class:`UnknownQueueClass` if the policy has no class ``message.qclass``.
     """
     cls, plan = policy.plan(message.qclass)
-    ranked: list[tuple[float, int, Channel, float]] = []
-    blocked: list[tuple[str, str]] = []
     user, size = message.user, message.size
     day = int(now // 86400)  # UTC day number: the periods' bounds are memoised by it
+    if isinstance(usage, CachedUsage):
+        key = (user, message.qclass, size, day)
+        ranking = policy._ranked.get(key)
+        added = usage.added(user)
+        if (
+            ranking is None
+            or ranking.usage is not usage
+            or ranking.epoch != usage.epoch
+            or added.messages - ranking.base.messages > ranking.slack_messages
+            or added.bytes - ranking.base.bytes > ranking.slack_bytes
+            or added.money - ranking.base.money > ranking.slack_money
+        ):
+            ranking = _rank(plan, usage, user, size, day, usage.epoch, added)
+            memo = policy._ranked
+            if len(memo) >= MAX_RANKINGS:
+                memo.clear()
+            memo[key] = ranking
+    else:
+        ranking = _rank(plan, usage, user, size, day, 0, Usage())
+    ranked = ranking.ranked
+
+    best: tuple[float, int, SendNow] | None = None
+    for entry in ranked:
+        if entry[2].channel.name in available:
+            best = entry
+            break
+    if cls.max_delay > 0 and calendar is not None and best is not None:
+        # Channels ranked better than the best available one (all of them come before
+        # it, ties excepted), but absent now.
+        better = tuple(
+            r[2].channel.name
+            for r in ranked
+            if r[0] < best[0] and r[2].channel.name not in available
+        )
+        if better:
+            p = calendar.any_of(better, message.first_seen)
+            until = message.first_seen + p * cls.max_delay
+            if p > 0 and now < until:
+                return Hold(until, better, p)
+    if best is None:
+        return ranking.none
+    return best[2]
+
+
+def _rank(
+    plan: tuple[_Candidate, ...],
+    usage: UsageCounter,
+    user: str,
+    size: int,
+    day: int,
+    epoch: int,
+    base: Usage,
+) -> _Ranking:
+    """Steps 2 and 3 of select: the channels within their limits, best first, and the
+    slack of every limit test that passed (counts only grow within a period, so a test
+    that failed keeps failing; one that passed keeps passing while the usage added
+    since, counted against every limit whatever its scope, stays within its slack)."""
+    ranked: list[tuple[float, int, SendNow]] = []
+    blocked: list[tuple[str, str]] = []
+    inf = float("inf")
+    slack_m = slack_b = slack_c = inf
     for cand in plan:
         channel = cand.channel
         cost = channel.cost(size)
@@ -158,25 +249,34 @@ def select(
             if not limit.allows_more(used, 1, size, cost):
                 over = limit
                 break
+            if limit.messages is not None:
+                slack_m = min(slack_m, limit.messages - used.messages - 1)
+            if limit.bytes is not None:
+                slack_b = min(slack_b, limit.bytes - used.bytes - size)
+            if limit.money is not None:
+                # Minus a margin: the sums are floats; nearer than that, compute again.
+                slack_c = min(slack_c, limit.money - used.money - cost - 1e-9)
         if over is not None:
             blocked.append((channel.name, over.describe()))
             continue
-        ranked.append((score_with(cand.fixed, cand.cost_weight, cost), cand.order, channel, cost))
-    ranked.sort()
+        score = score_with(cand.fixed, cand.cost_weight, cost)
+        ranked.append((score, cand.order, SendNow(channel, score, cost)))
+    ranked.sort(key=_rank_key)
+    reason = "no allowed channel is available" if ranked else "every channel is blocked"
+    return _Ranking(
+        usage,
+        epoch,
+        base,
+        slack_m,
+        slack_b,
+        slack_c,
+        tuple(ranked),
+        NoChannel(reason, tuple(blocked)),
+    )
 
-    best = next((r for r in ranked if r[2].name in available), None)
-    if cls.max_delay > 0 and calendar is not None:
-        better = tuple(r[2].name for r in ranked if best is None or r[0] < best[0])
-        better = tuple(name for name in better if name not in available)
-        if best is not None and better:
-            p = calendar.any_of(better, message.first_seen)
-            until = message.first_seen + p * cls.max_delay
-            if p > 0 and now < until:
-                return Hold(until, better, p)
-    if best is None:
-        reason = "no allowed channel is available" if ranked else "every channel is blocked"
-        return NoChannel(reason, tuple(blocked))
-    return SendNow(best[2], best[0], best[3])
+
+def _rank_key(entry: tuple[float, int, SendNow]) -> tuple[float, int]:
+    return entry[0], entry[1]
 
 
 def record_send(usage: UsageCounter, message: Outgoing, decision: SendNow, *, at: float) -> Usage:

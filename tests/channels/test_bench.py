@@ -112,10 +112,11 @@ POLICY_3X3 = SelectorPolicy(
 CLASSES = ("urgent", "normal", "bulk")
 
 
-def _select_us(usage: UsageCounter, n: int, *, record: bool) -> float:
-    """Microseconds per message: 3 channels x 3 classes, limits, calendar."""
+def _select_us(usage: UsageCounter, n: int, *, record: bool, sizes: int = 1) -> float:
+    """Microseconds per message: 3 channels x 3 classes, limits, calendar; 512-byte
+    messages, or ``sizes`` distinct sizes in turn (each a new question for the memo)."""
     msgs = [
-        Outgoing(user="sip:a@x", qclass=CLASSES[i % 3], size=512, first_seen=1.7e9 + i)
+        Outgoing(user="sip:a@x", qclass=CLASSES[i % 3], size=512 + i % sizes, first_seen=1.7e9 + i)
         for i in range(n)
     ]
     t0 = time.perf_counter()
@@ -137,6 +138,7 @@ def test_selection_3x3_cached(tmp_path: Path) -> None:
     _select_us(cached, 300, record=True)  # warm
     cached_sel = _select_us(cached, 20000, record=False)
     cached_rec = _select_us(cached, 20000, record=True)
+    varied = _select_us(CachedUsage(MemoryUsage()), 20000, record=False, sizes=20000)
     url = f"sqlite:///{tmp_path / 'c.db'}"
     migrate(url)
     engine = make_engine(url)
@@ -147,6 +149,7 @@ def test_selection_3x3_cached(tmp_path: Path) -> None:
     print(
         f"\n3 channels x 3 classes, 3 limits, calendar, per message: "
         f"MemoryUsage select+record {plain:.1f} us; CachedUsage(MemoryUsage) select "
-        f"{cached_sel:.2f} us, select+record {cached_rec:.2f} us; "
+        f"{cached_sel:.2f} us, select+record {cached_rec:.2f} us, select with every size "
+        f"new {varied:.2f} us; "
         f"CachedUsage(SqlUsage) warm select {sql_sel:.2f} us (thesis 820 us)"
     )
