@@ -6,9 +6,12 @@ jobs themselves stay pure functions of DataFrames.
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, Observation, Row, SparkSession
@@ -41,6 +44,62 @@ class Inputs:
 
     fmt: str
     paths: list[str]
+    skipped: list[str] = field(default_factory=list)  # files that are not churn logs
+
+
+# How much of a file is read to tell a churn log from anything else.
+SNIFF_BYTES = 64 * 1024
+SNIFF_LINES = 50
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of ``path``, decompressed when it is gzip or bzip2 (as Spark reads it)."""
+    with path.open("rb") as raw:
+        magic = raw.read(3)
+    opener = gzip.open if magic[:2] == b"\x1f\x8b" else bz2.open if magic == b"BZh" else open
+    try:
+        with opener(path, "rb") as f:
+            return bytes(f.read(SNIFF_BYTES))
+    except (OSError, EOFError):  # a corrupt archive is not a log either
+        return b""
+
+
+def looks_like_log(path: Path) -> bool:
+    """Whether ``path`` holds churn-log lines: one of its first lines is a JSON object with
+    ``ts`` and ``event``. Parquet must have the magic bytes (and ``ts``/``event`` columns).
+
+    Only a sample is read, so that a folder of other files (a README, images, a
+    pretty-printed JSON config) is refused before the JVM starts, with one error line
+    instead of a Spark job that quarantines every line. A log whose first lines are all
+    damaged is the price; its later lines would be counted anyway if any file is a log.
+    """
+    try:
+        if path.suffix == ".parquet":
+            with path.open("rb") as f:
+                if f.read(4) != b"PAR1":
+                    return False
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:  # pragma: no cover - pyarrow comes with the analytics extra
+                return True
+            try:
+                names = set(pq.read_schema(path).names)
+            except Exception:  # pyarrow raises several types for a bad footer
+                return False
+            return {"ts", "event"} <= names
+        head = _head(path)
+    except OSError:
+        return False
+    for n, raw in enumerate(head.splitlines()):
+        if n >= SNIFF_LINES:
+            break
+        try:
+            record = json.loads(raw)
+        except ValueError:  # includes UnicodeDecodeError: binary files
+            continue
+        if isinstance(record, dict) and "ts" in record and "event" in record:
+            return True
+    return False
 
 
 def _is_remote(path: str) -> bool:
@@ -54,7 +113,9 @@ def find_inputs(path: str, fmt: str = "auto") -> Inputs:
     other regular file (``churn.log``, ``churn.log.1``, ``x.jsonl``, ``x.jsonl.gz``) is
     JSON lines; names starting with ``.`` or ``_`` are skipped. With ``auto`` and both
     kinds present, JSON lines win: they are the log itself, the Parquet files a copy.
-    A URL of remote storage (``hdfs://``, ``s3a://``) is handed to Spark as it is.
+    Files that do not look like churn logs (:func:`looks_like_log`) are skipped and
+    listed in ``skipped``. A URL of remote storage (``hdfs://``, ``s3a://``) is handed
+    to Spark as it is.
 
     Raises:
         InputError: if the path does not exist or holds no log files.
@@ -77,16 +138,26 @@ def find_inputs(path: str, fmt: str = "auto") -> Inputs:
             if not name.startswith((".", "_"))
             and not any(part.startswith((".", "_")) for part in Path(root).relative_to(local).parts)
         )
-    parquet = [f for f in files if f.suffix == ".parquet"]
-    text = [f for f in files if f.suffix != ".parquet" and f.suffix != ".crc"]
+    files = [f for f in files if f.suffix != ".crc"]
+    if not files:
+        raise InputError(f"no churn-log files (JSON lines or Parquet) under {path}: it is empty")
+    logs = [f for f in files if looks_like_log(f)]
+    skipped = [str(f) for f in files if f not in logs]
+    parquet = [f for f in logs if f.suffix == ".parquet"]
+    text = [f for f in logs if f.suffix != ".parquet"]
+    if not logs:
+        examples = ", ".join(Path(f).name for f in skipped[:3])
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        raise InputError(
+            f"no churn-log files (JSON lines or Parquet) under {path}: {len(skipped)} "
+            f"file(s) that are not churn logs ({examples}{more})"
+        )
     if fmt == "auto":
-        if not (text or parquet):
-            raise InputError(f"no churn-log files (JSON lines or Parquet) under {path}")
         fmt = "jsonl" if text else "parquet"
     chosen = text if fmt == "jsonl" else parquet
     if not chosen:
         raise InputError(f"no {fmt} churn-log files under {path}")
-    return Inputs(fmt, [str(f.resolve()) for f in chosen])
+    return Inputs(fmt, [str(f.resolve()) for f in chosen], skipped)
 
 
 def read_parsed(spark: SparkSession, inputs: Inputs, *, keep_extra: bool = False) -> DataFrame:
@@ -175,6 +246,12 @@ def _run(
     valid = read_parsed(spark, inputs, keep_extra=keep_extra)
     events = jobs.valid_events(valid).persist(StorageLevel.MEMORY_AND_DISK)
     n_events = events.count()
+    if n_events == 0:
+        # Nothing to analyse: empty tables would look like a quiet week, not a bad input.
+        raise InputError(
+            f"no valid churn-log lines in the input ({lines} line(s), {invalid} invalid; "
+            f"see {out}/quarantine)"
+        )
     if keep_extra:
         say("writing events")
         events.write.mode("overwrite").parquet(f"{out}/events")

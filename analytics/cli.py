@@ -183,12 +183,16 @@ def _churn(args: argparse.Namespace) -> int:
         storm_min_users=args.storm_users,
         storm_factor=args.storm_factor,
     )
-    find_inputs(args.input, args.format)  # fail fast, before the JVM starts
+    inputs = find_inputs(args.input, args.format)  # fail fast, before the JVM starts
     begun = time.perf_counter()
 
     def say(message: str) -> None:
         if not args.quiet:
             print(f"[{time.perf_counter() - begun:6.1f}s] {message}", file=sys.stderr)
+
+    if inputs.skipped:
+        names = ", ".join(Path(f).name for f in inputs.skipped[:5])
+        say(f"skipping {len(inputs.skipped)} file(s) that are not churn logs: {names}")
 
     spark = session(args.master, shuffle_partitions=args.shuffle_partitions)
     say(f"Spark {spark.version} on {spark.sparkContext.master}")
