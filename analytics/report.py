@@ -63,7 +63,10 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _duration(ms: float) -> str:
+def _duration(ms: float | None) -> str:
+    # NaN is what a percentile of no restores gives: show "no data", not "nan h".
+    if ms is None or math.isnan(ms):
+        return "\u2013"
     s = ms / 1000
     if s < 1:
         return f"{ms:.0f} ms"
@@ -380,9 +383,9 @@ def render(tables: dict[str, list[dict[str, Any]]], title: str = "mdeci session 
         ("handovers", _fmt(s("handovers"))),
         ("disconnections", _fmt(s("disconnections"))),
         ("hours disconnected", _fmt(s("disconnected_hours"), 1)),
-        ("restore p50", _duration(s("restore_p50_ms") or 0)),
-        ("restore p95", _duration(s("restore_p95_ms") or 0)),
-        ("restore p99", _duration(s("restore_p99_ms") or 0)),
+        ("restore p50", _duration(s("restore_p50_ms"))),
+        ("restore p95", _duration(s("restore_p95_ms"))),
+        ("restore p99", _duration(s("restore_p99_ms"))),
         ("notifications dropped", _fmt(s("notify_dropped"))),
         ("SMS sent", _fmt(s("sms_count"))),
         ("SMS spend", _fmt(s("sms_cost"), 2)),

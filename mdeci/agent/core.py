@@ -225,6 +225,7 @@ class Agent:
         self._user = config.aor.split(":", 1)[1].split("@", 1)[0]
         self._monitor: PollingIpMonitor | None = None
         self._closed = False
+        self._outage_since: float | None = None  # when the current outage or move began
         self.churn: ChurnLog | None = None
         self.ua: UserAgent | None = None
         self.endpoint: RudpEndpoint | None = None
@@ -367,6 +368,11 @@ class Agent:
             subscriptions=len(self.subscriptions),
             last_error=self.last_error,
         )
+
+    def _restore_latency(self) -> dict[str, float]:
+        """``latency_ms`` for a restore event: time since the outage or move began."""
+        since, self._outage_since = self._outage_since, None
+        return {} if since is None else {"latency_ms": round((self.clock() - since) * 1000, 3)}
 
     def _log(self, event: Event, **fields: Any) -> None:
         record: dict[str, Any] = {"event": str(event), "uri": self.config.aor, **fields}
@@ -596,6 +602,7 @@ class Agent:
         self._connected.clear()
         self.last_error = reason
         self._rekey = True
+        self._outage_since = self.clock()
         self._log(Event.MEDIA_DISCONNECTED, reason=reason, channel="ip")
         self._fail_pending(NotConnected(reason))
         self._need.set()
@@ -673,6 +680,7 @@ class Agent:
                 call_id=self._dialog.call_id,
                 addr=_hostport((host, port)),
                 channel="ip",
+                **self._restore_latency(),
             )
         self._spawn(self._flush())
 
@@ -738,6 +746,7 @@ class Agent:
         ua, endpoint = self.ua, self.endpoint
         assert ua is not None and endpoint is not None
         async with self._lock:
+            moved_at = self.clock()
             prev_sip = ua.local_addr
             _, media_port = endpoint.local_addr
             try:
@@ -771,5 +780,16 @@ class Agent:
                     call_id=self._dialog.call_id,
                     addr=_hostport(new_media),
                 )
+                # §2: the completed re-INVITE makes the media CONNECTED again; its latency
+                # (move start to re-INVITE done) is the restore time the analytics read.
+                if self.status_value is Status.CONNECTED:
+                    self._outage_since = self._outage_since or moved_at
+                    self._log(
+                        Event.MEDIA_CONNECTED,
+                        call_id=self._dialog.call_id,
+                        addr=_hostport(new_media),
+                        channel="ip",
+                        **self._restore_latency(),
+                    )
             else:
                 self._need.set()
