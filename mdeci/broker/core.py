@@ -15,8 +15,14 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
   built only after that call returned, so an acknowledged publish is durable.
 - Delivery is pulled: for a CONNECTED user, :meth:`Broker.take_batch` returns the next
   encoded ``notify`` frames, in ``nseq`` order, at most ``window`` of them unacked at a
-  time. ``ack`` frees the window. :meth:`Broker.mark_connected` restarts the stream
-  from the lowest queued (un-acked) ``nseq``; :meth:`Broker.mark_disconnected` stops it.
+  time. ``ack`` frees the window at once, but reaches the store later: acks are
+  cumulative, so the core keeps only each user's highest and deletes up to it once, when
+  the user's delivery next wakes (:meth:`Broker.take_batch`), on (dis)connection, or on
+  :meth:`Broker.flush_acks`. An agent acks every notify, and one store transaction per
+  ack dominated delivery; an ack not yet applied when the broker dies only makes it send
+  those notifications again, which the agent drops by nseq (acks were never fsync'd).
+  :meth:`Broker.mark_connected` restarts the stream from the lowest queued (un-acked)
+  ``nseq``; :meth:`Broker.mark_disconnected` stops it.
 - The :class:`QueueListener` hears "something was queued for uri" and "uri acked", so
   the service wakes that user's delivery task instead of polling.
 """
@@ -138,6 +144,8 @@ class Broker:
         # missed counts already taken from the store, by user and nseq, kept until acked
         # so that a notify re-sent after a reconnection still carries its count.
         self._missed_at: dict[str, dict[int, int]] = {}
+        # The highest ack of each user not yet applied to the store (see the docstring).
+        self._acks: dict[str, int] = {}
 
     # ------------------------------------------------------------------ frames
 
@@ -227,6 +235,9 @@ class Broker:
             return _error(frame.req, TOO_LARGE, "publish too large to be notified")
         now = self.clock()
         match = self.matcher.match(frame.subject, frame.attrs, now)
+        # A held ack would make a full queue look fuller: apply it before overflow counts.
+        for target in self._acks.keys() & {uri for uri, _ in match.targets}:
+            self._try_flush_acks(target)
         result = self.store.queues.publish(
             uri,
             frame.msg_id,
@@ -262,7 +273,8 @@ class Broker:
             self.sweep(now)
 
     def _ack(self, uri: str, upto: int) -> None:
-        self.store.queues.ack(uri, upto)
+        if upto > self._acks.get(uri, 0):
+            self._acks[uri] = upto
         link = self._links.get(uri)
         if link is not None:
             now = self.clock()
@@ -277,6 +289,26 @@ class Broker:
                 del missed[nseq]
         if self.listener is not None:
             self.listener.acked(uri)
+
+    def flush_acks(self, uri: str | None = None) -> None:
+        """Apply the held acks of ``uri`` (every user if None) to the store.
+
+        Raises:
+            StoreError: the database failed; the acks stay held for the next call.
+        """
+        for user in [uri] if uri is not None else list(self._acks):
+            upto = self._acks.get(user)
+            if upto is not None:
+                self.store.queues.ack(user, upto)
+                # An ack that arrived meanwhile cannot be lower (no await in between),
+                # but keep the rule "only ever forget what was applied" explicit.
+                if self._acks.get(user) == upto:
+                    del self._acks[user]
+
+    def _try_flush_acks(self, uri: str) -> None:
+        # Held acks only repeat work if left unapplied: never fail a caller over them.
+        with contextlib.suppress(StoreError):
+            self.flush_acks(uri)
 
     # ------------------------------------------------------------------ TTL sweep
 
@@ -314,6 +346,7 @@ class Broker:
         Raises:
             StoreError: the status could not be stored (delivery is enabled anyway).
         """
+        self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
         previous = self._links.get(uri)
         prev_addr = previous.addr if previous is not None else None
         self._links[uri] = _Link(connected=True, addr=addr, inflight={})
@@ -331,6 +364,7 @@ class Broker:
         Raises:
             StoreError: the status could not be stored (delivery is stopped anyway).
         """
+        self._try_flush_acks(uri)  # the SMS fallback reads the queue next
         link = self._links.get(uri)
         was_connected = link is not None and link.connected
         if link is not None:
@@ -354,6 +388,7 @@ class Broker:
         link = self._links.get(uri)
         if link is None or not link.connected:
             return []
+        self._try_flush_acks(uri)
         room = self.config.window - len(link.inflight)
         if room <= 0:
             return []

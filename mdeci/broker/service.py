@@ -162,6 +162,8 @@ class BrokerService:
         for link in self._users.values():
             tasks.extend(self._drop(link))
         self._users.clear()
+        with contextlib.suppress(StoreError):
+            self.broker.flush_acks()  # held acks are only saved work: never fail close
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.endpoint.close()
 

@@ -211,9 +211,59 @@ def test_ack_removes_queued_notifications(store: BrokerStore, clock: FakeClock) 
     for n in range(4):
         publish(broker, f"m{n}", "a")
     assert broker.handle_frame(ALICE, encode(Ack(upto=2))) == []
+    broker.flush_acks(ALICE)
     assert [q[0] for q in queued(store, ALICE)] == [3, 4]
     assert broker.handle_frame(BOB, encode(Ack(upto=4))) == []  # Bob's ack is Bob's queue
+    broker.flush_acks()
     assert [q[0] for q in queued(store, ALICE)] == [3, 4]
+
+
+def test_acks_are_coalesced_into_one_store_delete_per_wake(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    broker = make_broker(store, clock, MemorySink(), window=8)
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    for n in range(8):
+        publish(broker, f"m{n}", "a")
+    broker.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(broker, ALICE)] == list(range(1, 9))
+    calls: list[tuple[str, int]] = []
+    real_ack = store.queues.ack
+
+    def counting_ack(uri: str, upto: int) -> int:
+        calls.append((uri, upto))
+        return real_ack(uri, upto)
+
+    store.queues.ack = counting_ack  # type: ignore[method-assign]
+    for upto in (1, 2, 4, 3, 5):  # one per notify, as agents do (one late, lower)
+        broker.handle_frame(ALICE, encode(Ack(upto=upto)))
+    assert calls == [] and broker.in_flight(ALICE) == (6, 7, 8)
+    assert [q[0] for q in queued(store, ALICE)] == list(range(1, 9))  # held, not lost
+    assert broker.take_batch(ALICE) == []  # the delivery wake applies the highest once
+    assert calls == [(ALICE, 5)]
+    assert [q[0] for q in queued(store, ALICE)] == [6, 7, 8]
+    broker.handle_frame(ALICE, encode(Ack(upto=6)))
+    broker.mark_disconnected(ALICE, "test")  # and so does a disconnection
+    assert calls == [(ALICE, 5), (ALICE, 6)]
+    assert [q[0] for q in queued(store, ALICE)] == [7, 8]
+
+
+def test_held_ack_is_applied_before_a_publish_counts_overflow(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    sink = MemorySink()
+    broker = make_broker(store, clock, sink, max_queue_depth=2)
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    publish(broker, "m0", "a")
+    publish(broker, "m1", "a")
+    broker.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2]
+    broker.handle_frame(ALICE, encode(Ack(upto=2)))
+    publish(broker, "m2", "a")
+    publish(broker, "m3", "a")
+    assert sink.named("notify_dropped") == []
 
 
 @pytest.mark.parametrize(
