@@ -30,7 +30,7 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,7 +65,7 @@ from mdeci.frames import (
     encode,
 )
 from mdeci.store.errors import StoreError
-from mdeci.store.queues import QueuedNotification
+from mdeci.store.queues import PublishRequest, QueuedNotification
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from mdeci.store.subscriptions import Subscription
@@ -227,45 +227,102 @@ class Broker:
         )
         return Subs(req=frame.req, items=items)
 
+    def handle_frames(self, batch: Sequence[tuple[str, bytes]]) -> list[list[Frame]]:
+        """Handle frames that arrived together, in order, each from its authenticated
+        user; the reply frames of each. Like :meth:`handle_frame` on each in turn, except
+        that consecutive ``pub`` frames (acks between them do not count) are stored in
+        one transaction: one commit, one fsync for all (a group commit). Each ``pub-ok``
+        is still built only after that commit returned.
+
+        Never raises; a database failure answers every publish of the group with 500.
+        """
+        replies: list[list[Frame]] = [[] for _ in batch]
+        run: list[tuple[int, str, Pub]] = []
+        for i, (uri, data) in enumerate(batch):
+            try:
+                frame = decode(data)
+            except FrameError as exc:
+                replies[i] = [_error(exc.req, exc.code, exc.message)]
+                continue
+            if isinstance(frame, Pub):
+                run.append((i, uri, frame))
+                continue
+            if not isinstance(frame, Ack):  # an ack's order against publishes is free
+                self._pubs(run, replies)
+                run = []
+            replies[i] = self.handle(uri, frame)
+        self._pubs(run, replies)
+        return replies
+
     def _pub(self, uri: str, frame: Pub) -> Frame:
-        attrs_cbor = cbor2.dumps(dict(frame.attrs))
-        size = len(frame.payload) + len(attrs_cbor) + len(frame.subject) + len(frame.msg_id)
-        if size + NOTIFY_OVERHEAD > MAX_FRAME_BYTES:
-            # Refused here rather than queued as a notify that could never be sent.
-            return _error(frame.req, TOO_LARGE, "publish too large to be notified")
-        now = self.clock()
-        match = self.matcher.match(frame.subject, frame.attrs, now)
-        # A held ack would make a full queue look fuller: apply it before overflow counts.
-        for target in self._acks.keys() & {uri for uri, _ in match.targets}:
-            self._try_flush_acks(target)
-        result = self.store.queues.publish(
-            uri,
-            frame.msg_id,
-            frame.subject,
-            attrs_cbor,
-            frame.payload,
-            urgent=frame.urgent,
-            published_at=now,
-            targets=match.targets,
-            max_depth=self.config.max_queue_depth,
-            policy=self.config.overflow_policy,
-        )
-        for queued in result.queued:
-            self.log.emit("notify_queued", queued.uri, nseq=queued.nseq, queue_depth=queued.depth)
-        for dropped in result.dropped:
-            self._missed_pending.add(dropped.uri)
-            self.log.emit(
-                "notify_dropped",
-                dropped.uri,
-                nseq=dropped.nseq,
-                reason=f"queue overflow ({dropped.reason}), msg_id={dropped.msg_id}",
+        replies: list[list[Frame]] = [[]]
+        self._pubs([(0, uri, frame)], replies)
+        return replies[0][0]
+
+    def _pubs(self, run: list[tuple[int, str, Pub]], replies: list[list[Frame]]) -> None:
+        """Store the publishes of ``run`` in one transaction; put each one's reply in
+        ``replies`` at its index."""
+        prepared: list[tuple[int, Pub, float, bool, PublishRequest]] = []
+        for i, uri, frame in run:
+            attrs_cbor = cbor2.dumps(dict(frame.attrs))
+            size = len(frame.payload) + len(attrs_cbor) + len(frame.subject) + len(frame.msg_id)
+            if size + NOTIFY_OVERHEAD > MAX_FRAME_BYTES:
+                # Refused here rather than queued as a notify that could never be sent.
+                replies[i] = [_error(frame.req, TOO_LARGE, "publish too large to be notified")]
+                continue
+            now = self.clock()
+            match = self.matcher.match(frame.subject, frame.attrs, now)
+            request = PublishRequest(
+                uri,
+                frame.msg_id,
+                frame.subject,
+                attrs_cbor,
+                frame.payload,
+                frame.urgent,
+                now,
+                match.targets,
             )
-        if match.expired:
-            self._sweep_after_match(now)
+            prepared.append((i, frame, now, bool(match.expired), request))
+        if not prepared:
+            return
+        # A held ack would make a full queue look fuller: apply it before overflow counts.
+        targets = {uri for *_, req in prepared for uri, _ in req.targets}
+        for target in self._acks.keys() & targets:
+            self._try_flush_acks(target)
+        try:
+            results = self.store.queues.publish_many(
+                [req for *_, req in prepared],
+                max_depth=self.config.max_queue_depth,
+                policy=self.config.overflow_policy,
+            )
+        except StoreError as exc:
+            for i, frame, *_ in prepared:
+                replies[i] = [_error(frame.req, INTERNAL, f"broker store: {exc}")]
+            return
+        woken: set[str] = set()
+        expired_at: float | None = None
+        for (i, frame, now, expired, _), result in zip(prepared, results, strict=True):
+            for queued in result.queued:
+                self.log.emit(
+                    "notify_queued", queued.uri, nseq=queued.nseq, queue_depth=queued.depth
+                )
+            for dropped in result.dropped:
+                self._missed_pending.add(dropped.uri)
+                self.log.emit(
+                    "notify_dropped",
+                    dropped.uri,
+                    nseq=dropped.nseq,
+                    reason=f"queue overflow ({dropped.reason}), msg_id={dropped.msg_id}",
+                )
+            if expired:
+                expired_at = now
+            woken.update(q.uri for q in result.queued)
+            replies[i] = [PubOk(req=frame.req, msg_id=frame.msg_id, matched=result.matched)]
+        if expired_at is not None:
+            self._sweep_after_match(expired_at)
         if self.listener is not None:
-            for target in sorted({q.uri for q in result.queued}):
+            for target in sorted(woken):
                 self.listener.queued(target)
-        return PubOk(req=frame.req, msg_id=frame.msg_id, matched=result.matched)
 
     def _sweep_after_match(self, now: float) -> None:
         # The publish is durable already; a failed delete is retried by the periodic sweep.

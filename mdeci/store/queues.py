@@ -94,6 +94,20 @@ class PublishResult:
 
 
 @dataclass(frozen=True, slots=True)
+class PublishRequest:
+    """One publish of a ``publish_many`` batch: the arguments of ``publish``."""
+
+    publisher_uri: str
+    msg_id: str
+    subject: str
+    attrs_cbor: bytes
+    payload: bytes
+    urgent: bool
+    published_at: float
+    targets: Sequence[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedNotification:
     """A notification waiting in ``uri``'s queue: what a ``notify`` frame carries."""
 
@@ -246,53 +260,91 @@ class SqlQueueStore:
             InvalidArgument: ``max_depth`` < 1 or an unknown ``policy``.
             StoreError: the database failed; nothing was recorded or queued.
         """
+        request = PublishRequest(
+            publisher_uri, msg_id, subject, attrs_cbor, payload, urgent, published_at, targets
+        )
+        return self.publish_many([request], max_depth=max_depth, policy=policy)[0]
+
+    def publish_many(
+        self, requests: Sequence[PublishRequest], *, max_depth: int, policy: OverflowPolicy
+    ) -> list[PublishResult]:
+        """``publish`` each request, in order, all in one transaction (one commit, one
+        fsync: a group commit); the results in the same order.
+
+        Each request is handled exactly as ``publish`` would one after the other (a
+        msg_id twice is a duplicate the second time). All or nothing: if the database
+        fails, none of them is recorded or queued.
+
+        Raises:
+            InvalidArgument: ``max_depth`` < 1 or an unknown ``policy``.
+            StoreError: the database failed; nothing was recorded or queued.
+        """
         if max_depth < 1:
             raise InvalidArgument(f"max_depth must be at least 1, not {max_depth}")
         if policy not in OVERFLOW_POLICIES:
             raise InvalidArgument(f"overflow policy must be one of {OVERFLOW_POLICIES}")
+        results: list[PublishResult | None] = []
+        fresh: list[PublishRequest] = []
         with transaction(self._engine, "publish") as conn:
-            first = conn.execute(
-                self._record,
-                {
-                    "publisher_uri": publisher_uri,
-                    "msg_id": msg_id,
-                    "matched": len(targets),
-                    "published_at": published_at,
-                },
-            ).first()
-            if first is None:
-                matched = conn.execute(
-                    self._matched, {"publisher_uri": publisher_uri, "msg_id": msg_id}
-                ).scalar_one()
-                return PublishResult(matched=matched, duplicate=True)
-            if not targets:
-                return PublishResult(matched=0, duplicate=False)
-            ordered = sorted(targets, key=lambda t: t[0])
-            uris = sorted({uri for uri, _ in ordered})
-            # One statement for every recipient, in URI order (so concurrent publishes
-            # lock the counter rows in one order and cannot deadlock).
+            for req in requests:
+                first = conn.execute(
+                    self._record,
+                    {
+                        "publisher_uri": req.publisher_uri,
+                        "msg_id": req.msg_id,
+                        "matched": len(req.targets),
+                        "published_at": req.published_at,
+                    },
+                ).first()
+                if first is None:
+                    matched = conn.execute(
+                        self._matched, {"publisher_uri": req.publisher_uri, "msg_id": req.msg_id}
+                    ).scalar_one()
+                    results.append(PublishResult(matched=matched, duplicate=True))
+                else:
+                    results.append(None)
+                    fresh.append(req)
+            uris = sorted({uri for req in fresh for uri, _ in req.targets})
+            if not uris:
+                return [r or PublishResult(matched=0, duplicate=False) for r in results]
+            # One statement for every recipient of every request, in URI order (so
+            # concurrent transactions lock the counter rows in one order and cannot
+            # deadlock); the rows stay locked until commit.
             counters = {
                 uri: _Counter(int(last), int(depth))
                 for uri, last, depth in conn.execute(
                     self._lock_counters, [{"uri": uri} for uri in uris]
                 )
             }
-            return self._queue(
-                conn,
-                counters,
-                ordered,
-                max_depth,
-                policy,
-                {
-                    "publisher_uri": publisher_uri,
-                    "msg_id": msg_id,
-                    "subject": subject,
-                    "attrs_cbor": attrs_cbor,
-                    "payload": payload,
-                    "urgent": urgent,
-                    "published_at": published_at,
-                },
+            done = iter(
+                [
+                    self._queue(
+                        conn,
+                        counters,
+                        sorted(req.targets, key=lambda t: t[0]),
+                        max_depth,
+                        policy,
+                        {
+                            "publisher_uri": req.publisher_uri,
+                            "msg_id": req.msg_id,
+                            "subject": req.subject,
+                            "attrs_cbor": req.attrs_cbor,
+                            "payload": req.payload,
+                            "urgent": req.urgent,
+                            "published_at": req.published_at,
+                        },
+                    )
+                    for req in fresh
+                ]
             )
+            conn.execute(
+                self._set_counter,
+                [
+                    {"c_uri": uri, "c_last": c.last_nseq, "c_depth": c.depth, "c_missed": c.missed}
+                    for uri, c in counters.items()
+                ],
+            )
+        return [r if r is not None else next(done) for r in results]
 
     def _queue(
         self,
@@ -333,6 +385,7 @@ class SqlQueueStore:
                     self._drop_oldest, {"uri": uri, "count": counter.drop_existing}
                 ).all()
                 olders[uri] = sorted((int(n), int(s), str(m)) for n, s, m in rows)
+                counter.drop_existing = 0
         # Pass 2: the same walk, now with nseqs.
         queued: list[Enqueued] = []
         dropped: list[Dropped] = []
@@ -367,15 +420,11 @@ class SqlQueueStore:
             rows_out.extend(
                 {"uri": uri, "nseq": item.nseq, "sub_id": item.sub_id, **message} for item in fresh
             )
+        # Written now, so that a later request of the same batch that overflows sees
+        # them as the older entries its DELETE may drop; the counters are written once,
+        # by publish_many.
         if rows_out:
             conn.execute(self._enqueue, rows_out)
-        conn.execute(
-            self._set_counter,
-            [
-                {"c_uri": uri, "c_last": c.last_nseq, "c_depth": c.depth, "c_missed": c.missed}
-                for uri, c in counters.items()
-            ],
-        )
         return PublishResult(
             matched=len(ordered), duplicate=False, queued=tuple(queued), dropped=tuple(dropped)
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import cbor2
 import pytest
@@ -27,6 +28,7 @@ from mdeci.frames import (
     decode,
     encode,
 )
+from mdeci.store.errors import StoreError
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from tests.broker.conftest import T0, FakeClock, WaitingSink, add_session, make_broker
@@ -476,3 +478,62 @@ def test_churn_log_sink_writes_section_8_records(tmp_path: Path, clock: FakeCloc
         }
     ]
     assert sink.failures == 2
+
+
+def test_publishes_arriving_together_share_one_transaction(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    sink = MemorySink()
+    broker = make_broker(store, clock, sink)
+    subscribe(broker, ALICE, "a")
+    calls: list[list[str]] = []
+    real = store.queues.publish_many
+
+    def counting(requests: Any, **kwargs: Any) -> Any:
+        calls.append([r.msg_id for r in requests])
+        return real(requests, **kwargs)
+
+    store.queues.publish_many = counting  # type: ignore[method-assign]
+    pub = [encode(Pub(req=n, msg_id=f"m{n}", subject="a")) for n in range(5)]
+    replies = broker.handle_frames(
+        [
+            (PUBLISHER, pub[0]),
+            (BOB, encode(Ack(upto=1))),  # an ack does not split the group
+            (PUBLISHER, pub[1]),
+            (BOB, pub[2]),
+            (BOB, b"\x00"),  # nor does a bad frame
+            (CAROL, encode(Sub(req=9, subject="b"))),  # a sub does: it may change matches
+            (PUBLISHER, pub[3]),
+            (PUBLISHER, pub[1]),  # a re-send: a duplicate within the group
+        ]
+    )
+    assert calls == [["m0", "m1", "m2"], ["m3", "m1"]]
+    kinds = [[type(f).__name__ for f in r] for r in replies]
+    assert kinds == [
+        ["PubOk"],
+        [],
+        ["PubOk"],
+        ["PubOk"],
+        ["Error"],
+        ["SubOk"],
+        ["PubOk"],
+        ["PubOk"],
+    ]
+    assert [e.fields["nseq"] for e in sink.named("notify_queued")] == [1, 2, 3, 4]
+    assert [q[1] for q in queued(store, ALICE)] == ["m0", "m1", "m2", "m3"]
+
+
+def test_a_failed_group_commit_answers_each_publish_with_500(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    broker = make_broker(store, clock, MemorySink())
+    subscribe(broker, ALICE, "a")
+
+    def failing(requests: Any, **kwargs: Any) -> Any:
+        raise StoreError("publish failed: disk on fire")
+
+    store.queues.publish_many = failing  # type: ignore[method-assign]
+    pubs = [encode(Pub(req=n, msg_id=f"m{n}", subject="a")) for n in (1, 2)]
+    replies = broker.handle_frames([(PUBLISHER, p) for p in pubs])
+    assert [(r[0].req, r[0].code) for r in replies] == [(1, 500), (2, 500)]  # type: ignore[union-attr]
+    assert queued(store, ALICE) == []

@@ -15,6 +15,7 @@ from mdeci.store.queues import (
     Dropped,
     Enqueued,
     OverflowPolicy,
+    PublishRequest,
     PublishResult,
     QueuedNotification,
     SqlQueueStore,
@@ -298,3 +299,38 @@ def test_publish_statements_do_not_grow_with_the_targets(engine: Engine) -> None
     assert len(result.queued) == 100 and {e.nseq for e in result.queued} == {2}
     # Record, lock counters, insert rows, update counters (+ BEGIN/commit chatter).
     assert len(statements) <= 8, statements
+
+
+def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+
+    def req(msg_id: str, targets: list[tuple[str, int]], pub: str = PUB) -> PublishRequest:
+        return PublishRequest(pub, msg_id, "s", b"\xa0", msg_id.encode(), False, 1.0, targets)
+
+    results = q.publish_many(
+        [
+            req("m1", [(BOB, 1), (ALICE, 2)]),
+            req("m1", [(ALICE, 2)]),  # a duplicate of the first, in the same batch
+            req("m2", [(ALICE, 3)]),
+            req("m3", [(ALICE, 4)]),  # overflows: drops m1's notification, written above
+            req("m4", []),
+        ],
+        max_depth=2,
+        policy="drop-oldest",
+    )
+    assert results == [
+        PublishResult(2, False, (Enqueued(ALICE, 1, 2, 1), Enqueued(BOB, 1, 1, 1))),
+        PublishResult(2, True),
+        PublishResult(1, False, (Enqueued(ALICE, 2, 3, 2),)),
+        PublishResult(
+            1, False, (Enqueued(ALICE, 3, 4, 2),), (Dropped(ALICE, 1, 2, "m1", "drop-oldest"),)
+        ),
+        PublishResult(0, False),
+    ]
+    assert [p.msg_id for p in q.pending(ALICE)] == ["m2", "m3"]
+    assert q.depth(ALICE) == 2 == _counted(engine, ALICE) and q.take_missed(ALICE) == 1
+    assert q.last_nseq(BOB) == 1 and q.publish_many([], max_depth=1, policy="drop-oldest") == []
+    # All or nothing: a failing batch leaves no trace of its first, valid request.
+    with pytest.raises(InvalidArgument):
+        q.publish_many([req("m5", [(ALICE, 1)])], max_depth=0, policy="drop-oldest")
+    assert q.last_nseq(ALICE) == 3
