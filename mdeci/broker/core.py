@@ -102,6 +102,8 @@ class _Link:
     # nseq -> published_at of notifications sent on this connection and not yet acked.
     inflight: dict[int, float]
     sent_upto: int = 0
+    # The last read filled the window's room: more may wait in the store (see take_batch).
+    backlog: bool = False
 
 
 def _error(req: int | None, code: int, message: str) -> Error:
@@ -445,15 +447,20 @@ class Broker:
         link = self._links.get(uri)
         if link is None or not link.connected:
             return []
-        self._try_flush_acks(uri)
         room = self.config.window - len(link.inflight)
-        if room <= 0:
+        # While a backlog drains, refill only once half the window is free: one read (and
+        # one applied ack) per half window instead of one per ack, with at least half a
+        # window still in flight, so the link never runs dry. A user with no backlog gets
+        # a new notification at once.
+        if room <= 0 or (link.backlog and room < max(1, self.config.window // 2)):
             return []
+        self._try_flush_acks(uri)
         rows = self.store.queues.pending(uri, after_nseq=link.sent_upto, limit=room)
         if rows:
             # The only other store call; made before any state changes so that a
             # StoreError leaves the link as it was.
             self._missed(uri, rows[0].nseq)
+        link.backlog = len(rows) == room
         out: list[OutgoingNotify] = []
         for row in rows:
             link.sent_upto = row.nseq

@@ -537,3 +537,24 @@ def test_a_failed_group_commit_answers_each_publish_with_500(
     replies = broker.handle_frames([(PUBLISHER, p) for p in pubs])
     assert [(r[0].req, r[0].code) for r in replies] == [(1, 500), (2, 500)]  # type: ignore[union-attr]
     assert queued(store, ALICE) == []
+
+
+def test_a_backlog_is_refilled_by_half_windows(store: BrokerStore, clock: FakeClock) -> None:
+    broker = make_broker(store, clock, MemorySink(), window=4)
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    for n in range(7):
+        publish(broker, f"m{n}", "a")
+    broker.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2, 3, 4]
+    broker.handle_frame(ALICE, encode(Ack(upto=1)))
+    assert notifies(broker, ALICE) == []  # room 1 of 4: wait for half a window
+    assert queued(store, ALICE)[0][0] == 1  # and the ack is still held
+    broker.handle_frame(ALICE, encode(Ack(upto=2)))
+    assert [n.nseq for n in notifies(broker, ALICE)] == [5, 6]
+    assert [q[0] for q in queued(store, ALICE)] == [3, 4, 5, 6, 7]
+    broker.handle_frame(ALICE, encode(Ack(upto=4)))
+    assert [n.nseq for n in notifies(broker, ALICE)] == [7]  # short read: backlog done
+    broker.handle_frame(ALICE, encode(Ack(upto=5)))
+    publish(broker, "m7", "a")
+    assert [n.nseq for n in notifies(broker, ALICE)] == [8]  # at once, with room 2 of 4
