@@ -15,8 +15,14 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
   built only after that call returned, so an acknowledged publish is durable.
 - Delivery is pulled: for a CONNECTED user, :meth:`Broker.take_batch` returns the next
   encoded ``notify`` frames, in ``nseq`` order, at most ``window`` of them unacked at a
-  time. ``ack`` frees the window. :meth:`Broker.mark_connected` restarts the stream
-  from the lowest queued (un-acked) ``nseq``; :meth:`Broker.mark_disconnected` stops it.
+  time. ``ack`` frees the window at once, but reaches the store later: acks are
+  cumulative, so the core keeps only each user's highest and deletes up to it once, when
+  the user's delivery next wakes (:meth:`Broker.take_batch`), on (dis)connection, or on
+  :meth:`Broker.flush_acks`. An agent acks every notify, and one store transaction per
+  ack dominated delivery; an ack not yet applied when the broker dies only makes it send
+  those notifications again, which the agent drops by nseq (acks were never fsync'd).
+  :meth:`Broker.mark_connected` restarts the stream from the lowest queued (un-acked)
+  ``nseq``; :meth:`Broker.mark_disconnected` stops it.
 - The :class:`QueueListener` hears "something was queued for uri" and "uri acked", so
   the service wakes that user's delivery task instead of polling.
 """
@@ -24,7 +30,7 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,7 +65,7 @@ from mdeci.frames import (
     encode,
 )
 from mdeci.store.errors import StoreError
-from mdeci.store.queues import QueuedNotification
+from mdeci.store.queues import PublishRequest, QueuedNotification
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from mdeci.store.subscriptions import Subscription
@@ -96,6 +102,8 @@ class _Link:
     # nseq -> published_at of notifications sent on this connection and not yet acked.
     inflight: dict[int, float]
     sent_upto: int = 0
+    # The last read filled the window's room: more may wait in the store (see take_batch).
+    backlog: bool = False
 
 
 def _error(req: int | None, code: int, message: str) -> Error:
@@ -138,6 +146,8 @@ class Broker:
         # missed counts already taken from the store, by user and nseq, kept until acked
         # so that a notify re-sent after a reconnection still carries its count.
         self._missed_at: dict[str, dict[int, int]] = {}
+        # The highest ack of each user not yet applied to the store (see the docstring).
+        self._acks: dict[str, int] = {}
 
     # ------------------------------------------------------------------ frames
 
@@ -219,42 +229,102 @@ class Broker:
         )
         return Subs(req=frame.req, items=items)
 
+    def handle_frames(self, batch: Sequence[tuple[str, bytes]]) -> list[list[Frame]]:
+        """Handle frames that arrived together, in order, each from its authenticated
+        user; the reply frames of each. Like :meth:`handle_frame` on each in turn, except
+        that consecutive ``pub`` frames (acks between them do not count) are stored in
+        one transaction: one commit, one fsync for all (a group commit). Each ``pub-ok``
+        is still built only after that commit returned.
+
+        Never raises; a database failure answers every publish of the group with 500.
+        """
+        replies: list[list[Frame]] = [[] for _ in batch]
+        run: list[tuple[int, str, Pub]] = []
+        for i, (uri, data) in enumerate(batch):
+            try:
+                frame = decode(data)
+            except FrameError as exc:
+                replies[i] = [_error(exc.req, exc.code, exc.message)]
+                continue
+            if isinstance(frame, Pub):
+                run.append((i, uri, frame))
+                continue
+            if not isinstance(frame, Ack):  # an ack's order against publishes is free
+                self._pubs(run, replies)
+                run = []
+            replies[i] = self.handle(uri, frame)
+        self._pubs(run, replies)
+        return replies
+
     def _pub(self, uri: str, frame: Pub) -> Frame:
-        attrs_cbor = cbor2.dumps(dict(frame.attrs))
-        size = len(frame.payload) + len(attrs_cbor) + len(frame.subject) + len(frame.msg_id)
-        if size + NOTIFY_OVERHEAD > MAX_FRAME_BYTES:
-            # Refused here rather than queued as a notify that could never be sent.
-            return _error(frame.req, TOO_LARGE, "publish too large to be notified")
-        now = self.clock()
-        match = self.matcher.match(frame.subject, frame.attrs, now)
-        result = self.store.queues.publish(
-            uri,
-            frame.msg_id,
-            frame.subject,
-            attrs_cbor,
-            frame.payload,
-            urgent=frame.urgent,
-            published_at=now,
-            targets=match.targets,
-            max_depth=self.config.max_queue_depth,
-            policy=self.config.overflow_policy,
-        )
-        for queued in result.queued:
-            self.log.emit("notify_queued", queued.uri, nseq=queued.nseq, queue_depth=queued.depth)
-        for dropped in result.dropped:
-            self._missed_pending.add(dropped.uri)
-            self.log.emit(
-                "notify_dropped",
-                dropped.uri,
-                nseq=dropped.nseq,
-                reason=f"queue overflow ({dropped.reason}), msg_id={dropped.msg_id}",
+        replies: list[list[Frame]] = [[]]
+        self._pubs([(0, uri, frame)], replies)
+        return replies[0][0]
+
+    def _pubs(self, run: list[tuple[int, str, Pub]], replies: list[list[Frame]]) -> None:
+        """Store the publishes of ``run`` in one transaction; put each one's reply in
+        ``replies`` at its index."""
+        prepared: list[tuple[int, Pub, float, bool, PublishRequest]] = []
+        for i, uri, frame in run:
+            attrs_cbor = cbor2.dumps(dict(frame.attrs))
+            size = len(frame.payload) + len(attrs_cbor) + len(frame.subject) + len(frame.msg_id)
+            if size + NOTIFY_OVERHEAD > MAX_FRAME_BYTES:
+                # Refused here rather than queued as a notify that could never be sent.
+                replies[i] = [_error(frame.req, TOO_LARGE, "publish too large to be notified")]
+                continue
+            now = self.clock()
+            match = self.matcher.match(frame.subject, frame.attrs, now)
+            request = PublishRequest(
+                uri,
+                frame.msg_id,
+                frame.subject,
+                attrs_cbor,
+                frame.payload,
+                frame.urgent,
+                now,
+                match.targets,
             )
-        if match.expired:
-            self._sweep_after_match(now)
+            prepared.append((i, frame, now, bool(match.expired), request))
+        if not prepared:
+            return
+        # A held ack would make a full queue look fuller: apply it before overflow counts.
+        targets = {uri for *_, req in prepared for uri, _ in req.targets}
+        for target in self._acks.keys() & targets:
+            self._try_flush_acks(target)
+        try:
+            results = self.store.queues.publish_many(
+                [req for *_, req in prepared],
+                max_depth=self.config.max_queue_depth,
+                policy=self.config.overflow_policy,
+            )
+        except StoreError as exc:
+            for i, frame, *_ in prepared:
+                replies[i] = [_error(frame.req, INTERNAL, f"broker store: {exc}")]
+            return
+        woken: set[str] = set()
+        expired_at: float | None = None
+        for (i, frame, now, expired, _), result in zip(prepared, results, strict=True):
+            for queued in result.queued:
+                self.log.emit(
+                    "notify_queued", queued.uri, nseq=queued.nseq, queue_depth=queued.depth
+                )
+            for dropped in result.dropped:
+                self._missed_pending.add(dropped.uri)
+                self.log.emit(
+                    "notify_dropped",
+                    dropped.uri,
+                    nseq=dropped.nseq,
+                    reason=f"queue overflow ({dropped.reason}), msg_id={dropped.msg_id}",
+                )
+            if expired:
+                expired_at = now
+            woken.update(q.uri for q in result.queued)
+            replies[i] = [PubOk(req=frame.req, msg_id=frame.msg_id, matched=result.matched)]
+        if expired_at is not None:
+            self._sweep_after_match(expired_at)
         if self.listener is not None:
-            for target in sorted({q.uri for q in result.queued}):
+            for target in sorted(woken):
                 self.listener.queued(target)
-        return PubOk(req=frame.req, msg_id=frame.msg_id, matched=result.matched)
 
     def _sweep_after_match(self, now: float) -> None:
         # The publish is durable already; a failed delete is retried by the periodic sweep.
@@ -262,7 +332,8 @@ class Broker:
             self.sweep(now)
 
     def _ack(self, uri: str, upto: int) -> None:
-        self.store.queues.ack(uri, upto)
+        if upto > self._acks.get(uri, 0):
+            self._acks[uri] = upto
         link = self._links.get(uri)
         if link is not None:
             now = self.clock()
@@ -277,6 +348,26 @@ class Broker:
                 del missed[nseq]
         if self.listener is not None:
             self.listener.acked(uri)
+
+    def flush_acks(self, uri: str | None = None) -> None:
+        """Apply the held acks of ``uri`` (every user if None) to the store.
+
+        Raises:
+            StoreError: the database failed; the acks stay held for the next call.
+        """
+        for user in [uri] if uri is not None else list(self._acks):
+            upto = self._acks.get(user)
+            if upto is not None:
+                self.store.queues.ack(user, upto)
+                # An ack that arrived meanwhile cannot be lower (no await in between),
+                # but keep the rule "only ever forget what was applied" explicit.
+                if self._acks.get(user) == upto:
+                    del self._acks[user]
+
+    def _try_flush_acks(self, uri: str) -> None:
+        # Held acks only repeat work if left unapplied: never fail a caller over them.
+        with contextlib.suppress(StoreError):
+            self.flush_acks(uri)
 
     # ------------------------------------------------------------------ TTL sweep
 
@@ -314,6 +405,7 @@ class Broker:
         Raises:
             StoreError: the status could not be stored (delivery is enabled anyway).
         """
+        self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
         previous = self._links.get(uri)
         prev_addr = previous.addr if previous is not None else None
         self._links[uri] = _Link(connected=True, addr=addr, inflight={})
@@ -331,6 +423,7 @@ class Broker:
         Raises:
             StoreError: the status could not be stored (delivery is stopped anyway).
         """
+        self._try_flush_acks(uri)  # the SMS fallback reads the queue next
         link = self._links.get(uri)
         was_connected = link is not None and link.connected
         if link is not None:
@@ -355,13 +448,19 @@ class Broker:
         if link is None or not link.connected:
             return []
         room = self.config.window - len(link.inflight)
-        if room <= 0:
+        # While a backlog drains, refill only once half the window is free: one read (and
+        # one applied ack) per half window instead of one per ack, with at least half a
+        # window still in flight, so the link never runs dry. A user with no backlog gets
+        # a new notification at once.
+        if room <= 0 or (link.backlog and room < max(1, self.config.window // 2)):
             return []
+        self._try_flush_acks(uri)
         rows = self.store.queues.pending(uri, after_nseq=link.sent_upto, limit=room)
         if rows:
             # The only other store call; made before any state changes so that a
             # StoreError leaves the link as it was.
             self._missed(uri, rows[0].nseq)
+        link.backlog = len(rows) == room
         out: list[OutgoingNotify] = []
         for row in rows:
             link.sent_upto = row.nseq

@@ -4,7 +4,8 @@ Glue only, as ``rudp/aio`` is for its core. One :class:`~rudp.aio.RudpEndpoint` 
 every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed by the
 session key from SDP) and three kinds of task:
 
-- a reader: ``peer.receive()`` -> ``Broker.handle_frame`` -> replies sent on the peer;
+- a reader: ``peer.receive()`` -> ``Broker.handle_frames`` (what every reader received
+  by then, so publishes arriving together share one commit) -> replies sent on the peer;
 - a delivery task: ``Broker.take_batch`` -> one send task per notify, started in nseq
   order (asyncio runs tasks in creation order, so the RUDP core queues them in order);
   when the batch is empty it waits on the user's wake event, set by the core's
@@ -68,6 +69,8 @@ class BrokerService:
         self.endpoint = endpoint
         self._users: dict[str, _UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        # Frames received and not yet handled, in arrival order (see _read).
+        self._inbound: list[tuple[_UserLink, bytes]] = []
         # Urgent notifications of DISCONNECTED users go by SMS when set (run_broker).
         self.sms: SmsFallback | None = None
         broker.listener = self
@@ -162,6 +165,8 @@ class BrokerService:
         for link in self._users.values():
             tasks.extend(self._drop(link))
         self._users.clear()
+        with contextlib.suppress(StoreError):
+            self.broker.flush_acks()  # held acks are only saved work: never fail close
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.endpoint.close()
 
@@ -192,7 +197,20 @@ class BrokerService:
             data = await link.peer.receive()
             if not self.broker.is_connected(link.uri):
                 self._heard(link)
-            for frame in self.broker.handle_frame(link.uri, data):
+            # Handled once every reader has taken what already arrived (a reader does not
+            # yield while its inbox has frames), so that publishes arriving together share
+            # one commit (Broker.handle_frames); frames keep their arrival order.
+            if not self._inbound:
+                asyncio.get_running_loop().call_soon(self._handle_inbound)
+            self._inbound.append((link, data))
+
+    def _handle_inbound(self) -> None:
+        batch, self._inbound = self._inbound, []
+        replies = self.broker.handle_frames([(link.uri, data) for link, data in batch])
+        for (link, _), frames in zip(batch, replies, strict=True):
+            if self._users.get(link.uri) is not link:
+                continue  # dropped meanwhile: as if its reader had been cancelled first
+            for frame in frames:
                 try:
                     reply = encode(frame)
                 except FrameError as exc:  # e.g. a `subs` listing over the frame limit

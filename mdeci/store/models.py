@@ -1,7 +1,7 @@
 """SQLAlchemy 2.0 typed models of the broker's durable state (PROTOCOL.md section 6).
 
-Migration ``migrations/versions/0003.py`` creates exactly these tables; ``alembic check``
-in ``tests/store/test_migrations.py`` fails if the two drift apart. Repositories
+Migrations ``migrations/versions/0003.py`` and ``0004.py`` create exactly these tables;
+``alembic check`` in ``tests/store/test_migrations.py`` fails if the two drift apart. Repositories
 (``users.py``, ``bindings.py``, ``sessions.py``, ``subscriptions.py``, ``queues.py``) are
 the only code that touches them; broker logic gets frozen dataclasses, never these rows.
 
@@ -21,6 +21,7 @@ from sqlalchemy import (
     LargeBinary,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -120,6 +121,9 @@ class QueueCounterRow(Base):
     uri: Mapped[str] = mapped_column(Text, primary_key=True)
     last_nseq: Mapped[int] = mapped_column(BigInteger)
     missed: Mapped[int] = mapped_column(BigInteger)
+    # How many rows of queued_notifications this user has: kept by every write to them
+    # (SqlQueueStore), so the overflow check needs no COUNT(*) of a growing queue.
+    depth: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class QueuedRow(Base):

@@ -7,11 +7,19 @@ Theory of operation
 1. records ``(publisher_uri, msg_id)`` in ``published_messages`` with the matched count;
    if that pair is there already the publish is a duplicate: it returns the original
    count and queues nothing (an agent re-sending after a handover publishes once);
-2. for each target ``(uri, sub_id)``, in URI order (so concurrent publishes lock the
-   users' counter rows in one order and cannot deadlock), locks the user's row in
-   ``queue_counters`` (creating it at ``last_nseq = 0``), applies the overflow policy if
-   the queue holds ``max_depth`` entries already, and queues the notification with
-   ``nseq = last_nseq + 1``.
+2. creates or locks every recipient's row in ``queue_counters`` with one statement, in
+   URI order (so concurrent publishes lock the users' counter rows in one order and
+   cannot deadlock), reading ``last_nseq`` and ``depth`` (the queue's length, kept by
+   every write to the queue, so no ``COUNT(*)``);
+3. plans each target ``(uri, sub_id)`` in memory, in URI order: applies the overflow
+   policy if the queue holds ``max_depth`` entries already, and gives the notification
+   ``nseq = last_nseq + 1``;
+4. writes the plan set-based: one ``DELETE`` per user that overflows ``drop-oldest``,
+   one executemany ``INSERT`` of the queued rows, one executemany ``UPDATE`` of the
+   counters (a fan-out to 100 users is a handful of statements, not ~400).
+
+``ack`` and ``remove`` lock the counter row before deleting (the order ``publish`` takes
+its locks in) and lower ``depth`` by what they deleted.
 
 ``nseq`` is per recipient URI, strictly increasing and never reused: the counter row is
 never deleted, and it only grows. It is gapless except where an entry was dropped. The
@@ -36,14 +44,17 @@ with their subscription.
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Delete, bindparam, delete, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from mdeci.store._sql import insert_on_conflict, reading, relaxed_transaction, transaction
+from mdeci.store._sql import reading, relaxed_transaction, transaction
 from mdeci.store.errors import InvalidArgument
 from mdeci.store.models import PublishedRow, QueueCounterRow, QueuedRow
 
@@ -83,6 +94,20 @@ class PublishResult:
 
 
 @dataclass(frozen=True, slots=True)
+class PublishRequest:
+    """One publish of a ``publish_many`` batch: the arguments of ``publish``."""
+
+    publisher_uri: str
+    msg_id: str
+    subject: str
+    attrs_cbor: bytes
+    payload: bytes
+    urgent: bool
+    published_at: float
+    targets: Sequence[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedNotification:
     """A notification waiting in ``uri``'s queue: what a ``notify`` frame carries."""
 
@@ -112,16 +137,105 @@ _COLUMNS = (
 )
 
 
-def _depth(conn: Connection, uri: str) -> int:
-    count = conn.execute(select(func.count()).where(QueuedRow.uri == uri)).scalar_one()
-    return int(count)
+@dataclass(slots=True)
+class _Counter:
+    """One recipient's counter row while ``publish`` plans its targets."""
+
+    last_nseq: int
+    depth: int
+    missed: int = 0
+    drop_existing: int = 0  # how many of the entries queued before this publish go
 
 
 class SqlQueueStore:
-    """Publish idempotence and the per-user queues in SQL; one transaction per method."""
+    """Publish idempotence and the per-user queues in SQL; one transaction per method.
+
+    The hot statements are built once here and reused with bound parameters: building a
+    SQLAlchemy statement per call cost more than running it.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+        # Creates the counter rows or locks them (PostgreSQL row locks; SQLite holds the
+        # write lock for the whole transaction), handing back last_nseq and depth.
+        lock = dialect.insert(QueueCounterRow).values(
+            uri=bindparam("uri"), last_nseq=0, missed=0, depth=0
+        )
+        self._lock_counters = lock.on_conflict_do_update(
+            index_elements=[QueueCounterRow.uri],
+            set_={"last_nseq": QueueCounterRow.last_nseq},
+        ).returning(QueueCounterRow.uri, QueueCounterRow.last_nseq, QueueCounterRow.depth)
+        record = dialect.insert(PublishedRow).values(
+            publisher_uri=bindparam("publisher_uri"),
+            msg_id=bindparam("msg_id"),
+            matched=bindparam("matched"),
+            published_at=bindparam("published_at"),
+        )
+        self._record = record.on_conflict_do_nothing(
+            index_elements=[PublishedRow.publisher_uri, PublishedRow.msg_id]
+        ).returning(PublishedRow.matched)
+        self._matched = select(PublishedRow.matched).where(
+            PublishedRow.publisher_uri == bindparam("publisher_uri"),
+            PublishedRow.msg_id == bindparam("msg_id"),
+        )
+        self._enqueue = insert(QueuedRow)
+        self._set_counter = (
+            update(QueueCounterRow)
+            .where(QueueCounterRow.uri == bindparam("c_uri"))
+            .values(
+                last_nseq=bindparam("c_last"),
+                depth=bindparam("c_depth"),
+                missed=QueueCounterRow.missed + bindparam("c_missed"),
+            )
+        )
+        # Keep the newest depth - count: the oldest ``count`` go.
+        oldest = (
+            select(QueuedRow.nseq)
+            .where(QueuedRow.uri == bindparam("uri"))
+            .order_by(QueuedRow.nseq)
+            .limit(bindparam("count"))
+            .scalar_subquery()
+        )
+        self._drop_oldest = (
+            delete(QueuedRow)
+            .where(QueuedRow.uri == bindparam("uri"), QueuedRow.nseq.in_(oldest))
+            .returning(QueuedRow.nseq, QueuedRow.sub_id, QueuedRow.msg_id)
+        )
+        # A write first (see _sql.py), and the counter row before any queued row: the
+        # order publish takes its locks in, so an ack and a publish cannot deadlock.
+        self._lock_one = (
+            update(QueueCounterRow)
+            .where(QueueCounterRow.uri == bindparam("c_uri"))
+            .values(depth=QueueCounterRow.depth)
+        )
+        self._ack = delete(QueuedRow).where(
+            QueuedRow.uri == bindparam("uri"), QueuedRow.nseq <= bindparam("upto")
+        )
+        self._remove = delete(QueuedRow).where(
+            QueuedRow.uri == bindparam("uri"), QueuedRow.nseq == bindparam("nseq")
+        )
+        self._shrink = (
+            update(QueueCounterRow)
+            .where(QueueCounterRow.uri == bindparam("c_uri"))
+            .values(depth=QueueCounterRow.depth - bindparam("c_count"))
+        )
+        self._pending = (
+            select(*_COLUMNS)
+            .where(QueuedRow.uri == bindparam("uri"), QueuedRow.nseq > bindparam("after"))
+            .order_by(QueuedRow.nseq)
+            .limit(bindparam("limit"))
+        )
+        self._pending_urgent = (
+            select(*_COLUMNS)
+            .where(
+                QueuedRow.uri == bindparam("uri"),
+                QueuedRow.nseq > bindparam("after"),
+                QueuedRow.urgent.is_(True),
+            )
+            .order_by(QueuedRow.nseq)
+            .limit(bindparam("limit"))
+        )
 
     def publish(
         self,
@@ -146,106 +260,174 @@ class SqlQueueStore:
             InvalidArgument: ``max_depth`` < 1 or an unknown ``policy``.
             StoreError: the database failed; nothing was recorded or queued.
         """
+        request = PublishRequest(
+            publisher_uri, msg_id, subject, attrs_cbor, payload, urgent, published_at, targets
+        )
+        return self.publish_many([request], max_depth=max_depth, policy=policy)[0]
+
+    def publish_many(
+        self, requests: Sequence[PublishRequest], *, max_depth: int, policy: OverflowPolicy
+    ) -> list[PublishResult]:
+        """``publish`` each request, in order, all in one transaction (one commit, one
+        fsync: a group commit); the results in the same order.
+
+        Each request is handled exactly as ``publish`` would one after the other (a
+        msg_id twice is a duplicate the second time). All or nothing: if the database
+        fails, none of them is recorded or queued.
+
+        Raises:
+            InvalidArgument: ``max_depth`` < 1 or an unknown ``policy``.
+            StoreError: the database failed; nothing was recorded or queued.
+        """
         if max_depth < 1:
             raise InvalidArgument(f"max_depth must be at least 1, not {max_depth}")
         if policy not in OVERFLOW_POLICIES:
             raise InvalidArgument(f"overflow policy must be one of {OVERFLOW_POLICIES}")
+        results: list[PublishResult | None] = []
+        fresh: list[PublishRequest] = []
+        with transaction(self._engine, "publish") as conn:
+            for req in requests:
+                first = conn.execute(
+                    self._record,
+                    {
+                        "publisher_uri": req.publisher_uri,
+                        "msg_id": req.msg_id,
+                        "matched": len(req.targets),
+                        "published_at": req.published_at,
+                    },
+                ).first()
+                if first is None:
+                    matched = conn.execute(
+                        self._matched, {"publisher_uri": req.publisher_uri, "msg_id": req.msg_id}
+                    ).scalar_one()
+                    results.append(PublishResult(matched=matched, duplicate=True))
+                else:
+                    results.append(None)
+                    fresh.append(req)
+            uris = sorted({uri for req in fresh for uri, _ in req.targets})
+            if not uris:
+                return [r or PublishResult(matched=0, duplicate=False) for r in results]
+            # One statement for every recipient of every request, in URI order (so
+            # concurrent transactions lock the counter rows in one order and cannot
+            # deadlock); the rows stay locked until commit.
+            counters = {
+                uri: _Counter(int(last), int(depth))
+                for uri, last, depth in conn.execute(
+                    self._lock_counters, [{"uri": uri} for uri in uris]
+                )
+            }
+            done = iter(
+                [
+                    self._queue(
+                        conn,
+                        counters,
+                        sorted(req.targets, key=lambda t: t[0]),
+                        max_depth,
+                        policy,
+                        {
+                            "publisher_uri": req.publisher_uri,
+                            "msg_id": req.msg_id,
+                            "subject": req.subject,
+                            "attrs_cbor": req.attrs_cbor,
+                            "payload": req.payload,
+                            "urgent": req.urgent,
+                            "published_at": req.published_at,
+                        },
+                    )
+                    for req in fresh
+                ]
+            )
+            conn.execute(
+                self._set_counter,
+                [
+                    {"c_uri": uri, "c_last": c.last_nseq, "c_depth": c.depth, "c_missed": c.missed}
+                    for uri, c in counters.items()
+                ],
+            )
+        return [r if r is not None else next(done) for r in results]
+
+    def _queue(
+        self,
+        conn: Connection,
+        counters: dict[str, _Counter],
+        ordered: list[tuple[str, int]],
+        max_depth: int,
+        policy: OverflowPolicy,
+        message: dict[str, object],
+    ) -> PublishResult:
+        """Plan every target against the locked counters, then write the plan with one
+        statement per kind (plus one DELETE per user that overflows ``drop-oldest``).
+
+        The plan is the per-target rule of the module docstring run in memory: the
+        counters' depth is exact while their rows are locked (acks lock them too).
+        """
+        msg_id = str(message["msg_id"])
+        # Pass 1: how many of each user's older entries overflow drops, so that one
+        # DELETE per user fetches their nseqs. A queue is the older entries (oldest
+        # first) followed by this publish's new ones.
+        for uri, group in itertools.groupby(ordered, key=lambda t: t[0]):
+            counter = counters[uri]
+            older, new = counter.depth, 0
+            for _ in group:
+                if older + new >= max_depth:
+                    if policy == "refuse-newest":
+                        continue
+                    excess = older + new - (max_depth - 1)
+                    gone = min(older, excess)
+                    older -= gone
+                    new -= excess - gone
+                    counter.drop_existing += gone
+                new += 1
+        olders: dict[str, list[tuple[int, int, str]]] = {}
+        for uri, counter in counters.items():
+            if counter.drop_existing:
+                rows = conn.execute(
+                    self._drop_oldest, {"uri": uri, "count": counter.drop_existing}
+                ).all()
+                olders[uri] = sorted((int(n), int(s), str(m)) for n, s, m in rows)
+                counter.drop_existing = 0
+        # Pass 2: the same walk, now with nseqs.
         queued: list[Enqueued] = []
         dropped: list[Dropped] = []
-        with transaction(self._engine, "publish") as conn:
-            first = conn.execute(
-                insert_on_conflict(conn, PublishedRow)
-                .values(
-                    publisher_uri=publisher_uri,
-                    msg_id=msg_id,
-                    matched=len(targets),
-                    published_at=published_at,
-                )
-                .on_conflict_do_nothing(
-                    index_elements=[PublishedRow.publisher_uri, PublishedRow.msg_id]
-                )
-                .returning(PublishedRow.matched)
-            ).first()
-            if first is None:
-                matched = conn.execute(
-                    select(PublishedRow.matched).where(
-                        PublishedRow.publisher_uri == publisher_uri,
-                        PublishedRow.msg_id == msg_id,
-                    )
-                ).scalar_one()
-                return PublishResult(matched=matched, duplicate=True)
-            for uri, sub_id in sorted(targets, key=lambda t: t[0]):
-                last_nseq = self._lock_counter(conn, uri)
-                depth = _depth(conn, uri)
-                missed = 0
+        rows_out: list[dict[str, object]] = []
+        for uri, group in itertools.groupby(ordered, key=lambda t: t[0]):
+            counter = counters[uri]
+            doomed = collections.deque(olders.get(uri, ()))
+            fresh: collections.deque[Enqueued] = collections.deque()
+            depth = counter.depth
+            for _, sub_id in group:
                 if depth >= max_depth and policy == "refuse-newest":
                     dropped.append(Dropped(uri, None, sub_id, msg_id, policy))
-                    missed = 1
-                elif depth >= max_depth:
-                    # Keep the newest max_depth - 1, decided in the DELETE's own snapshot,
-                    # so an ack committed meanwhile never costs an extra drop.
-                    keep = (
-                        select(QueuedRow.nseq)
-                        .where(QueuedRow.uri == uri)
-                        .order_by(QueuedRow.nseq.desc())
-                        .limit(max_depth - 1)
-                    )
-                    rows = conn.execute(
-                        delete(QueuedRow)
-                        .where(QueuedRow.uri == uri, QueuedRow.nseq.not_in(keep))
-                        .returning(QueuedRow.nseq, QueuedRow.sub_id, QueuedRow.msg_id)
-                    ).all()
-                    for nseq, old_sub, old_msg in sorted(rows):
+                    counter.missed += 1
+                    continue
+                while depth >= max_depth:
+                    if doomed:
+                        nseq, old_sub, old_msg = doomed.popleft()
                         dropped.append(Dropped(uri, nseq, old_sub, old_msg, policy))
-                    missed = len(rows)
-                    depth = _depth(conn, uri)
-                if missed == 0 or policy == "drop-oldest":
-                    nseq = last_nseq + 1
-                    conn.execute(
-                        insert(QueuedRow).values(
-                            uri=uri,
-                            nseq=nseq,
-                            sub_id=sub_id,
-                            publisher_uri=publisher_uri,
-                            msg_id=msg_id,
-                            subject=subject,
-                            attrs_cbor=attrs_cbor,
-                            payload=payload,
-                            urgent=urgent,
-                            published_at=published_at,
-                        )
-                    )
-                    queued.append(Enqueued(uri, nseq, sub_id, depth + 1))
-                    last_nseq = nseq
-                conn.execute(
-                    update(QueueCounterRow)
-                    .where(QueueCounterRow.uri == uri)
-                    .values(
-                        last_nseq=last_nseq,
-                        missed=QueueCounterRow.missed + missed,
-                    )
-                )
-        return PublishResult(
-            matched=len(targets), duplicate=False, queued=tuple(queued), dropped=tuple(dropped)
-        )
-
-    @staticmethod
-    def _lock_counter(conn: Connection, uri: str) -> int:
-        """Create or lock ``uri``'s counter row; the last nseq handed out (0 if none).
-
-        ``ON CONFLICT DO UPDATE`` locks the row on PostgreSQL until commit; on SQLite the
-        transaction holds the database's write lock already.
-        """
-        last = conn.execute(
-            insert_on_conflict(conn, QueueCounterRow)
-            .values(uri=uri, last_nseq=0, missed=0)
-            .on_conflict_do_update(
-                index_elements=[QueueCounterRow.uri],
-                set_={"last_nseq": QueueCounterRow.last_nseq},
+                    else:
+                        # Dropped by a later target of this same publish: reported as
+                        # queued then dropped, as if written and deleted, but never written.
+                        first = fresh.popleft()
+                        dropped.append(Dropped(uri, first.nseq, first.sub_id, msg_id, policy))
+                    depth -= 1
+                    counter.missed += 1
+                counter.last_nseq += 1
+                depth += 1
+                item = Enqueued(uri, counter.last_nseq, sub_id, depth)
+                fresh.append(item)
+                queued.append(item)
+            counter.depth = depth
+            rows_out.extend(
+                {"uri": uri, "nseq": item.nseq, "sub_id": item.sub_id, **message} for item in fresh
             )
-            .returning(QueueCounterRow.last_nseq)
-        ).scalar_one()
-        return int(last)
+        # Written now, so that a later request of the same batch that overflows sees
+        # them as the older entries its DELETE may drop; the counters are written once,
+        # by publish_many.
+        if rows_out:
+            conn.execute(self._enqueue, rows_out)
+        return PublishResult(
+            matched=len(ordered), duplicate=False, queued=tuple(queued), dropped=tuple(dropped)
+        )
 
     def pending(
         self, uri: str, after_nseq: int = 0, limit: int = 100, *, urgent_only: bool = False
@@ -259,11 +441,9 @@ class SqlQueueStore:
         """
         if limit < 1:
             raise InvalidArgument(f"limit must be at least 1, not {limit}")
-        query = select(*_COLUMNS).where(QueuedRow.uri == uri, QueuedRow.nseq > after_nseq)
-        if urgent_only:
-            query = query.where(QueuedRow.urgent.is_(True))
+        query = self._pending_urgent if urgent_only else self._pending
         with reading(self._engine, "pending") as conn:
-            rows = conn.execute(query.order_by(QueuedRow.nseq).limit(limit)).all()
+            rows = conn.execute(query, {"uri": uri, "after": after_nseq, "limit": limit}).all()
         return [QueuedNotification(**row._asdict()) for row in rows]
 
     def ack(self, uri: str, upto: int) -> int:
@@ -277,19 +457,39 @@ class SqlQueueStore:
             StoreError: the database failed.
         """
         with relaxed_transaction(self._engine, "ack") as conn:
-            result = conn.execute(
-                delete(QueuedRow).where(QueuedRow.uri == uri, QueuedRow.nseq <= upto)
-            )
-        return int(result.rowcount)
+            return self._delete(conn, self._ack, {"uri": uri, "upto": upto})
+
+    def remove(self, uri: str, nseq: int) -> bool:
+        """Delete exactly ``uri``'s queued notification ``nseq`` (one a side channel such
+        as SMS delivered out of order); whether it was there. Durable on return.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with transaction(self._engine, "remove") as conn:
+            return bool(self._delete(conn, self._remove, {"uri": uri, "nseq": nseq}))
+
+    def _delete(self, conn: Connection, statement: Delete, params: dict[str, object]) -> int:
+        """Run a DELETE of ``params["uri"]``'s queued rows and keep the depth counter
+        right; how many went. The counter row is locked first, as ``publish`` does.
+        """
+        conn.execute(self._lock_one, {"c_uri": params["uri"]})
+        count = int(conn.execute(statement, params).rowcount)
+        if count:
+            conn.execute(self._shrink, {"c_uri": params["uri"], "c_count": count})
+        return count
 
     def depth(self, uri: str) -> int:
-        """How many notifications wait in ``uri``'s queue.
+        """How many notifications wait in ``uri``'s queue (its maintained counter).
 
         Raises:
             StoreError: the database failed.
         """
         with reading(self._engine, "depth") as conn:
-            return _depth(conn, uri)
+            depth = conn.execute(
+                select(QueueCounterRow.depth).where(QueueCounterRow.uri == uri)
+            ).scalar_one_or_none()
+        return 0 if depth is None else int(depth)
 
     def last_nseq(self, uri: str) -> int:
         """The highest nseq ever handed out for ``uri`` (0 if none), acked or not.

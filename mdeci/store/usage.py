@@ -11,15 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date
 
-from sqlalchemy import BigInteger, Date, Index, String, delete, func, select
+from sqlalchemy import BigInteger, Date, Index, String, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from mdeci.channels.limits import Usage, utc_day
-from mdeci.store._sql import transaction
 from mdeci.store.base import Base
-from mdeci.store.models import QueuedRow
+from mdeci.store.queues import SqlQueueStore
 
 NANOS = 1_000_000_000
 
@@ -178,6 +177,5 @@ def remove_delivered(engine: Engine, uri: str, nseq: int) -> bool:
     Raises:
         StoreError: the database failed.
     """
-    with transaction(engine, "remove_delivered") as conn:
-        result = conn.execute(delete(QueuedRow).where(QueuedRow.uri == uri, QueuedRow.nseq == nseq))
-    return bool(result.rowcount)
+    # Through the queue store, which keeps queue_counters.depth in step.
+    return SqlQueueStore(engine).remove(uri, nseq)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import cbor2
 import pytest
@@ -27,6 +28,7 @@ from mdeci.frames import (
     decode,
     encode,
 )
+from mdeci.store.errors import StoreError
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from tests.broker.conftest import T0, FakeClock, WaitingSink, add_session, make_broker
@@ -211,9 +213,59 @@ def test_ack_removes_queued_notifications(store: BrokerStore, clock: FakeClock) 
     for n in range(4):
         publish(broker, f"m{n}", "a")
     assert broker.handle_frame(ALICE, encode(Ack(upto=2))) == []
+    broker.flush_acks(ALICE)
     assert [q[0] for q in queued(store, ALICE)] == [3, 4]
     assert broker.handle_frame(BOB, encode(Ack(upto=4))) == []  # Bob's ack is Bob's queue
+    broker.flush_acks()
     assert [q[0] for q in queued(store, ALICE)] == [3, 4]
+
+
+def test_acks_are_coalesced_into_one_store_delete_per_wake(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    broker = make_broker(store, clock, MemorySink(), window=8)
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    for n in range(8):
+        publish(broker, f"m{n}", "a")
+    broker.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(broker, ALICE)] == list(range(1, 9))
+    calls: list[tuple[str, int]] = []
+    real_ack = store.queues.ack
+
+    def counting_ack(uri: str, upto: int) -> int:
+        calls.append((uri, upto))
+        return real_ack(uri, upto)
+
+    store.queues.ack = counting_ack  # type: ignore[method-assign]
+    for upto in (1, 2, 4, 3, 5):  # one per notify, as agents do (one late, lower)
+        broker.handle_frame(ALICE, encode(Ack(upto=upto)))
+    assert calls == [] and broker.in_flight(ALICE) == (6, 7, 8)
+    assert [q[0] for q in queued(store, ALICE)] == list(range(1, 9))  # held, not lost
+    assert broker.take_batch(ALICE) == []  # the delivery wake applies the highest once
+    assert calls == [(ALICE, 5)]
+    assert [q[0] for q in queued(store, ALICE)] == [6, 7, 8]
+    broker.handle_frame(ALICE, encode(Ack(upto=6)))
+    broker.mark_disconnected(ALICE, "test")  # and so does a disconnection
+    assert calls == [(ALICE, 5), (ALICE, 6)]
+    assert [q[0] for q in queued(store, ALICE)] == [7, 8]
+
+
+def test_held_ack_is_applied_before_a_publish_counts_overflow(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    sink = MemorySink()
+    broker = make_broker(store, clock, sink, max_queue_depth=2)
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    publish(broker, "m0", "a")
+    publish(broker, "m1", "a")
+    broker.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2]
+    broker.handle_frame(ALICE, encode(Ack(upto=2)))
+    publish(broker, "m2", "a")
+    publish(broker, "m3", "a")
+    assert sink.named("notify_dropped") == []
 
 
 @pytest.mark.parametrize(
@@ -426,3 +478,83 @@ def test_churn_log_sink_writes_section_8_records(tmp_path: Path, clock: FakeCloc
         }
     ]
     assert sink.failures == 2
+
+
+def test_publishes_arriving_together_share_one_transaction(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    sink = MemorySink()
+    broker = make_broker(store, clock, sink)
+    subscribe(broker, ALICE, "a")
+    calls: list[list[str]] = []
+    real = store.queues.publish_many
+
+    def counting(requests: Any, **kwargs: Any) -> Any:
+        calls.append([r.msg_id for r in requests])
+        return real(requests, **kwargs)
+
+    store.queues.publish_many = counting  # type: ignore[method-assign]
+    pub = [encode(Pub(req=n, msg_id=f"m{n}", subject="a")) for n in range(5)]
+    replies = broker.handle_frames(
+        [
+            (PUBLISHER, pub[0]),
+            (BOB, encode(Ack(upto=1))),  # an ack does not split the group
+            (PUBLISHER, pub[1]),
+            (BOB, pub[2]),
+            (BOB, b"\x00"),  # nor does a bad frame
+            (CAROL, encode(Sub(req=9, subject="b"))),  # a sub does: it may change matches
+            (PUBLISHER, pub[3]),
+            (PUBLISHER, pub[1]),  # a re-send: a duplicate within the group
+        ]
+    )
+    assert calls == [["m0", "m1", "m2"], ["m3", "m1"]]
+    kinds = [[type(f).__name__ for f in r] for r in replies]
+    assert kinds == [
+        ["PubOk"],
+        [],
+        ["PubOk"],
+        ["PubOk"],
+        ["Error"],
+        ["SubOk"],
+        ["PubOk"],
+        ["PubOk"],
+    ]
+    assert [e.fields["nseq"] for e in sink.named("notify_queued")] == [1, 2, 3, 4]
+    assert [q[1] for q in queued(store, ALICE)] == ["m0", "m1", "m2", "m3"]
+
+
+def test_a_failed_group_commit_answers_each_publish_with_500(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    broker = make_broker(store, clock, MemorySink())
+    subscribe(broker, ALICE, "a")
+
+    def failing(requests: Any, **kwargs: Any) -> Any:
+        raise StoreError("publish failed: disk on fire")
+
+    store.queues.publish_many = failing  # type: ignore[method-assign]
+    pubs = [encode(Pub(req=n, msg_id=f"m{n}", subject="a")) for n in (1, 2)]
+    replies = broker.handle_frames([(PUBLISHER, p) for p in pubs])
+    assert [(r[0].req, r[0].code) for r in replies] == [(1, 500), (2, 500)]  # type: ignore[union-attr]
+    assert queued(store, ALICE) == []
+
+
+def test_a_backlog_is_refilled_by_half_windows(store: BrokerStore, clock: FakeClock) -> None:
+    broker = make_broker(store, clock, MemorySink(), window=4)
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    for n in range(7):
+        publish(broker, f"m{n}", "a")
+    broker.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2, 3, 4]
+    broker.handle_frame(ALICE, encode(Ack(upto=1)))
+    assert notifies(broker, ALICE) == []  # room 1 of 4: wait for half a window
+    assert queued(store, ALICE)[0][0] == 1  # and the ack is still held
+    broker.handle_frame(ALICE, encode(Ack(upto=2)))
+    assert [n.nseq for n in notifies(broker, ALICE)] == [5, 6]
+    assert [q[0] for q in queued(store, ALICE)] == [3, 4, 5, 6, 7]
+    broker.handle_frame(ALICE, encode(Ack(upto=4)))
+    assert [n.nseq for n in notifies(broker, ALICE)] == [7]  # short read: backlog done
+    broker.handle_frame(ALICE, encode(Ack(upto=5)))
+    publish(broker, "m7", "a")
+    assert [n.nseq for n in notifies(broker, ALICE)] == [8]  # at once, with room 2 of 4

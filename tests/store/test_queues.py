@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from sqlalchemy import delete
+from sqlalchemy import delete, event, func, select
 from sqlalchemy.engine import Engine
 
 from mdeci.store._sql import relaxed_transaction
@@ -15,6 +15,7 @@ from mdeci.store.queues import (
     Dropped,
     Enqueued,
     OverflowPolicy,
+    PublishRequest,
     PublishResult,
     QueuedNotification,
     SqlQueueStore,
@@ -234,3 +235,102 @@ def test_prune_published_forgets_old_msg_ids(engine: Engine) -> None:
     assert _publish(q, "new", [(ALICE, 1)]).duplicate
     # Past the horizon a re-sent msg_id is new again: the horizon must outlast retries.
     assert not _publish(q, "old", [(ALICE, 1)]).duplicate
+
+
+def _counted(engine: Engine, uri: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).where(QueuedRow.uri == uri)).scalar_one())
+
+
+def test_depth_counter_follows_every_write_to_the_queue(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    steps: list[tuple[str, Sequence[tuple[str, int]], int, OverflowPolicy]] = [
+        ("a", [(ALICE, 1), (BOB, 1), (ALICE, 2)], 5, "drop-oldest"),
+        ("b", [(ALICE, 1)] * 4, 3, "drop-oldest"),
+        ("c", [(ALICE, 1), (BOB, 2)], 3, "refuse-newest"),
+        ("d", [(BOB, 1)] * 3, 2, "drop-oldest"),
+    ]
+    for msg_id, targets, max_depth, policy in steps:
+        _publish(q, msg_id, targets, max_depth=max_depth, policy=policy)
+        for uri in (ALICE, BOB):
+            assert q.depth(uri) == _counted(engine, uri) <= max(max_depth, 3)
+    assert q.ack(ALICE, q.last_nseq(ALICE) - 1) > 0
+    assert q.remove(BOB, q.last_nseq(BOB))
+    assert not q.remove(BOB, q.last_nseq(BOB))
+    for uri in (ALICE, BOB):
+        assert q.depth(uri) == _counted(engine, uri)
+    assert q.depth("sip:nobody@x") == 0
+
+
+def test_one_user_more_often_than_max_depth_in_one_publish(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    _publish(q, "m0", [(ALICE, 9)])
+    result = _publish(q, "m1", [(ALICE, 1), (ALICE, 2), (ALICE, 3)], max_depth=2)
+    # As if each target were queued in turn: the third one pushes out nseq 1 (older) and
+    # nseq 2 (this publish's first), which is reported queued then dropped.
+    assert result.queued == (
+        Enqueued(ALICE, 2, 1, 2),
+        Enqueued(ALICE, 3, 2, 2),
+        Enqueued(ALICE, 4, 3, 2),
+    )
+    assert result.dropped == (
+        Dropped(ALICE, 1, 9, "m0", "drop-oldest"),
+        Dropped(ALICE, 2, 1, "m1", "drop-oldest"),
+    )
+    assert [(p.nseq, p.sub_id) for p in q.pending(ALICE)] == [(3, 2), (4, 3)]
+    assert q.depth(ALICE) == 2 and q.take_missed(ALICE) == 2
+
+
+def test_publish_statements_do_not_grow_with_the_targets(engine: Engine) -> None:
+    """A fan-out of 100 once ran ~400 statements; now a fixed handful per publish."""
+    q = SqlQueueStore(engine)
+    targets = [(f"sip:u{n:03d}@example.com", n) for n in range(100)]
+    _publish(q, "warm", targets)
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        result = _publish(q, "m1", targets)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert len(result.queued) == 100 and {e.nseq for e in result.queued} == {2}
+    # Record, lock counters, insert rows, update counters (+ BEGIN/commit chatter).
+    assert len(statements) <= 8, statements
+
+
+def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+
+    def req(msg_id: str, targets: list[tuple[str, int]], pub: str = PUB) -> PublishRequest:
+        return PublishRequest(pub, msg_id, "s", b"\xa0", msg_id.encode(), False, 1.0, targets)
+
+    results = q.publish_many(
+        [
+            req("m1", [(BOB, 1), (ALICE, 2)]),
+            req("m1", [(ALICE, 2)]),  # a duplicate of the first, in the same batch
+            req("m2", [(ALICE, 3)]),
+            req("m3", [(ALICE, 4)]),  # overflows: drops m1's notification, written above
+            req("m4", []),
+        ],
+        max_depth=2,
+        policy="drop-oldest",
+    )
+    assert results == [
+        PublishResult(2, False, (Enqueued(ALICE, 1, 2, 1), Enqueued(BOB, 1, 1, 1))),
+        PublishResult(2, True),
+        PublishResult(1, False, (Enqueued(ALICE, 2, 3, 2),)),
+        PublishResult(
+            1, False, (Enqueued(ALICE, 3, 4, 2),), (Dropped(ALICE, 1, 2, "m1", "drop-oldest"),)
+        ),
+        PublishResult(0, False),
+    ]
+    assert [p.msg_id for p in q.pending(ALICE)] == ["m2", "m3"]
+    assert q.depth(ALICE) == 2 == _counted(engine, ALICE) and q.take_missed(ALICE) == 1
+    assert q.last_nseq(BOB) == 1 and q.publish_many([], max_depth=1, policy="drop-oldest") == []
+    # All or nothing: a failing batch leaves no trace of its first, valid request.
+    with pytest.raises(InvalidArgument):
+        q.publish_many([req("m5", [(ALICE, 1)])], max_depth=0, policy="drop-oldest")
+    assert q.last_nseq(ALICE) == 3
