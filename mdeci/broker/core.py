@@ -346,6 +346,10 @@ class Broker:
         if missed:
             for nseq in [n for n in missed if n <= upto]:
                 del missed[nseq]
+        if link is None or not link.inflight:
+            # Nothing left in flight: the stream went idle, so no later wake-up would
+            # apply the held ack; apply it now (coalescing only pays while a backlog runs).
+            self._try_flush_acks(uri)
         if self.listener is not None:
             self.listener.acked(uri)
 
