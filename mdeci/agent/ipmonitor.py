@@ -2,9 +2,11 @@
 
 An *address source* returns the interface addresses with their prefix (``"10.0.0.5/24"``)
 of the watched interface (or of every interface). The agent's address is *held* while it
-equals one of them or lies inside one's network (``127.0.0.2`` is held by
-``127.0.0.1/8`` on ``lo``). When it is no longer held and another address of the same IP
-version is there, that one is the new address (the lowest, for a stable choice).
+equals one of them or lies inside the network of a loopback one (``127.0.0.2`` is held
+by ``127.0.0.1/8`` on ``lo``: the kernel makes the whole prefix local there, and only
+there; ``10.0.0.2`` is not held by ``10.0.0.3/24``). When it is no longer held and
+another address of the same IP version is there, that one is the new address (the
+lowest, for a stable choice).
 
 :class:`PollingIpMonitor` reads the source every ``poll_interval``; the source is
 injected, so tests drive it with a list and call :meth:`PollingIpMonitor.check`.
@@ -32,11 +34,18 @@ def _version(text: str) -> int:
 
 
 def is_held(host: str, addresses: frozenset[str]) -> bool:
-    """Whether ``host`` is one of ``addresses`` or inside one's network."""
+    """Whether ``host`` is one of ``addresses`` or inside a loopback one's network.
+
+    Only a loopback prefix makes its whole network local (Linux's ``local 127.0.0.0/8``
+    route): after ``ip addr del 10.0.0.2/24; ip addr add 10.0.0.3/24`` the old address
+    is gone although it lies in the new one's network.
+    """
     ip = ipaddress.ip_address(host)
     for text in addresses:
         iface = ipaddress.ip_interface(text)
-        if iface.ip == ip or (iface.version == ip.version and ip in iface.network):
+        if iface.ip == ip or (
+            iface.ip.is_loopback and iface.version == ip.version and ip in iface.network
+        ):
             return True
     return False
 

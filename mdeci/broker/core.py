@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import cbor2
@@ -104,6 +104,9 @@ class _Link:
     sent_upto: int = 0
     # The last read filled the window's room: more may wait in the store (see take_batch).
     backlog: bool = False
+    # The same for notifications sent on earlier connections: their ack may come after a
+    # reconnection, before they are sent again (then never), and is logged all the same.
+    earlier: dict[int, float] = field(default_factory=dict)
 
 
 def _error(req: int | None, code: int, message: str) -> Error:
@@ -337,8 +340,9 @@ class Broker:
         link = self._links.get(uri)
         if link is not None:
             now = self.clock()
-            for nseq in sorted(n for n in link.inflight if n <= upto):
-                published_at = link.inflight.pop(nseq)
+            for nseq in sorted(n for n in {*link.inflight, *link.earlier} if n <= upto):
+                published_at = link.earlier.pop(nseq, 0.0)
+                published_at = link.inflight.pop(nseq, published_at)
                 latency = max(0.0, (now - published_at) * 1000.0)
                 self.log.emit("notify_delivered", uri, nseq=nseq, latency_ms=latency)
             link.sent_upto = max(link.sent_upto, upto)
@@ -412,7 +416,8 @@ class Broker:
         self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
         previous = self._links.get(uri)
         prev_addr = previous.addr if previous is not None else None
-        self._links[uri] = _Link(connected=True, addr=addr, inflight={})
+        earlier = {} if previous is None else {**previous.earlier, **previous.inflight}
+        self._links[uri] = _Link(connected=True, addr=addr, inflight={}, earlier=earlier)
         # Drops may have happened while nobody was looking (or before a restart).
         self._missed_pending.add(uri)
         self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
@@ -432,6 +437,7 @@ class Broker:
         was_connected = link is not None and link.connected
         if link is not None:
             link.connected = False
+            link.earlier.update(link.inflight)
             link.inflight.clear()
             link.sent_upto = 0
         if was_connected:

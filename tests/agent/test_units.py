@@ -97,3 +97,12 @@ def test_loopback_aliases_are_held_by_the_lo_network() -> None:
     assert is_held("127.0.0.2", lo)
     assert pick_new("127.0.0.3", lo) is None
     assert pick_new("192.168.1.4", frozenset({"192.168.2.9/24", "127.0.0.1/8"})) == "192.168.2.9"
+
+
+def test_an_address_replaced_in_the_same_network_is_not_held() -> None:
+    # `ip addr del 10.77.20.2/24; ip addr add 10.77.20.3/24`: .2 lies in .3's network but
+    # is no longer local (only a loopback prefix makes its whole network local). Taking
+    # it as held, the agent in the network namespace test never moved.
+    assert not is_held("10.77.20.2", frozenset({"10.77.20.3/24"}))
+    assert pick_new("10.77.20.2", frozenset({"10.77.20.3/24", "fe80::1/64"})) == "10.77.20.3"
+    assert is_held("10.77.20.3", frozenset({"10.77.20.3/24"}))

@@ -419,6 +419,34 @@ def test_take_batch_respects_order_window_and_acks(
     assert [e.fields["reason"] for e in sink.named("media_disconnected")] == ["test"]
 
 
+def test_ack_after_a_reconnection_logs_what_an_earlier_connection_sent(
+    store: BrokerStore, clock: FakeClock, sink: MemorySink
+) -> None:
+    """A handover: the agent's ack of nseqs sent before a re-INVITE (or a RUDP failure)
+    arrives after ``mark_connected``, before they are taken again. They are acked in the
+    store, so never taken again; each must still be logged ``notify_delivered`` once
+    (the 100-move handover test waited forever for the missing ones)."""
+    broker = make_broker(store, clock, sink, window=4)
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    for n in range(6):
+        publish(broker, f"m{n}", "a")
+    broker.mark_connected(ALICE, "127.0.0.2:4000")
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2, 3, 4]
+    broker.mark_connected(ALICE, "127.0.0.3:4000")  # the re-INVITE after a move
+    clock.advance(0.5)
+    broker.handle_frame(ALICE, encode(Ack(upto=2)))  # sent at 127.0.0.2, acked now
+    assert [n.nseq for n in notifies(broker, ALICE)] == [3, 4, 5, 6]
+    broker.mark_disconnected(ALICE, "rudp: no ACK after retries")
+    broker.handle_frame(ALICE, encode(Ack(upto=4)))  # it got them before failing
+    broker.mark_connected(ALICE, "127.0.0.4:4000")
+    assert [n.nseq for n in notifies(broker, ALICE)] == [5, 6]
+    broker.handle_frame(ALICE, encode(Ack(upto=6)))
+    delivered = [(e.fields["nseq"], e.fields["latency_ms"]) for e in sink.named("notify_delivered")]
+    assert delivered == [(1, 500.0), (2, 500.0), (3, 500.0), (4, 500.0), (5, 500.0), (6, 500.0)]
+    assert store.queues.depth(ALICE) == 0
+
+
 def test_overflow_drops_are_reported_in_missed_once(store: BrokerStore, clock: FakeClock) -> None:
     sink = WaitingSink()
     broker = make_broker(store, clock, sink, max_queue_depth=2)
