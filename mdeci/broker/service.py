@@ -118,6 +118,7 @@ class BrokerService:
         if link is None:
             link = _UserLink(uri, key, self.endpoint.peer(key, media_addr))
             self._users[uri] = link
+            link.peer.on_heard = lambda: self._on_heard(link)
             link.reader = asyncio.create_task(self._read(link))
         elif link.delivery is not None:
             link.delivery.cancel()
@@ -255,6 +256,13 @@ class BrokerService:
             self.broker.mark_disconnected(link.uri, f"rudp: {reason}")
         if self.sms is not None:
             self.sms.kick(link.uri)
+
+    def _on_heard(self, link: _UserLink) -> None:
+        # Any authenticated packet counts, keepalive PINGs included: an agent whose
+        # notifications we gave up on may send no frame at all (its own keepalives are
+        # acknowledged, so it sees no reason to re-INVITE), and would never be served.
+        if self._users.get(link.uri) is link and not self.broker.is_connected(link.uri):
+            self._heard(link)
 
     def _heard(self, link: _UserLink) -> None:
         """A frame authenticated on the association of a user we marked DISCONNECTED

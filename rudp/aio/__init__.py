@@ -79,6 +79,9 @@ class RudpPeer:
             key, endpoint.config, sender_id=int.from_bytes(secrets.token_bytes(4), "big")
         )
         self.on_disconnected: Callable[[PeerUnreachable], None] | None = None
+        # Called for every authenticated datagram (DATA, ACK or PING): lets the owner see
+        # a peer it gave up on talking again, before any message arrives.
+        self.on_heard: Callable[[], None] | None = None
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._timer: asyncio.TimerHandle | None = None
@@ -122,8 +125,11 @@ class RudpPeer:
         return await self._inbox.get()
 
     def _feed(self, data: bytes, addr: tuple[str, int]) -> None:
-        if self.connection.receive_datagram(data, self._loop.time()) and addr != self.addr:
-            self.addr = addr  # authenticated and newest: the peer moved (PROTOCOL.md §4)
+        if self.connection.receive_datagram(data, self._loop.time()):
+            if addr != self.addr:
+                self.addr = addr  # authenticated and newest: the peer moved (PROTOCOL.md §4)
+            if self.on_heard is not None:
+                self.on_heard()
         self._pump()
 
     def _on_timer(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator
 
@@ -252,3 +253,31 @@ async def test_periodic_sweep_expires_subscriptions(
         assert len(broker.matcher) == 0
     finally:
         await service.close()
+
+
+async def test_a_peer_heard_again_by_keepalives_alone_is_served(
+    service: BrokerService, store: BrokerStore, sink: WaitingSink
+) -> None:
+    """The broker gave up on a device that stopped hearing it; the device, whose own
+    keepalives were still acknowledged, sends no frame and no re-INVITE. Its keepalive
+    PINGs alone must bring delivery back (the stall seen under rapid handovers)."""
+    broker = service.broker
+    add_session(store, ALICE)
+    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    chatty = dataclasses.replace(FAST, keepalive_interval=0.05, max_retries=200)
+    endpoint = await RudpEndpoint.open(HOST, 0, config=chatty)
+    key = secrets.token_bytes(32)
+    agent = Agent(endpoint, endpoint.peer(key, service.local_addr), key)
+    try:
+        service.connected(ALICE, agent.addr, key)
+        publish(broker, "m1")
+        assert (await agent.next_notify()).nseq == 1
+        await agent.send(Ack(upto=1))
+        endpoint.drop_incoming = True  # the device hears nothing: the broker gives up
+        publish(broker, "m2")
+        await asyncio.wait_for(sink.wait_for("media_disconnected", ALICE), GUARD)
+        endpoint.drop_incoming = False  # it hears again, and sends only keepalives
+        assert (await agent.next_notify()).nseq == 2
+        assert service.is_connected(ALICE)
+    finally:
+        await agent.close()
