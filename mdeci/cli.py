@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tail": ("mdeci.commands.client", "print notifications as the local agent receives them"),
     "status": ("mdeci.commands.client", "show the local agent's session status"),
     "db": ("mdeci.commands.db", "database administration (upgrade)"),
+    "sms": ("mdeci.commands.sms", "SMS and channel spend per user (operators)"),
     "demo": ("mdeci.commands.demo", "run the whole story on this machine"),
     "analytics": ("analytics.cli", "Spark jobs over churn logs (generate, churn, report)"),
 }

@@ -179,3 +179,30 @@ def remove_delivered(engine: Engine, uri: str, nseq: int) -> bool:
     """
     # Through the queue store, which keeps queue_counters.depth in step.
     return SqlQueueStore(engine).remove(uri, nseq)
+
+
+def spend_report(
+    url: str, first_day: date, end_day: date, *, user: str | None = None
+) -> list[UserSpend]:
+    """Per-user spend from the database at ``url`` (for the ``mdeci sms spend`` command).
+
+    Raises:
+        StoreError: the database cannot be opened or has no usage table (not migrated).
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from mdeci.errors import StoreError
+    from mdeci.store.base import make_engine
+
+    try:
+        engine = make_engine(url)
+    except (SQLAlchemyError, ValueError) as exc:
+        raise StoreError(f"not a usable database URL: {str(exc).splitlines()[0]}") from None
+    try:
+        return SqlUsage(engine).spend(first_day, end_day, user=user)
+    except SQLAlchemyError as exc:
+        cause = getattr(exc, "orig", None) or exc  # the DBAPI error reads better
+        first = str(cause).splitlines()[0]
+        raise StoreError(f"cannot read channel usage ({first}); run `mdeci db upgrade`") from None
+    finally:
+        engine.dispose()
