@@ -13,10 +13,9 @@ import socket
 from collections.abc import Callable
 
 from sip.errors import SipParseError
-from sip.message import StreamFramer, serialize
+from sip.message import StreamFramer
 
 Address = tuple[str, int]
-OnMessage = Callable[[bytes | object, Address, str], None]
 
 
 def _family(host: str) -> int:
@@ -127,13 +126,6 @@ class Transports:
             return
         if self.udp is not None:
             self.udp.sendto(data, dest)
-
-    def send_message(self, msg: object, dest: Address, transport: str) -> None:
-        """Fire-and-forget variant used by timers (errors counted, not raised)."""
-        from sip.message import Request, Response
-
-        assert isinstance(msg, Request | Response)
-        self.send_soon(serialize(msg), dest, transport)
 
     def send_soon(self, data: bytes, dest: Address, transport: str) -> None:
         """Send without awaiting (UDP at once; TCP on a task)."""
