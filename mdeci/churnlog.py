@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, TypedDict, Unpack
 
 from mdeci.errors import ChurnLogError
 
@@ -48,23 +48,6 @@ class Event(StrEnum):
 
 
 CHANNELS: Final = frozenset({"ip", "sms"})
-# Field order of a record (§8); the writer emits them in this order, omitting None.
-FIELDS: Final = (
-    "ts",
-    "node",
-    "event",
-    "uri",
-    "call_id",
-    "addr",
-    "prev_addr",
-    "channel",
-    "queue_depth",
-    "nseq",
-    "latency_ms",
-    "bytes",
-    "cost",
-    "reason",
-)
 DEFAULT_MAX_BYTES: Final = 10 * 1024 * 1024
 DEFAULT_BACKUPS: Final = 5
 
@@ -91,22 +74,28 @@ def _check(name: str, value: object, kind: type | tuple[type, ...]) -> None:
         raise ChurnLogError(f"churn log field {name!r} has type {type(value).__name__}")
 
 
+class ChurnFields(TypedDict, total=False):
+    """The optional fields of a record (PROTOCOL.md §8), as keyword arguments."""
+
+    call_id: str | None
+    addr: str | None
+    prev_addr: str | None
+    channel: str | None
+    queue_depth: int | None
+    nseq: int | None
+    latency_ms: float | None
+    bytes: int | None
+    cost: float | None
+    reason: str | None
+
+
+# Field order of a record (§8); the writer emits them in this order, omitting None.
+OPTIONAL_FIELDS: Final[tuple[str, ...]] = tuple(ChurnFields.__annotations__)
+FIELDS: Final[tuple[str, ...]] = ("ts", "node", "event", "uri", *OPTIONAL_FIELDS)
+
+
 def make_record(
-    epoch: float,
-    node: str,
-    event: Event | str,
-    *,
-    uri: str,
-    call_id: str | None = None,
-    addr: str | None = None,
-    prev_addr: str | None = None,
-    channel: str | None = None,
-    queue_depth: int | None = None,
-    nseq: int | None = None,
-    latency_ms: float | None = None,
-    bytes: int | None = None,  # shadows the builtin: the field is 'bytes' in §8
-    cost: float | None = None,
-    reason: str | None = None,
+    epoch: float, node: str, event: Event | str, *, uri: str, **fields: Unpack[ChurnFields]
 ) -> dict[str, Any]:
     """Build one record (a dict in §8 field order, None fields left out).
 
@@ -117,20 +106,11 @@ def make_record(
         name = Event(event)
     except ValueError:
         raise ChurnLogError(f"unknown churn event {str(event)[:40]!r}") from None
+    unknown = sorted(set(fields) - set(OPTIONAL_FIELDS))
+    if unknown:
+        raise ChurnLogError(f"unknown churn log field {unknown[0][:40]!r}")
     record: dict[str, Any] = {"ts": format_ts(epoch), "node": node, "event": name.value}
-    values: dict[str, Any] = {
-        "uri": uri,
-        "call_id": call_id,
-        "addr": addr,
-        "prev_addr": prev_addr,
-        "channel": channel,
-        "queue_depth": queue_depth,
-        "nseq": nseq,
-        "latency_ms": latency_ms,
-        "bytes": bytes,
-        "cost": cost,
-        "reason": reason,
-    }
+    values: dict[str, Any] = {"uri": uri, **{key: fields.get(key) for key in OPTIONAL_FIELDS}}
     for key, value in values.items():
         if value is None:
             continue
@@ -144,6 +124,7 @@ def make_record(
         else:
             _check(key, value, str)
         record[key] = value
+    channel = fields.get("channel")
     if channel is not None and channel not in CHANNELS:
         raise ChurnLogError(f"churn log channel must be 'ip' or 'sms', not {channel[:20]!r}")
     return record
@@ -207,20 +188,7 @@ class ChurnLog:
         self._open()
 
     def write(
-        self,
-        event: Event | str,
-        *,
-        uri: str,
-        call_id: str | None = None,
-        addr: str | None = None,
-        prev_addr: str | None = None,
-        channel: str | None = None,
-        queue_depth: int | None = None,
-        nseq: int | None = None,
-        latency_ms: float | None = None,
-        bytes: int | None = None,  # shadows the builtin: the field is 'bytes' in §8
-        cost: float | None = None,
-        reason: str | None = None,
+        self, event: Event | str, *, uri: str, **fields: Unpack[ChurnFields]
     ) -> dict[str, Any]:
         """Append one record stamped with the clock's time; returns the record written.
 
@@ -229,22 +197,7 @@ class ChurnLog:
         """
         if self._file is None:
             raise ChurnLogError(f"churn log {self.path} is closed")
-        record = make_record(
-            self._clock(),
-            self.node,
-            event,
-            uri=uri,
-            call_id=call_id,
-            addr=addr,
-            prev_addr=prev_addr,
-            channel=channel,
-            queue_depth=queue_depth,
-            nseq=nseq,
-            latency_ms=latency_ms,
-            bytes=bytes,
-            cost=cost,
-            reason=reason,
-        )
+        record = make_record(self._clock(), self.node, event, uri=uri, **fields)
         try:
             line = (
                 json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
