@@ -118,7 +118,7 @@ class BrokerService:
         if link is None:
             link = _UserLink(uri, key, self.endpoint.peer(key, media_addr))
             self._users[uri] = link
-            link.peer.on_heard = lambda: self._on_heard(link)
+            link.peer.on_heard = lambda: self._heard(link)
             link.reader = asyncio.create_task(self._read(link))
         elif link.delivery is not None:
             link.delivery.cancel()
@@ -196,8 +196,6 @@ class BrokerService:
     async def _read(self, link: _UserLink) -> None:
         while True:
             data = await link.peer.receive()
-            if not self.broker.is_connected(link.uri):
-                self._heard(link)
             # Handled once every reader has taken what already arrived (a reader does not
             # yield while its inbox has frames), so that publishes arriving together share
             # one commit (Broker.handle_frames); frames keep their arrival order.
@@ -257,32 +255,20 @@ class BrokerService:
         if self.sms is not None:
             self.sms.kick(link.uri)
 
-    def _on_heard(self, link: _UserLink) -> None:
-        # Any authenticated packet counts, keepalive PINGs included: an agent whose
-        # notifications we gave up on may send no frame at all (its own keepalives are
-        # acknowledged, so it sees no reason to re-INVITE), and would never be served.
-        if self._users.get(link.uri) is link and not self.broker.is_connected(link.uri):
-            self._heard(link)
-
     def _heard(self, link: _UserLink) -> None:
-        """A frame authenticated on the association of a user we marked DISCONNECTED
-        after RUDP retries ran out: the user is reachable again, so deliver again.
+        """An authenticated packet (a frame, an ack or a keepalive PING) came from a user
+        we marked DISCONNECTED after RUDP retries ran out: it is reachable again, so it is
+        connected again exactly as a re-INVITE with the same key would connect it.
 
-        Without this, an agent that was frozen (suspended, SIGSTOP) rather than moved
-        never got its queue: it comes back with its RUDP state intact, its keepalives are
-        still acknowledged, so it sees no reason to re-INVITE, while we waited for one.
+        Without this, an agent that was frozen (suspended, SIGSTOP), or whose move made
+        our retries go to its old address, never got its queue: its own keepalives are
+        still acknowledged, so it sends no frame and no re-INVITE, while we waited for one.
         """
-        if self._users.get(link.uri) is not link:
+        if self._users.get(link.uri) is not link or self.broker.is_connected(link.uri):
             return
-        if not link.peer.connected:
-            link.peer.reset()
-        link.epoch += 1
-        try:
-            self.broker.mark_connected(link.uri, _addr_text(link.peer.addr))
-        except StoreError:
-            pass  # delivery is enabled anyway; the stored status follows at the next change
-        finally:
-            link.delivery = asyncio.create_task(self._deliver(link, link.epoch))
+        # A failed status write leaves delivery enabled; the store follows at the next change.
+        with contextlib.suppress(StoreError):
+            self.connected(link.uri, link.peer.addr, link.key)
 
     async def _sweep_forever(self) -> None:
         while True:
