@@ -408,9 +408,7 @@ class BrokerSipEndpoint:
         now = self.clock()
         response = self.registrar.handle(req.request, now, source=addr_text(req.source))
         self._drain_registrar()
-        skip = {"via", "from", "to", "call-id", "cseq", "content-length"}
-        headers = tuple((n, v) for n, v in response.headers if n.lower() not in skip)
-        return Reply(response.status, headers=headers, reason=response.reason)
+        return Reply.from_response(response)
 
     def _invite(self, req: IncomingRequest) -> Reply:
         request = req.request

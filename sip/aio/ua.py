@@ -79,6 +79,16 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
     reason: str | None = None
 
+    # What the UA writes itself from the request (and the body's length): never copied.
+    _OWN_HEADERS = frozenset({"via", "from", "to", "call-id", "cseq", "content-length"})
+
+    @classmethod
+    def from_response(cls, response: Response) -> Reply:
+        """The reply that re-sends a response a sans-IO core built (e.g. the registrar's):
+        its status, reason and headers, less those the UA derives from the request."""
+        headers = tuple((n, v) for n, v in response.headers if n.lower() not in cls._OWN_HEADERS)
+        return cls(response.status, headers=headers, reason=response.reason)
+
 
 @dataclass(frozen=True, slots=True)
 class IncomingRequest:

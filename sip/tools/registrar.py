@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import signal
 from pathlib import Path
 
 from sip.aio.ua import IncomingRequest, Reply, UaConfig, UserAgent
@@ -21,7 +20,7 @@ from sip.registrar import (
     RegistrationExpired,
     Unregistered,
 )
-from sip.tools.common import hostport
+from sip.tools.common import hostport, stop_on_signals
 
 
 def load_users(path: Path, realm: str) -> MemoryCredentialStore:
@@ -64,9 +63,7 @@ class RegistrarService:
         source = f"{req.source[0]}:{req.source[1]}"
         response = self.registrar.handle(request, now, source=source)
         self.print_events()
-        skip = {"via", "from", "to", "call-id", "cseq", "content-length"}
-        headers = tuple((n, v) for n, v in response.headers if n.lower() not in skip)
-        return Reply(response.status, headers=headers, reason=response.reason)
+        return Reply.from_response(response)
 
     def print_events(self) -> None:
         while (event := self.registrar.next_event()) is not None:
@@ -95,10 +92,8 @@ async def serve(args: argparse.Namespace) -> int:
     ua = UserAgent(UaConfig(aor=f"sip:registrar@{args.domain}"), service)
     bound = await ua.start(host, port)
     print(f"registrar listening on {bound[0]}:{bound[1]} (udp, tcp)", flush=True)
-    stop = asyncio.Event()
+    stop = stop_on_signals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         while not stop.is_set():
             # Bindings that ran out are reported once a second (the sweep of §10.3).
