@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from pathlib import Path
 
 from mdeci.agent import daemon
+from mdeci.commands.common import stop_on_signals
 from mdeci.config import load_agent_config
 
 
@@ -26,10 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def _main(config_path: Path) -> int:
     config = load_agent_config(config_path)
     running = await daemon.run_agent(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         ua = running.agent.ua
         assert ua is not None

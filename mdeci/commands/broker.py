@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from pathlib import Path
 
 from mdeci.broker import app as broker_app
 from mdeci.broker.endpoint import Address, addr_text
+from mdeci.commands.common import stop_on_signals
 from mdeci.config import BrokerConfig, HostPort, load_broker_config
 from mdeci.errors import ConfigError
 
@@ -53,10 +53,7 @@ async def serve(
     """Run until SIGINT/SIGTERM; 0 after a clean shutdown."""
     # Imported as a module: mdeci.cli would take a 'run_broker' attribute for run().
     running = await broker_app.run_broker(config, sip_listen=sip_listen, media_listen=media_listen)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         print(
             f"broker listening sip={addr_text(running.sip_addr)} "
@@ -65,8 +62,6 @@ async def serve(
         )
         await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
         await running.close()
     return 0
 

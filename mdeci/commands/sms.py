@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from mdeci.config import load_broker_config
+from mdeci.commands.common import add_store_source, store_url
 from mdeci.errors import ConfigError
 from mdeci.store.usage import spend_report
 
@@ -33,9 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     spend = sub.add_parser(
         "spend", help="per-user spend for a month", description="per-user spend for a month"
     )
-    source = spend.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", type=Path, help="broker TOML file (its [store] url is used)")
-    source.add_argument("--url", help="database URL, e.g. sqlite:///var/broker.db")
+    add_store_source(spend)
     spend.add_argument("--user", help="only this user's AOR, e.g. sip:alice@example.org")
     spend.add_argument("--month", type=_month, help="YYYY-MM (default: the current month, UTC)")
 
@@ -44,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     """Raises :class:`~mdeci.errors.ConfigError` or :class:`~mdeci.errors.StoreError`."""
     if args.sms_command != "spend":  # pragma: no cover - argparse allows only 'spend'
         raise ConfigError(f"unknown sms action {args.sms_command!r}")
-    url: str = args.url if args.url is not None else load_broker_config(args.config).store.url
+    url = store_url(args)
     if args.month is not None:
         first, end = args.month
     else:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 
 
 def hostport(text: str) -> tuple[str, int]:
@@ -14,3 +16,12 @@ def hostport(text: str) -> tuple[str, int]:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port out of range in {text!r}")
     return host.strip("[]"), value
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (a tool's clean shutdown)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import contextlib
 import secrets
-import signal
 
 from sip.aio.ua import (
     DialogConfirmed,
@@ -22,7 +21,7 @@ from sip.aio.ua import (
 )
 from sip.errors import SdpError
 from sip.sdp import build_answer, parse_session
-from sip.tools.common import hostport
+from sip.tools.common import hostport, stop_on_signals
 
 
 def describe(event: DialogEvent) -> str:
@@ -81,10 +80,7 @@ async def serve(args: argparse.Namespace) -> int:
     ua = UserAgent(UaConfig(aor=f"sip:{args.user}@{args.domain}"), answerer)
     bound = await ua.start(host, port)
     print(f"uas listening on {bound[0]}:{bound[1]} (udp, tcp)", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     stopper = asyncio.create_task(stop.wait())
     try:
         while not stop.is_set():
