@@ -16,8 +16,9 @@ from mdeci.sms.codec import Sms
 from mdeci.sms.fakesmsc import mo_argument, parse_mt_line
 from mdeci.sms.gateway import LinkRunner
 from mdeci.sms.kannel import KannelConfig, KannelGateway, parse_mo_query, sendsms_url
-from mdeci.sms.link import FrameReceived, LinkEvent, SmsLink
+from mdeci.sms.link import FrameReceived, SmsLink
 from tests.peers import free_port
+from tests.sms.events import EventLog
 from tests.sms.kannel_harness import running_kannel
 from tests.sms.world import notify_frame
 
@@ -58,11 +59,12 @@ async def _read_mt(proc: asyncio.subprocess.Process, count: int, timeout: float)
 
 
 async def test_mt_and_mo_through_kannel(tmp_path: Path) -> None:
-    events: list[LinkEvent] = []
+    log = EventLog()
+    events = log.items
     gateway = KannelGateway(
         KannelConfig(callback_port=free_port(socket.SOCK_STREAM), password="test-pw")
     )
-    broker = LinkRunner(SmsLink(BROKER), gateway, events.append)
+    broker = LinkRunner(SmsLink(BROKER), gateway, log.append)
     await broker.start()
     try:
         with running_kannel(tmp_path, gateway.callback_url) as kannel:
@@ -100,9 +102,9 @@ async def test_mt_and_mo_through_kannel(tmp_path: Path) -> None:
                     agent.receive_sms(sms, 1.0)
                 assert agent.next_event() == FrameReceived(BROKER, frame)
                 assert len(agent.sms_to_send()) == 1  # its ack (MO), ready for the phone
-                async with asyncio.timeout(20):
-                    while not any(isinstance(e, FrameReceived) for e in events):
-                        await asyncio.sleep(0.05)
+                await asyncio.wait_for(
+                    log.wait_until(lambda ev: any(isinstance(e, FrameReceived) for e in ev)), 20
+                )
                 assert [e for e in events if isinstance(e, FrameReceived)] == [
                     FrameReceived(AGENT, ack_frame)
                 ]

@@ -10,7 +10,7 @@ import pytest
 from sip.aio.ua import UaConfig, UserAgent
 from sip.errors import SipRequestFailed
 from sip.transaction import TimerConfig
-from tests.sip.interop.sippctl import SCENARIOS, Sipp
+from tests.sip.interop.sippctl import SCENARIOS, Sipp, SippResult
 from tests.sip.interop.tools import Tool
 
 pytestmark = pytest.mark.peer("sipp")
@@ -116,28 +116,32 @@ def test_5000_registers_at_500_per_second(tmp_path: Path) -> None:
         registrar.stop()
 
 
-def test_sipp_answers_our_digest_challenge(tmp_path: Path) -> None:
-    """(d, we challenge sipp) our registrar sends 401 (MD5), sipp answers, we accept."""
+def _sipp_registers_with_digest(tmp_path: Path, registrar_password: str) -> tuple[Tool, SippResult]:
+    """sipp (password s3cret) REGISTERs alice at our registrar, which challenges (MD5)
+    with ``registrar_password`` on file; returns the still-running registrar and sipp's
+    verdict. The caller stops the registrar."""
     users = tmp_path / "users.txt"
-    users.write_text("alice s3cret\n")
+    users.write_text(f"alice {registrar_password}\n")
     registrar = Tool(
         "registrar", "--listen", "127.0.0.1:0", "--users", str(users), "--algorithm", "MD5"
     )
     try:
         host, port = registrar.addr
         sipp = Sipp(
-            [
-                "-sf",
-                str(SCENARIOS / "uac_register_auth.xml"),
-                "-m",
-                "1",
-                "-auth_uri",
-                "example.org",
-                f"{host}:{port}",
-            ],
+            ["-sf", str(SCENARIOS / "uac_register_auth.xml"), "-m", "1",
+             "-auth_uri", "example.org", f"{host}:{port}"],
             tmp_path,
-        )
-        result = sipp.wait(30)
+        )  # fmt: skip
+        return registrar, sipp.wait(30)
+    except BaseException:
+        registrar.stop()
+        raise
+
+
+def test_sipp_answers_our_digest_challenge(tmp_path: Path) -> None:
+    """(d, we challenge sipp) our registrar sends 401 (MD5), sipp answers, we accept."""
+    registrar, result = _sipp_registers_with_digest(tmp_path, "s3cret")
+    try:
         assert result.returncode == 0, result.output
         assert (result.successful, result.failed) == (1, 0), result.output
         assert "registered sip:alice@example.org" in registrar.expect(r"registered ")
@@ -146,26 +150,8 @@ def test_sipp_answers_our_digest_challenge(tmp_path: Path) -> None:
 
 
 def test_sipp_with_wrong_password_is_refused(tmp_path: Path) -> None:
-    users = tmp_path / "users.txt"
-    users.write_text("alice another-password\n")
-    registrar = Tool(
-        "registrar", "--listen", "127.0.0.1:0", "--users", str(users), "--algorithm", "MD5"
-    )
+    registrar, result = _sipp_registers_with_digest(tmp_path, "another-password")
     try:
-        host, port = registrar.addr
-        sipp = Sipp(
-            [
-                "-sf",
-                str(SCENARIOS / "uac_register_auth.xml"),
-                "-m",
-                "1",
-                "-auth_uri",
-                "example.org",
-                f"{host}:{port}",
-            ],
-            tmp_path,
-        )
-        result = sipp.wait(30)
         assert result.returncode != 0 and result.failed == 1, result.output
         assert not [line for line in registrar.seen if line.startswith("registered")]
     finally:
