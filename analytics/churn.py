@@ -7,15 +7,21 @@ jobs themselves stay pure functions of DataFrames.
 from __future__ import annotations
 
 import bz2
+import csv as csvlib
 import gzip
 import json
+import math
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.storagelevel import StorageLevel
 
 from analytics import jobs
@@ -34,6 +40,9 @@ TABLES: dict[str, str] = {
     "flapping": "users changing address many times within minutes",
     "storms": "minutes in which many users reconnected at once",
     "recommendations": "RUDP timeout and retries, subscription TTL, queue size",
+    "handover_matrix": "subnet to subnet: handovers, users, restore p50/p95 after the move",
+    "networks": "per subnet: disconnections that began there, restores and their p50/p95",
+    "sms_spend": "SMS count and spend per user per UTC day",
     "summary": "headline numbers (metric, value)",
 }
 
@@ -45,7 +54,21 @@ class Inputs:
     fmt: str
     paths: list[str]
     skipped: list[str] = field(default_factory=list)  # files that are not churn logs
+    size: int | None = None  # bytes of the local inputs (None for a URL)
 
+    rows: int | None = None  # rows of the local Parquet inputs (from their footers)
+
+    @property
+    def small(self) -> bool:
+        """A log small enough that start-up, not data, is the cost (see spark.session):
+        at most ~100,000 lines. Parquet is compressed ~10x, so its row count decides."""
+        if self.fmt == "parquet":
+            return self.rows is not None and self.rows <= SMALL_INPUT_ROWS
+        return self.size is not None and self.size <= SMALL_INPUT_BYTES
+
+
+SMALL_INPUT_BYTES = 16 << 20
+SMALL_INPUT_ROWS = 100_000
 
 # How much of a file is read to tell a churn log from anything else.
 SNIFF_BYTES = 64 * 1024
@@ -157,7 +180,16 @@ def find_inputs(path: str, fmt: str = "auto") -> Inputs:
     chosen = text if fmt == "jsonl" else parquet
     if not chosen:
         raise InputError(f"no {fmt} churn-log files under {path}")
-    return Inputs(fmt, [str(f.resolve()) for f in chosen], skipped)
+    size = sum(f.stat().st_size for f in chosen)
+    rows = None
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in chosen)
+        except Exception:  # a footer pyarrow cannot read: Spark will say what is wrong
+            rows = None
+    return Inputs(fmt, [str(f.resolve()) for f in chosen], skipped, size, rows)
 
 
 def read_parsed(spark: SparkSession, inputs: Inputs, *, keep_extra: bool = False) -> DataFrame:
@@ -223,6 +255,116 @@ def _first(df: DataFrame) -> Row:
     return row
 
 
+def _csv_cell(value: object) -> str:
+    # Integers stay integers: a count kept in a double column (``summary.value``) is
+    # written ``215``, not ``215.0``, and an epoch in milliseconds not ``1.79E12``.
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if value.is_integer() and abs(value) < 2**53:
+            return str(int(value))
+        return repr(value)
+    if isinstance(value, datetime):
+        moment = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return str(value)
+
+
+def write_local_csv(parquet_dir: Path, csv_dir: Path) -> None:
+    """``parquet_dir`` (a table just written) as one CSV file with a header, in Python.
+
+    Reading back the few KB to MB of a table with pyarrow costs milliseconds, where a
+    Spark job per CSV copy costs a scheduling round each, and it formats the numbers as
+    a person reads them (see :func:`_csv_cell`).
+    """
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parquet_dir)
+    if csv_dir.exists():
+        shutil.rmtree(csv_dir)
+    csv_dir.mkdir(parents=True)
+    with (csv_dir / "part-00000.csv").open("w", encoding="utf-8", newline="") as f:
+        out = csvlib.writer(f)
+        out.writerow(table.column_names)
+        for batch in table.to_batches():
+            for row in batch.to_pylist():
+                out.writerow([_csv_cell(v) for v in row.values()])
+    (csv_dir / "_SUCCESS").touch()
+
+
+def _spark_csv(df: DataFrame, path: str) -> None:
+    # Remote output: Spark writes it (the driver may not reach that storage directly).
+    # Integral doubles are written without ".0", as in the local writer.
+    cols = []
+    for f in df.schema.fields:
+        c = F.col(f.name)
+        if isinstance(f.dataType, T.DoubleType):
+            c = F.when(
+                (c == F.floor(c)) & (F.abs(c) < F.lit(2.0**53)), c.cast("long").cast("string")
+            ).otherwise(c.cast("string"))
+        cols.append(c.alias(f.name))
+    df.select(*cols).coalesce(1).write.mode("overwrite").option("header", "true").csv(path)
+
+
+SUM_COLUMNS = (
+    "events",
+    "address_changes",
+    "handovers",
+    "disconnections",
+    "disconnected_ms",
+    "restores",
+    "notify_queued",
+    "notify_delivered",
+    "notify_dropped",
+    "sms_count",
+    "sms_cost",
+)
+
+
+def _tables(events: DataFrame, cfg: jobs.JobConfig) -> dict[str, DataFrame]:
+    window = cfg.window
+    current = jobs.in_window(events, window)
+    eps = jobs.episodes(events, window).persist(StorageLevel.MEMORY_AND_DISK)
+    user = jobs.per_user(current, eps).persist(StorageLevel.MEMORY_AND_DISK)
+    return {
+        "episodes": eps,
+        "per_user": user,
+        "per_hour": jobs.per_hour(current, eps, window),
+        "transitions": jobs.transitions(current),
+        "restore_latency": jobs.restore_latency(current, cfg),
+        "flapping": jobs.flapping(current, cfg),
+        "storms": jobs.storms(current, cfg),
+        "recommendations": jobs.recommendations(current, eps, cfg),
+        "handover_matrix": jobs.handover_matrix(current),
+        "networks": jobs.networks(events, window),
+        "sms_spend": jobs.sms_spend(current),
+    }
+
+
+def _stats(current: DataFrame) -> DataFrame:
+    """Restore percentiles over the window, its first and last fact, other-role copies."""
+    return current.agg(
+        F.percentile(jobs.restore_ms(), [0.5, 0.95, 0.99]).alias("p"),
+        F.min(F.when(jobs.is_fact(), F.col("ts_ms"))).alias("a"),
+        F.max(F.when(jobs.is_fact(), F.col("ts_ms"))).alias("b"),
+        F.count(F.when(~jobs.is_fact(), 1)).alias("copies"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    lines: int
+    invalid: int
+    events: int
+    rows: dict[str, int]
+    totals: dict[str, Any]
+    stats: dict[str, Any]
+
+
 def _run(
     spark: SparkSession,
     inputs: Inputs,
@@ -232,97 +374,277 @@ def _run(
     keep_extra: bool,
     say: Callable[[str], None],
 ) -> ChurnResult:
-    # Two passes over the input rather than caching every parsed line: the cache of a
-    # 10M-line log (plus the de-duplication next to it) overran a 2 GB driver, while a
-    # second parse costs less than a third of the run.
+    # One parse: the parsed lines are cached (compressed columns; the raw text is kept
+    # only for invalid lines) for the two things read from them, the quarantine and the
+    # de-duplicated events, which are cached in turn, partitioned by user, for every job.
     say(f"parsing {len(inputs.paths)} {inputs.fmt} input(s), quarantining invalid lines")
-    observed = Observation("lines")
-    parsed = read_parsed(spark, inputs).observe(
-        observed, F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid")
-    )
-    jobs.quarantine(parsed).write.mode("overwrite").json(f"{out}/quarantine")
-    lines, invalid = int(observed.get["lines"]), int(observed.get["invalid"])
-    say(f"{lines} lines, {invalid} invalid; de-duplicating the valid ones")
-    valid = read_parsed(spark, inputs, keep_extra=keep_extra)
-    events = jobs.valid_events(valid).persist(StorageLevel.MEMORY_AND_DISK)
-    n_events = events.count()
-    if n_events == 0:
-        # Nothing to analyse: empty tables would look like a quiet week, not a bad input.
-        raise InputError(
-            f"no valid churn-log lines in the input ({lines} line(s), {invalid} invalid; "
-            f"see {out}/quarantine)"
-        )
-    if keep_extra:
-        say("writing events")
-        events.write.mode("overwrite").parquet(f"{out}/events")
+    local = not _is_remote(out)
+    parsed = read_parsed(spark, inputs, keep_extra=keep_extra)
+    if inputs.small and local and not keep_extra:
+        counts = _run_small(spark, parsed, out, cfg, csv, say)
+    else:
+        again = None
+        if inputs.fmt == "parquet":
+
+            def again() -> DataFrame:
+                return read_parsed(spark, inputs, keep_extra=keep_extra)
+
+        counts = _run_large(spark, parsed, out, cfg, csv, keep_extra, local, say, again)
     window = cfg.window
-    current = jobs.in_window(events, window)
-    eps = jobs.episodes(events, window).persist(StorageLevel.MEMORY_AND_DISK)
-    user = jobs.per_user(current, eps).persist(StorageLevel.MEMORY_AND_DISK)
-    tables: dict[str, DataFrame] = {
-        "per_user": user,
-        "per_hour": jobs.per_hour(current, eps, window),
-        "episodes": eps,
-        "transitions": jobs.transitions(current),
-        "restore_latency": jobs.restore_latency(current, cfg),
-        "flapping": jobs.flapping(current, cfg),
-        "storms": jobs.storms(current, cfg),
-        "recommendations": jobs.recommendations(current, eps, cfg),
-    }
-    sizes: dict[str, int] = {}
-    for name, df in tables.items():
-        say(f"writing {name}")
-        df.write.mode("overwrite").parquet(f"{out}/{name}")
-        written = spark.read.parquet(f"{out}/{name}")
-        sizes[name] = written.count()
-        if csv:
-            written.coalesce(1).write.mode("overwrite").option("header", "true").csv(
-                f"{out}/csv/{name}"
-            )
-    totals = _first(
-        user.agg(
-            F.count(F.lit(1)).alias("users"),
-            F.sum("events").alias("events_in_window"),
-            F.sum("address_changes").alias("address_changes"),
-            F.sum("handovers").alias("handovers"),
-            F.sum("disconnections").alias("disconnections"),
-            F.sum("disconnected_ms").alias("disconnected_ms"),
-            F.sum("restores").alias("restores"),
-            F.sum("notify_queued").alias("notify_queued"),
-            F.sum("notify_delivered").alias("notify_delivered"),
-            F.sum("notify_dropped").alias("notify_dropped"),
-            F.sum("sms_count").alias("sms_count"),
-            F.sum("sms_cost").alias("sms_cost"),
-        )
-    )
-    restores = current.where(
-        (F.col("event") == "media_connected") & F.col("latency_ms").isNotNull()
-    )
-    pct = _first(restores.agg(F.percentile("latency_ms", [0.5, 0.95, 0.99]).alias("p")))["p"]
-    span = _first(current.agg(F.min("ts_ms").alias("a"), F.max("ts_ms").alias("b")))
     summary: dict[str, float] = {
-        "lines": float(lines),
-        "invalid_lines": float(invalid),
-        "duplicates_dropped": float(lines - invalid - n_events),
-        "events": float(n_events),
+        "lines": float(counts.lines),
+        "invalid_lines": float(counts.invalid),
+        "duplicates_dropped": float(counts.lines - counts.invalid - counts.events),
+        "events": float(counts.events),
+        "other_role_copies": float(counts.stats["copies"] or 0),
+        "users": float(counts.rows["per_user"]),
     }
-    for key, value in totals.asDict().items():
-        summary[key] = float(value or 0)
+    for key, value in counts.totals.items():
+        summary["events_in_window" if key == "events" else key] = float(value or 0)
     summary["disconnected_hours"] = round(summary.pop("disconnected_ms") / 3_600_000, 3)
-    for q, value in zip(("p50", "p95", "p99"), pct or (None, None, None), strict=True):
+    pct = counts.stats["p"] or (None, None, None)
+    for q, value in zip(("p50", "p95", "p99"), pct, strict=True):
         summary[f"restore_{q}_ms"] = float("nan") if value is None else float(value)
-    summary["flaps"] = float(sizes["flapping"])
-    summary["storms"] = float(sizes["storms"])
-    summary["first_ts_ms"] = float(span["a"]) if span["a"] is not None else float("nan")
-    summary["last_ts_ms"] = float(span["b"]) if span["b"] is not None else float("nan")
+    summary["flaps"] = float(counts.rows["flapping"])
+    summary["storms"] = float(counts.rows["storms"])
+    for key, name in (("a", "first_ts_ms"), ("b", "last_ts_ms")):
+        value = counts.stats[key]
+        summary[name] = float("nan") if value is None else float(value)
     if window.since_ms is not None:
         summary["since_ms"] = float(window.since_ms)
     if window.until_ms is not None:
         summary["until_ms"] = float(window.until_ms)
+    _write_summary(spark, summary, out, csv=csv, local=local)
+    _write_provenance(spark, inputs, out, local=local)
+    return ChurnResult(summary=summary, output=out)
+
+
+def _no_events(lines: int, invalid: int, out: str) -> InputError:
+    # Nothing to analyse: empty tables would look like a quiet week, not a bad input.
+    return InputError(
+        f"no valid churn-log lines in the input ({lines} line(s), {invalid} invalid; "
+        f"see {out}/quarantine)"
+    )
+
+
+def _run_large(
+    spark: SparkSession,
+    parsed: DataFrame,
+    out: str,
+    cfg: jobs.JobConfig,
+    csv: bool,
+    keep_extra: bool,
+    local: bool,
+    say: Callable[[str], None],
+    reparse: Callable[[], DataFrame] | None = None,
+) -> _Counts:
+    observed = Observation("lines")
+    metrics = (F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid"))
+    if reparse is None:
+        # JSON lines: parse once. The parsed rows go to a disk cache (held in memory next
+        # to the de-duplication of 10M lines they overran a 3 GB driver) for the two
+        # readers, the de-duplicated events and the quarantine.
+        parsed = parsed.observe(observed, *metrics).persist(StorageLevel.DISK_ONLY)
+        events = jobs.valid_events(parsed).persist(StorageLevel.MEMORY_AND_DISK)
+        n_events = events.count()
+        jobs.quarantine(parsed).write.mode("overwrite").json(f"{out}/quarantine")
+        parsed.unpersist()
+    else:
+        # Parquet: reading the columns again costs less than caching them; the quarantine
+        # pass counts the lines on the way.
+        jobs.quarantine(parsed.observe(observed, *metrics)).write.mode("overwrite").json(
+            f"{out}/quarantine"
+        )
+        events = jobs.valid_events(reparse()).persist(StorageLevel.MEMORY_AND_DISK)
+        n_events = events.count()
+    lines, invalid = int(observed.get["lines"]), int(observed.get["invalid"])
+    if n_events == 0:
+        raise _no_events(lines, invalid, out)
+    say(f"{lines} lines, {invalid} invalid, {n_events} events after de-duplication")
+    if keep_extra:
+        say("writing events")
+        events.write.mode("overwrite").parquet(f"{out}/events")
+    tables = _tables(events, cfg)
+    # Row counts and the per-user totals are observed while the tables are written:
+    # no job of their own.
+    sizes: dict[str, Observation] = {}
+    totals = Observation("totals")
+    for name, df in tables.items():
+        say(f"writing {name}")
+        sizes[name] = Observation(f"rows_{name}")
+        df = df.observe(sizes[name], F.count(F.lit(1)).alias("rows"))
+        if name == "per_user":
+            df = df.observe(totals, *[F.sum(c).alias(c) for c in SUM_COLUMNS])
+        df.write.mode("overwrite").parquet(f"{out}/{name}")
+        if csv:
+            if local:
+                write_local_csv(Path(f"{out}/{name}"), Path(f"{out}/csv/{name}"))
+            else:
+                _spark_csv(spark.read.parquet(f"{out}/{name}"), f"{out}/csv/{name}")
+    stats = _first(_stats(jobs.in_window(events, cfg.window))).asDict()
+    for df in (tables["per_user"], tables["episodes"], events):
+        df.unpersist()
+    return _Counts(
+        lines=lines,
+        invalid=invalid,
+        events=n_events,
+        rows={name: int(o.get["rows"]) for name, o in sizes.items()},
+        totals=dict(totals.get),
+        stats=stats,
+    )
+
+
+def _run_small(
+    spark: SparkSession,
+    parsed: DataFrame,
+    out: str,
+    cfg: jobs.JobConfig,
+    csv: bool,
+    say: Callable[[str], None],
+) -> _Counts:
+    """A log of a few MB: every table in *one* Spark job, written here with pyarrow.
+
+    Each table becomes rows of (table, JSON text) in one union that the driver collects:
+    the JVM start and one job's scheduling are the whole cost, not a job per table.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    events = jobs.valid_events(parsed).persist(StorageLevel.MEMORY_AND_DISK)
+    tables = _tables(events, cfg)
+    parts: dict[str, DataFrame] = {
+        "_quarantine": jobs.quarantine(parsed),
+        "_lines": parsed.agg(F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid")),
+        "_events": events.agg(F.count(F.lit(1)).alias("events")),
+        "_stats": _stats(jobs.in_window(events, cfg.window)),
+        **tables,
+    }
+    union: DataFrame | None = None
+    for name, df in parts.items():
+        tagged = df.select(
+            F.lit(name).alias("t"),
+            F.to_json(
+                F.struct(*[F.col(c) for c in df.columns]), {"ignoreNullFields": "false"}
+            ).alias("j"),
+        )
+        union = tagged if union is None else union.unionAll(tagged)
+    assert union is not None
+    say("computing every table in one job (small input)")
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in parts}
+    for row in union.collect():
+        rows[row["t"]].append(json.loads(row["j"]))
+    for df in (tables["per_user"], tables["episodes"], events, parsed):
+        df.unpersist()
+    lines = int(rows["_lines"][0]["lines"])
+    invalid = int(rows["_lines"][0]["invalid"])
+    n_events = int(rows["_events"][0]["events"])
+    qdir = Path(f"{out}/quarantine")
+    _fresh(qdir)
+    with (qdir / "part-00000.json").open("w", encoding="utf-8") as f:
+        for r in rows["_quarantine"]:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    (qdir / "_SUCCESS").touch()
+    if n_events == 0:
+        raise _no_events(lines, invalid, out)
+    say(f"{lines} lines, {invalid} invalid, {n_events} events after de-duplication")
+    for name, df in tables.items():
+        target = Path(f"{out}/{name}")
+        _fresh(target)
+        schema = _arrow_schema(df.schema)
+        columns = {f.name: [_from_json(r.get(f.name), f.type) for r in rows[name]] for f in schema}
+        pq.write_table(pa.table(columns, schema=schema), target / "part-00000.parquet")
+        (target / "_SUCCESS").touch()
+        if csv:
+            write_local_csv(target, Path(f"{out}/csv/{name}"))
+    users = rows["per_user"]
+    totals = {c: sum(float(r[c] or 0) for r in users) for c in SUM_COLUMNS}
+    return _Counts(
+        lines=lines,
+        invalid=invalid,
+        events=n_events,
+        rows={name: len(rows[name]) for name in tables},
+        totals=totals,
+        stats=rows["_stats"][0],
+    )
+
+
+def _fresh(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+def _arrow_schema(schema: T.StructType) -> Any:
+    import pyarrow as pa
+
+    kinds = {
+        T.StringType: pa.string(),
+        T.LongType: pa.int64(),
+        T.DoubleType: pa.float64(),
+        T.BooleanType: pa.bool_(),
+        T.TimestampType: pa.timestamp("us", tz="UTC"),
+        T.DateType: pa.date32(),
+    }
+    return pa.schema([pa.field(f.name, kinds[type(f.dataType)]) for f in schema.fields])
+
+
+def _from_json(value: object, kind: Any) -> object:
+    import pyarrow as pa
+
+    if value is None:
+        return None
+    if pa.types.is_timestamp(kind):
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if pa.types.is_date32(kind):
+        return datetime.fromisoformat(str(value)).date()
+    if pa.types.is_floating(kind):
+        return float(value)  # type: ignore[arg-type]
+    return value
+
+
+def _write_summary(
+    spark: SparkSession, summary: dict[str, float], out: str, *, csv: bool, local: bool
+) -> None:
+    if local:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        target = Path(f"{out}/summary")
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        table = pa.table(
+            {
+                "metric": pa.array(list(summary), pa.string()),
+                "value": pa.array(list(summary.values()), pa.float64()),
+            }
+        )
+        pq.write_table(table, target / "part-00000.parquet")
+        (target / "_SUCCESS").touch()
+        if csv:
+            write_local_csv(target, Path(f"{out}/csv/summary"))
+        return
     rows = spark.createDataFrame(list(summary.items()), S.SUMMARY_SCHEMA)
     rows.coalesce(1).write.mode("overwrite").parquet(f"{out}/summary")
     if csv:
-        rows.coalesce(1).write.mode("overwrite").option("header", "true").csv(f"{out}/csv/summary")
-    for df in (user, eps, events):
-        df.unpersist()
-    return ChurnResult(summary=summary, output=out)
+        _spark_csv(rows, f"{out}/csv/summary")
+
+
+def _write_provenance(spark: SparkSession, inputs: Inputs, out: str, *, local: bool) -> None:
+    """``<out>/provenance.json``: what was read, and when and by what the tables were made."""
+    record = {
+        "generated_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "input_format": inputs.fmt,
+        "inputs": inputs.paths,
+        "skipped": inputs.skipped,
+        "spark": spark.version,
+        "master": spark.sparkContext.master,
+    }
+    text = json.dumps(record, indent=2) + "\n"
+    if local:
+        Path(f"{out}/provenance.json").write_text(text, encoding="utf-8")
+    else:
+        spark.createDataFrame([(text,)], "value string").coalesce(1).write.mode("overwrite").text(
+            f"{out}/provenance"
+        )

@@ -8,12 +8,14 @@ stderr and exit code 2 here, because the top-level CLI only knows mdeci's own er
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from analytics.errors import AnalyticsError, OptionError
+from analytics.errors import AnalyticsError, JobError, OptionError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +84,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     churn.add_argument(
         "--storm-factor", type=float, default=4.0, help="times the hourly baseline that storm"
     )
-    churn.add_argument("--quiet", action="store_true", help="no progress output")
+    churn.add_argument(
+        "--quiet", action="store_true", help="print only the result line (no progress, no bars)"
+    )
+    churn.add_argument("--verbose", action="store_true", help="Spark's own WARN and INFO lines too")
+
+    watch = sub.add_parser(
+        "watch",
+        help="live churn per minute over the churn-log folder (Structured Streaming)",
+        description="Read the churn-log folder as a stream of files and write, per minute of "
+        "event time, handovers, disconnections, restore latency and reconnect-storm alerts "
+        "to <output>/minutes and <output>/alerts (Parquet) and to the console.",
+    )
+    watch.add_argument("--input", required=True, help="the churn-log folder (or a URL)")
+    watch.add_argument("--output", required=True, help="output folder (or a URL)")
+    watch.add_argument("--master", default=None, help="Spark master URL (as for churn)")
+    watch.add_argument(
+        "--watermark", default="2 minutes", help="how late a line may come (default 2 minutes)"
+    )
+    watch.add_argument(
+        "--storm-users", type=int, default=8, help="users reconnecting in a minute: a storm"
+    )
+    watch.add_argument("--trigger", type=float, default=5.0, help="seconds between batches")
+    watch.add_argument("--checkpoint", default=None, help="default <output>/_checkpoint")
+    watch.add_argument(
+        "--available-now",
+        action="store_true",
+        help="process the files there now, then stop (a rerun carries on)",
+    )
+    watch.add_argument(
+        "--for", dest="run_for", type=float, default=None, help="stop after this many seconds"
+    )
+    watch.add_argument("--quiet", action="store_true", help="no progress bars")
+    watch.add_argument("--verbose", action="store_true", help="Spark's own WARN lines too")
 
     rep = sub.add_parser(
         "report",
@@ -116,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
             return _generate(args)
         if args.analytics_command == "churn":
             return _churn(args)
+        if args.analytics_command == "watch":
+            return _watch(args)
         return _report(args)
     except AnalyticsError as exc:
         print(f"mdeci analytics {args.analytics_command}: error: {exc}", file=sys.stderr)
@@ -191,10 +227,15 @@ def _churn(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - begun:6.1f}s] {message}", file=sys.stderr)
 
     if inputs.skipped:
-        names = ", ".join(Path(f).name for f in inputs.skipped[:5])
-        say(f"skipping {len(inputs.skipped)} file(s) that are not churn logs: {names}")
+        say(skipping_line(inputs.skipped, args.input))
 
-    spark = session(args.master, shuffle_partitions=args.shuffle_partitions)
+    spark = session(
+        args.master,
+        shuffle_partitions=args.shuffle_partitions,
+        verbose=args.verbose,
+        progress=not args.quiet,
+        small_input=inputs.small,
+    )
     say(f"Spark {spark.version} on {spark.sparkContext.master}")
     result = run_churn(
         spark,
@@ -216,6 +257,68 @@ def _churn(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from analytics.spark import session
+    from analytics.watch import WatchConfig, start
+
+    if args.storm_users < 1 or args.trigger <= 0:
+        raise OptionError("--storm-users must be at least 1 and --trigger positive")
+    cfg = WatchConfig(
+        watermark=args.watermark,
+        storm_users=args.storm_users,
+        trigger_s=args.trigger,
+        checkpoint=args.checkpoint,
+    )
+    if "://" not in args.input and not Path(args.input).is_dir():  # before the JVM starts
+        raise OptionError(f"--input {args.input} is not a directory (watch reads a log folder)")
+    spark = session(args.master, verbose=args.verbose, progress=not args.quiet)
+    try:
+        query = start(spark, args.input, args.output, cfg, available_now=args.available_now)
+    except Exception as exc:
+        if type(exc).__module__.startswith(("pyspark", "py4j")):
+            raise JobError(
+                f"cannot start the live query: {str(exc).strip().splitlines()[0]}"
+            ) from exc
+        raise
+    print(
+        f"watching {args.input} on {spark.sparkContext.master} -> {args.output}/minutes",
+        file=sys.stderr,
+    )
+    # SIGINT and SIGTERM end the watch cleanly: the query stops between batches and its
+    # checkpoint is consistent for the next start.
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    deadline = None if args.run_for is None else time.monotonic() + args.run_for
+    try:
+        while query.isActive and not stopping.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            query.awaitTermination(1)
+    finally:
+        query.stop()
+    if query.exception() is not None:
+        raise JobError(f"the live query failed: {str(query.exception()).splitlines()[0]}")
+    return 0
+
+
+def skipping_line(skipped: list[str], root: str, shown: int = 5) -> str:
+    """``skipping N file(s) ...: a, b, c and M more``: names relative to ``root`` (two
+    ``README`` in two folders are two names), each once, and the count of the rest."""
+    base = Path(root.removeprefix("file://"))
+    names: list[str] = []
+    for f in skipped:
+        try:
+            name = str(Path(f).resolve().relative_to(base.resolve()))
+        except ValueError:
+            name = str(f)
+        if name not in names:
+            names.append(name)
+    listed = ", ".join(names[:shown])
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"skipping {len(names)} file(s) that are not churn logs: {listed}{more}"
 
 
 def _report(args: argparse.Namespace) -> int:

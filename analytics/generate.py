@@ -386,7 +386,11 @@ class _UserLog:
 
     # -- line writers: one per event shape; the strings need no JSON escaping --
     def _head(self, t: int, node: str, event: str) -> str:
-        return f'{{"ts":"{self.fmt.ts(t)}","node":"{node}","event":"{event}","uri":"{self.uri}"'
+        role = "agent" if node == self.agent else "broker"
+        return (
+            f'{{"ts":"{self.fmt.ts(t)}","node":"{node}","role":"{role}","event":"{event}",'
+            f'"uri":"{self.uri}"'
+        )
 
     def simple(self, t: int, node: str, event: str, tail: str = "") -> None:
         self.events.append((t, f"{self._head(t, node, event)}{tail}}}"))
@@ -463,9 +467,14 @@ class _UserLog:
                     "session_reinvited",
                     f',"call_id":"{self.call_id}","addr":"{new}","prev_addr":"{prev}"',
                 )
+            # Both ends see the media come up: the broker's line is the connection state,
+            # the agent's carries the restore latency the device measured.
+            self.simple(
+                up, self.broker, "media_connected", f',"call_id":"{self.call_id}","addr":"{new}"'
+            )
             self.simple(
                 up,
-                self.broker,
+                self.agent,
                 "media_connected",
                 f',"call_id":"{self.call_id}","addr":"{new}","latency_ms":{restore}',
             )
@@ -491,6 +500,7 @@ class _UserLog:
             if nxt - end > 5 * HOUR and rng.random() < 0.7:
                 # A long gap is usually the phone switched off: a clean shutdown.
                 self.simple(end, self.agent, "session_ended", f',"call_id":"{self.call_id}"')
+                self.simple(end, self.broker, "session_ended", f',"call_id":"{self.call_id}"')
                 self.simple(end + 2, self.broker, "unregistered")
                 session = False
                 if nxt - end > SUBSCRIPTION_TTL and rng.random() < 0.5:

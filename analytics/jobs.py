@@ -9,14 +9,27 @@ every job orders by ``ts_ms`` itself and never trusts file order.
 Disconnection episodes are computed over the *whole* log and then clipped to the time
 window ``[since, until)``, so an episode that began before ``since`` still has its true
 start, and one still open at ``until`` (or at the end of the log) is marked ``open``.
-Every other metric counts the events inside the window only. The definitions, each one
-written down so that the tests' independent implementation can follow them:
+Every other metric counts the events inside the window only.
+
+One source of truth per event: the broker and the agents both log some facts (a
+delivery, a re-INVITE, a session start). Each line says its ``role``; a line counts only
+when its role is the event's authoritative one (``schema.AUTHORITY``: the agent for
+``ip_changed``, the broker for everything else) or when it has no role (an old log).
+The restore latency is the one figure only the device measures: it is the
+``latency_ms`` of the *agent's* ``media_connected`` (or of a role-less one). Feeding the
+broker's and every agent's logs together therefore counts each fact once.
+
+The definitions, each one written down so that the tests' independent implementation
+can follow them:
 
 - address change: an ``ip_changed`` event; handover: a ``session_reinvited`` event
   (the dialog survived the move);
 - episode: starts at a ``media_disconnected`` that follows a connected state (or no
-  media event at all), ends at the next ``media_connected``; further disconnects inside
-  an episode belong to it. At the same millisecond a disconnect sorts before a connect;
+  media event at all), ends at the next ``media_connected``, or at a ``session_ended``
+  (the session it broke is gone; what follows is no session, not an outage); further
+  disconnects inside an episode belong to it, and a disconnect after a session ended
+  (the broker's "session ended" tear-down) starts none. At the same millisecond a
+  session end sorts first, then a disconnect, then a connect;
 - restore latency: ``latency_ms`` of ``media_connected`` events; percentiles are exact
   with linear interpolation between closest ranks (``numpy.percentile``'s default);
 - churn score: ``address_changes + 2 * disconnections + disconnected minutes / 10 +
@@ -215,26 +228,53 @@ def _is(event: str) -> Column:
     return F.col("event") == F.lit(event)
 
 
+def authority() -> Column:
+    """The authoritative role of each line's event (see the module docstring)."""
+    agent = F.col("event").isin(*S.AGENT_EVENTS)
+    return F.when(agent, F.lit("agent")).otherwise(F.lit("broker"))
+
+
+def is_fact() -> Column:
+    """True for a line that counts: its role is its event's authority, or it has none."""
+    return F.col("role").isNull() | (F.col("role") == authority())
+
+
+def facts(events: DataFrame) -> DataFrame:
+    """The lines of ``events`` that count (one per fact; see the module docstring)."""
+    return events.where(is_fact())
+
+
+def restore_ms() -> Column:
+    """``latency_ms`` of a restore (an agent's or role-less ``media_connected``), else null."""
+    device = F.col("role").isNull() | (F.col("role") == F.lit("agent"))
+    return F.when(_is("media_connected") & device, F.col("latency_ms"))
+
+
 def _count_of(event: str) -> Column:
-    return F.sum(F.when(_is(event), 1).otherwise(0)).cast("long")
+    return F.sum(F.when(_is(event) & is_fact(), 1).otherwise(0)).cast("long")
 
 
-# Ties at the same millisecond: a disconnect first, then a connect, then the rest.
+# Ties at the same millisecond: a session end first, then a disconnect, then a connect.
 def _rank() -> Column:
-    return F.when(_is("media_disconnected"), 0).when(_is("media_connected"), 1).otherwise(2)
+    return (
+        F.when(_is("session_ended"), 0)
+        .when(_is("media_disconnected"), 1)
+        .when(_is("media_connected"), 2)
+        .otherwise(3)
+    )
 
 
 # --------------------------------------------------------------------------- episodes
 
 
-def episodes(events: DataFrame, window: TimeWindow) -> DataFrame:
-    """Disconnection episodes (all events in, clipped to ``window``); schema EPISODE_SCHEMA.
-
-    An episode with no restore in the log is ``open`` and ends at ``until``, or, with no
-    ``until``, at the last instant of the log.
-    """
-    media = events.where(_is("media_disconnected") | _is("media_connected")).select(
-        "uri", "ts_ms", "event", _rank().alias("_rank")
+def _episode_starts(events: DataFrame) -> DataFrame:
+    """The ``media_disconnected`` lines that open an episode, with ``_next_ts`` (the
+    instant of the edge that closes it, null while open) and their ``addr``."""
+    state = ("media_disconnected", "media_connected", "session_ended")
+    media = (
+        facts(events)
+        .where(F.col("event").isin(*state))
+        .select("uri", "ts_ms", "event", "addr", _rank().alias("_rank"))
     )
     by_user = Window.partitionBy("uri").orderBy("ts_ms", "_rank")
     prev = F.lag("event").over(by_user)
@@ -243,20 +283,29 @@ def episodes(events: DataFrame, window: TimeWindow) -> DataFrame:
             _is("media_disconnected")
             & (F.col("_prev").isNull() | (F.col("_prev") == "media_connected"))
         )
-        | (_is("media_connected") & (F.col("_prev") == "media_disconnected"))
+        | (~_is("media_disconnected") & (F.col("_prev") == "media_disconnected"))
     )
     # Edges alternate start, end, start, end ... per user, so an end is the next edge.
-    paired = edges.select(
+    return edges.select(
         "uri",
         "ts_ms",
         "event",
-        F.lead("event").over(by_user).alias("_next"),
+        "addr",
         F.lead("ts_ms").over(by_user).alias("_next_ts"),
     ).where(_is("media_disconnected"))
+
+
+def episodes(events: DataFrame, window: TimeWindow) -> DataFrame:
+    """Disconnection episodes (all events in, clipped to ``window``); schema EPISODE_SCHEMA.
+
+    An episode with no restore in the log is ``open`` and ends at ``until``, or, with no
+    ``until``, at the last instant of the log.
+    """
+    paired = _episode_starts(events)
     raw = paired.select(
         "uri",
         F.col("ts_ms").alias("start_ms"),
-        F.when(F.col("_next") == "media_connected", F.col("_next_ts")).alias("end_ms"),
+        F.col("_next_ts").alias("end_ms"),
     )
     if window.until_ms is not None:
         horizon: Column = F.lit(window.until_ms)
@@ -306,9 +355,9 @@ def per_user(events: DataFrame, eps: DataFrame) -> DataFrame:
     ``events`` are the events in the window (:func:`in_window`), ``eps`` the episodes of
     :func:`episodes` for the same window.
     """
-    restore = F.when(_is("media_connected"), F.col("latency_ms"))
+    restore = restore_ms()
     counts = events.groupBy("uri").agg(
-        F.count(F.lit(1)).alias("events"),
+        F.count(F.when(is_fact(), 1)).alias("events"),
         _count_of("ip_changed").alias("address_changes"),
         _count_of("session_reinvited").alias("handovers"),
         F.count(restore).alias("restores"),
@@ -318,8 +367,10 @@ def per_user(events: DataFrame, eps: DataFrame) -> DataFrame:
         _count_of("notify_delivered").alias("notify_delivered"),
         _count_of("notify_dropped").alias("notify_dropped"),
         _count_of("sms_sent").alias("sms_count"),
-        F.sum(F.when(_is("sms_sent"), F.col("cost"))).alias("_sms_cost"),
+        F.sum(F.when(_is("sms_sent") & is_fact(), F.col("cost"))).alias("_sms_cost"),
     )
+    # A user seen only through the other role's copies has no fact to report.
+    counts = counts.where((F.col("events") > 0) | (F.col("restores") > 0))
     per_ep = eps.groupBy("uri").agg(
         F.count(F.lit(1)).alias("disconnections"),
         F.sum("duration_ms").alias("disconnected_ms"),
@@ -375,16 +426,20 @@ def per_hour(events: DataFrame, eps: DataFrame, window: TimeWindow) -> DataFrame
 
     ``disconnections`` counts the episodes that *began* in that hour (inside the window).
     """
-    hourly = events.groupBy(hour_of(F.col("ts_ms")).alias("_hour")).agg(
-        F.countDistinct("uri").alias("active_users"),
-        F.count(F.lit(1)).alias("events"),
-        _count_of("ip_changed").alias("address_changes"),
-        _count_of("session_reinvited").alias("handovers"),
-        _count_of("notify_dropped").alias("notify_dropped"),
-        _count_of("sms_sent").alias("sms_count"),
-        F.round(F.coalesce(F.sum(F.when(_is("sms_sent"), F.col("cost"))), F.lit(0.0)), 4).alias(
-            "sms_cost"
-        ),
+    hourly = (
+        facts(events)
+        .groupBy(hour_of(F.col("ts_ms")).alias("_hour"))
+        .agg(
+            F.countDistinct("uri").alias("active_users"),
+            F.count(F.lit(1)).alias("events"),
+            _count_of("ip_changed").alias("address_changes"),
+            _count_of("session_reinvited").alias("handovers"),
+            _count_of("notify_dropped").alias("notify_dropped"),
+            _count_of("sms_sent").alias("sms_count"),
+            F.round(F.coalesce(F.sum(F.when(_is("sms_sent"), F.col("cost"))), F.lit(0.0)), 4).alias(
+                "sms_cost"
+            ),
+        )
     )
     began = eps
     if window.since_ms is not None:
@@ -412,12 +467,14 @@ def subnet_of(addr: Column) -> Column:
 
 def transitions(events: DataFrame) -> DataFrame:
     """Subnet-to-subnet moves (the mobility graph) from ``ip_changed``; TRANSITION_SCHEMA."""
-    moves = events.where(
-        _is("ip_changed") & F.col("addr").isNotNull() & F.col("prev_addr").isNotNull()
-    ).select(
-        subnet_of(F.col("prev_addr")).alias("from_subnet"),
-        subnet_of(F.col("addr")).alias("to_subnet"),
-        "uri",
+    moves = (
+        facts(events)
+        .where(_is("ip_changed") & F.col("addr").isNotNull() & F.col("prev_addr").isNotNull())
+        .select(
+            subnet_of(F.col("prev_addr")).alias("from_subnet"),
+            subnet_of(F.col("addr")).alias("to_subnet"),
+            "uri",
+        )
     )
     out = moves.groupBy("from_subnet", "to_subnet").agg(
         F.count(F.lit(1)).alias("transitions"), F.countDistinct("uri").alias("users")
@@ -430,7 +487,7 @@ def transitions(events: DataFrame) -> DataFrame:
 def restore_latency(events: DataFrame, cfg: JobConfig) -> DataFrame:
     """Histogram and CDF of restore latencies (non-empty buckets only); LATENCY_SCHEMA."""
     edges = sorted(cfg.latency_edges_ms)
-    lat = F.col("latency_ms")
+    lat = F.col("_restore_ms")
     # Walk the edges from the top so that the first matching WHEN is the right bucket.
     lo_expr = F.when(lat >= edges[-1], F.lit(edges[-1]))
     hi_expr = F.when(lat >= edges[-1], F.lit(None).cast("double"))
@@ -439,12 +496,18 @@ def restore_latency(events: DataFrame, cfg: JobConfig) -> DataFrame:
         hi_expr = hi_expr.when(lat >= edges[i], F.lit(edges[i + 1]))
     lo = lo_expr.otherwise(F.lit(edges[0]))  # below the first edge: the first bucket
     hi = hi_expr.otherwise(F.lit(edges[1] if len(edges) > 1 else None))
-    restores = events.where(_is("media_connected") & lat.isNotNull())
+    restores = events.select(restore_ms().alias("_restore_ms")).where(lat.isNotNull())
     buckets = restores.groupBy(lo.alias("bucket_lo_ms"), hi.alias("bucket_hi_ms")).agg(
         F.count(F.lit(1)).alias("restores")
     )
     total = restores.agg(F.count(F.lit(1)).alias("_total"))
-    upto = Window.orderBy("bucket_lo_ms").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # A dozen buckets: one partition is their honest size, and naming it (rather than
+    # leaving the window unpartitioned) says so to Spark, which would warn otherwise.
+    upto = (
+        Window.partitionBy(F.lit(0))
+        .orderBy("bucket_lo_ms")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
     out = buckets.crossJoin(F.broadcast(total)).select(
         "*", (F.sum("restores").over(upto) / F.col("_total")).alias("cumulative_fraction")
     )
@@ -459,7 +522,7 @@ def flapping(events: DataFrame, cfg: JobConfig) -> DataFrame:
     to a flap, and flap changes less than a window apart are one row.
     """
     w = cfg.flap_window_ms
-    changes = events.where(_is("ip_changed")).select("uri", "ts_ms")
+    changes = facts(events).where(_is("ip_changed")).select("uri", "ts_ms")
     ordered = Window.partitionBy("uri").orderBy("ts_ms")
     back = ordered.rangeBetween(-w, 0)
     ahead = ordered.rangeBetween(0, w)
@@ -492,8 +555,10 @@ def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
     """
     w = cfg.storm_window_ms
     ts = F.col("ts_ms")
-    restores = events.where(_is("media_connected")).select(
-        "uri", (ts - F.pmod(ts, F.lit(w))).alias("_bucket"), hour_of(ts).alias("_hour")
+    restores = (
+        facts(events)
+        .where(_is("media_connected"))
+        .select("uri", (ts - F.pmod(ts, F.lit(w))).alias("_bucket"), hour_of(ts).alias("_hour"))
     )
     per_bucket = restores.groupBy("_bucket", "_hour").agg(F.countDistinct("uri").alias("_users"))
     baseline = restores.groupBy("_hour").agg(
@@ -504,7 +569,7 @@ def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
         & (F.col("_users") >= F.col("_per_bucket") * cfg.storm_factor)
     )
     # Adjacent buckets share (bucket / w - row number): the classic gaps-and-islands trick.
-    seq = Window.orderBy("_bucket")
+    seq = Window.partitionBy(F.lit(0)).orderBy("_bucket")  # few rows: see restore_latency
     islands = stormy.select(
         "_bucket", (F.col("_bucket") / F.lit(w) - F.row_number().over(seq)).alias("_island")
     )
@@ -536,6 +601,7 @@ def recommendations(events: DataFrame, eps: DataFrame, cfg: JobConfig) -> DataFr
       user and per stretch between two restores, the highest ``queue_depth`` queued plus
       the notifications dropped, maximised.
     """
+    events = facts(events)
     live = events.where(
         _is("notify_delivered")
         & (F.coalesce(F.col("channel"), F.lit("ip")) == "ip")
@@ -565,7 +631,7 @@ def recommendations(events: DataFrame, eps: DataFrame, cfg: JobConfig) -> DataFr
         .agg(
             (
                 F.coalesce(F.max(F.when(_is("notify_queued"), F.col("queue_depth"))), F.lit(0))
-                + _count_of("notify_dropped")
+                + F.sum(F.when(_is("notify_dropped"), 1).otherwise(0))
             ).alias("_need")
         )
         .agg(F.max("_need").alias("_queue"))
@@ -626,3 +692,102 @@ def recommendations(events: DataFrame, eps: DataFrame, cfg: JobConfig) -> DataFr
         ),
     )
     return conform(one.select(F.inline(rows)), S.RECOMMENDATION_SCHEMA)
+
+
+# ------------------------------------------------------------------- per network
+
+
+def handover_matrix(events: DataFrame) -> DataFrame:
+    """Moves between subnets with the restore latency that followed them;
+    HANDOVER_MATRIX_SCHEMA, heaviest first.
+
+    Each restore (see :func:`restore_ms`) is charged to the user's latest address change
+    at or before it (at the same millisecond the change comes first), so the p50/p95 of a
+    row say how long sessions took to come back after that kind of move.
+    """
+    moves = facts(events).where(
+        _is("ip_changed") & F.col("addr").isNotNull() & F.col("prev_addr").isNotNull()
+    )
+    lines = events.where((_is("ip_changed") & is_fact()) | restore_ms().isNotNull()).select(
+        "uri",
+        "ts_ms",
+        F.when(_is("ip_changed"), 0).otherwise(1).alias("_rank"),
+        F.when(
+            _is("ip_changed"),
+            F.struct(subnet_of(F.col("prev_addr")).alias("f"), subnet_of(F.col("addr")).alias("t")),
+        ).alias("_move"),
+        restore_ms().alias("_restore"),
+    )
+    upto = (
+        Window.partitionBy("uri")
+        .orderBy("ts_ms", "_rank")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    charged = lines.select(
+        "_restore", F.last("_move", ignorenulls=True).over(upto).alias("_last")
+    ).where(F.col("_restore").isNotNull() & F.col("_last").isNotNull())
+    restores = charged.groupBy(
+        F.col("_last.f").alias("from_subnet"), F.col("_last.t").alias("to_subnet")
+    ).agg(
+        F.count(F.lit(1)).alias("restores"),
+        F.percentile("_restore", [0.5, 0.95]).alias("_pct"),
+    )
+    counts = moves.groupBy(
+        subnet_of(F.col("prev_addr")).alias("from_subnet"),
+        subnet_of(F.col("addr")).alias("to_subnet"),
+    ).agg(F.count(F.lit(1)).alias("handovers"), F.countDistinct("uri").alias("users"))
+    out = counts.join(restores, ["from_subnet", "to_subnet"], "left").select(
+        "from_subnet",
+        "to_subnet",
+        "handovers",
+        "users",
+        F.coalesce(F.col("restores"), F.lit(0)).alias("restores"),
+        F.col("_pct")[0].alias("restore_p50_ms"),
+        F.col("_pct")[1].alias("restore_p95_ms"),
+    )
+    return conform(out, S.HANDOVER_MATRIX_SCHEMA).orderBy(
+        F.desc("handovers"), "from_subnet", "to_subnet"
+    )
+
+
+def networks(events: DataFrame, window: TimeWindow) -> DataFrame:
+    """Per subnet: disconnection episodes that began there (in the window), and restores
+    that landed there; NETWORK_SCHEMA. ``events`` is the whole log (episodes need it)."""
+    starts = _episode_starts(events).where(F.col("addr").isNotNull())
+    if window.since_ms is not None:
+        starts = starts.where(F.col("ts_ms") >= F.lit(window.since_ms))
+    if window.until_ms is not None:
+        starts = starts.where(F.col("ts_ms") < F.lit(window.until_ms))
+    down = starts.groupBy(subnet_of(F.col("addr")).alias("subnet")).agg(
+        F.count(F.lit(1)).alias("disconnections"),
+        F.countDistinct("uri").alias("users_disconnected"),
+    )
+    current = in_window(events, window)
+    up = (
+        current.where(restore_ms().isNotNull() & F.col("addr").isNotNull())
+        .groupBy(subnet_of(F.col("addr")).alias("subnet"))
+        .agg(
+            F.count(F.lit(1)).alias("restores"),
+            F.percentile(restore_ms(), [0.5, 0.95]).alias("_pct"),
+        )
+    )
+    zero = F.lit(0).cast("long")
+    out = down.join(up, "subnet", "full_outer").select(
+        "subnet",
+        F.coalesce(F.col("disconnections"), zero).alias("disconnections"),
+        F.coalesce(F.col("users_disconnected"), zero).alias("users_disconnected"),
+        F.coalesce(F.col("restores"), zero).alias("restores"),
+        F.col("_pct")[0].alias("restore_p50_ms"),
+        F.col("_pct")[1].alias("restore_p95_ms"),
+    )
+    return conform(out, S.NETWORK_SCHEMA).orderBy(F.desc("disconnections"), "subnet")
+
+
+def sms_spend(events: DataFrame) -> DataFrame:
+    """SMS sent and their cost per user per UTC day; SMS_SPEND_SCHEMA."""
+    sent = facts(events).where(_is("sms_sent"))
+    out = sent.groupBy("uri", F.to_date(F.timestamp_millis(F.col("ts_ms"))).alias("day")).agg(
+        F.count(F.lit(1)).alias("sms_count"),
+        F.round(F.coalesce(F.sum("cost"), F.lit(0.0)), 4).alias("sms_cost"),
+    )
+    return conform(out, S.SMS_SPEND_SCHEMA).orderBy("day", "uri")

@@ -1,4 +1,4 @@
-"""Explicit schemas: the churn-log record (PROTOCOL.md section 8) and every output table.
+"""Explicit schemas: the churn-log record (docs/protocol.md §8) and every output table.
 
 The field names of :data:`CHURN_SCHEMA` are the contract with the broker and the agents;
 nothing is inferred from the data, so a log with a stray type in one line cannot change
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
-# The churn-log vocabulary, in the order of PROTOCOL.md section 8.
+# The churn-log vocabulary, in the order of docs/protocol.md §8.
 EVENTS: tuple[str, ...] = (
     "registered",
     "unregistered",
@@ -30,10 +30,20 @@ EVENTS: tuple[str, ...] = (
     "subscription_expired",
 )
 
-# Fields of one churn-log line, exactly as PROTOCOL.md section 8 names and types them.
+# Which role's line is the fact for each event (docs/protocol.md §8; the writer's copy is
+# ``mdeci.churnlog.AUTHORITY``, and a test holds the two equal). The broker holds the
+# registrar, the dialogs, the queues and the acks; only a device sees its address change.
+# A line of the other role is the same fact seen from the other end and is not counted;
+# a line with no role (a log from before the field) is counted as it is.
+AGENT_EVENTS: tuple[str, ...] = ("ip_changed",)
+AUTHORITY: dict[str, str] = {e: ("agent" if e in AGENT_EVENTS else "broker") for e in EVENTS}
+ROLES: tuple[str, ...] = ("broker", "agent")
+
+# Fields of one churn-log line, exactly as docs/protocol.md §8 names and types them.
 CHURN_FIELDS: tuple[tuple[str, T.DataType], ...] = (
     ("ts", T.StringType()),
     ("node", T.StringType()),
+    ("role", T.StringType()),
     ("event", T.StringType()),
     ("uri", T.StringType()),
     ("call_id", T.StringType()),
@@ -71,7 +81,7 @@ _TS = T.TimestampType()
 _B = T.BooleanType()
 
 # A valid, de-duplicated event: the record, its instant in epoch milliseconds, and the
-# unknown fields of its line as a JSON object in text (kept, as PROTOCOL.md asks, when
+# unknown fields of its line as a JSON object in text (kept, as docs/protocol.md asks, when
 # asked for; no job reads them).
 EVENT_SCHEMA = T.StructType(
     [
@@ -165,3 +175,32 @@ RECOMMENDATION_SCHEMA = _schema(
 )
 
 SUMMARY_SCHEMA = _schema(("metric", _S), ("value", _D))
+
+# The handover matrix: moves from one subnet to another, and how fast the session came
+# back after them (the restore that followed each move).
+HANDOVER_MATRIX_SCHEMA = _schema(
+    ("from_subnet", _S),
+    ("to_subnet", _S),
+    ("handovers", _L),
+    ("users", _L),
+    ("restores", _L),
+    ("restore_p50_ms", _D),
+    ("restore_p95_ms", _D),
+)
+
+# Per network (subnet): the disconnections that began there, the restores that landed there.
+NETWORK_SCHEMA = _schema(
+    ("subnet", _S),
+    ("disconnections", _L),
+    ("users_disconnected", _L),
+    ("restores", _L),
+    ("restore_p50_ms", _D),
+    ("restore_p95_ms", _D),
+)
+
+SMS_SPEND_SCHEMA = _schema(
+    ("uri", _S),
+    ("day", T.DateType()),
+    ("sms_count", _L),
+    ("sms_cost", _D),
+)

@@ -1,8 +1,11 @@
-"""The session churn log of PROTOCOL.md §8: one JSON object per line, rotated by size.
+"""The session churn log of docs/protocol.md §8: one JSON object per line, rotated by size.
 
 Both the broker and the agent write one; the analytics jobs read them. Each record has
-``ts`` (RFC 3339 UTC with milliseconds), ``node``, ``event`` and ``uri``, then only the
-optional fields that have a value, in the order of §8. Each line reaches the operating
+``ts`` (RFC 3339 UTC with milliseconds), ``node``, ``role`` (``broker`` or ``agent``: who
+wrote it), ``event`` and ``uri``, then only the optional fields that have a value, in the
+order of §8. Both sides log some of the same facts (a delivery, a re-INVITE); for each
+event :data:`AUTHORITY` names the role whose line is the fact, so that the analytics count
+it once (docs/analytics.md, "One source of truth per event"). Each line reaches the operating
 system with one ``write`` as soon as it is logged (the file is unbuffered), so a
 ``kill -9`` loses at most the line being written; the analytics set aside a torn last
 line as an invalid record.
@@ -26,7 +29,7 @@ from mdeci.errors import ChurnLogError
 
 
 class Event(StrEnum):
-    """The event names of PROTOCOL.md §8, exactly."""
+    """The event names of docs/protocol.md §8, exactly."""
 
     REGISTERED = "registered"
     UNREGISTERED = "unregistered"
@@ -46,6 +49,23 @@ class Event(StrEnum):
     SUBSCRIPTION_REMOVED = "subscription_removed"
     SUBSCRIPTION_EXPIRED = "subscription_expired"
 
+
+class Role(StrEnum):
+    """Who wrote a line: the broker or a device's agent."""
+
+    BROKER = "broker"
+    AGENT = "agent"
+
+
+# Which role's line is the fact for each event. The broker holds the registrar, the
+# dialogs, the queues and the acks, so it is authoritative for everything it sees; only a
+# device knows its own address changed. The agent's media_connected also carries the
+# restore latency it measured (move or outage start -> media up): the jobs take that
+# figure from the agent's line and the connection state from the broker's.
+AUTHORITY: Final[dict[Event, Role]] = {
+    **{event: Role.BROKER for event in Event},
+    Event.IP_CHANGED: Role.AGENT,
+}
 
 CHANNELS: Final = frozenset({"ip", "sms"})
 DEFAULT_MAX_BYTES: Final = 10 * 1024 * 1024
@@ -68,6 +88,14 @@ def format_ts(epoch: float) -> str:
     return f"{moment:%Y-%m-%dT%H:%M:%S}.{millis % 1000:03d}Z"
 
 
+def _role(role: object) -> Role:
+    try:
+        return Role(str(role))
+    except ValueError:
+        text = repr(role)[:40]
+        raise ChurnLogError(f"churn log role must be 'broker' or 'agent', not {text}") from None
+
+
 def _check(name: str, value: object, kind: type | tuple[type, ...]) -> None:
     # bool is an int subclass; a count or a cost is never a boolean.
     if isinstance(value, bool) or not isinstance(value, kind):
@@ -75,7 +103,7 @@ def _check(name: str, value: object, kind: type | tuple[type, ...]) -> None:
 
 
 class ChurnFields(TypedDict, total=False):
-    """The optional fields of a record (PROTOCOL.md §8), as keyword arguments."""
+    """The optional fields of a record (docs/protocol.md §8), as keyword arguments."""
 
     call_id: str | None
     addr: str | None
@@ -91,13 +119,19 @@ class ChurnFields(TypedDict, total=False):
 
 # Field order of a record (§8); the writer emits them in this order, omitting None.
 OPTIONAL_FIELDS: Final[tuple[str, ...]] = tuple(ChurnFields.__annotations__)
-FIELDS: Final[tuple[str, ...]] = ("ts", "node", "event", "uri", *OPTIONAL_FIELDS)
+FIELDS: Final[tuple[str, ...]] = ("ts", "node", "role", "event", "uri", *OPTIONAL_FIELDS)
 
 
 def make_record(
-    epoch: float, node: str, event: Event | str, *, uri: str, **fields: Unpack[ChurnFields]
+    epoch: float,
+    node: str,
+    event: Event | str,
+    *,
+    uri: str,
+    role: Role | None = None,
+    **fields: Unpack[ChurnFields],
 ) -> dict[str, Any]:
-    """Build one record (a dict in §8 field order, None fields left out).
+    """Build one record (a dict in §8 field order, None fields left out; ``role`` too).
 
     Raises :class:`ChurnLogError` for an unknown event, an unknown channel, or a field of
     the wrong type (ints for counts, numbers for ``latency_ms`` and ``cost``, text else).
@@ -109,7 +143,10 @@ def make_record(
     unknown = sorted(set(fields) - set(OPTIONAL_FIELDS))
     if unknown:
         raise ChurnLogError(f"unknown churn log field {unknown[0][:40]!r}")
-    record: dict[str, Any] = {"ts": format_ts(epoch), "node": node, "event": name.value}
+    record: dict[str, Any] = {"ts": format_ts(epoch), "node": node}
+    if role is not None:
+        record["role"] = _role(role).value
+    record["event"] = name.value
     values: dict[str, Any] = {"uri": uri, **{key: fields.get(key) for key in OPTIONAL_FIELDS}}
     for key, value in values.items():
         if value is None:
@@ -135,7 +172,8 @@ class ChurnLog:
 
     A file is rotated before a line that would take it past ``max_bytes`` (a single line
     larger than that still goes, alone, into a fresh file). ``backups == 0`` keeps no old
-    files. The parent folder is created if needed.
+    files. The parent folder is created if needed. ``role`` (who writes: broker or agent)
+    goes into every line.
 
     Raises :class:`ChurnLogError` if the file cannot be opened or written.
     """
@@ -147,6 +185,8 @@ class ChurnLog:
         clock: Callable[[], float],
         max_bytes: int = DEFAULT_MAX_BYTES,
         backups: int = DEFAULT_BACKUPS,
+        *,
+        role: Role | None = None,
     ) -> None:
         if not isinstance(node, str) or not node:
             raise ChurnLogError("churn log node name must be non-empty text")
@@ -154,6 +194,7 @@ class ChurnLog:
             raise ChurnLogError("churn log needs max_bytes >= 1 and backups >= 0")
         self.path = Path(path)
         self.node = node
+        self.role = None if role is None else _role(role)
         self.max_bytes = max_bytes
         self.backups = backups
         self._clock = clock
@@ -197,7 +238,7 @@ class ChurnLog:
         """
         if self._file is None:
             raise ChurnLogError(f"churn log {self.path} is closed")
-        record = make_record(self._clock(), self.node, event, uri=uri, **fields)
+        record = make_record(self._clock(), self.node, event, uri=uri, role=self.role, **fields)
         try:
             line = (
                 json.dumps(record, ensure_ascii=False, allow_nan=False, separators=(",", ":"))

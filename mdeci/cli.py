@@ -1,58 +1,126 @@
 """The ``mdeci`` command line. Errors are one line on stderr and a non-zero exit.
 
-Each subcommand registers itself through :data:`COMMANDS`, so that the broker, agent,
-analytics and database commands live in their own modules and this one only dispatches.
+Theory of operation
+-------------------
+:data:`REGISTRY` lists every subcommand explicitly: its name, the module that implements
+it and its help line. The module exports ``COMMANDS`` (name -> :class:`Command`); a
+registered module that is missing, or that does not export the command, is an error
+(``tests/mdeci/test_cli.py`` loads every entry). To keep client commands fast, only the
+module of the command being run is imported; the others appear in ``mdeci --help`` with
+their help line alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import import_module
 
+from mdeci.commands import Command
 from mdeci.errors import MdeciError
 
-# name -> (module, help). The module defines ``add_arguments(parser)`` and ``run(args) -> int``.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "broker": ("mdeci.commands.broker", "run the broker (SIP endpoint, queues, delivery)"),
-    "agent": ("mdeci.commands.agent", "run the device agent daemon"),
-    "sub": ("mdeci.commands.client", "subscribe through the local agent"),
-    "unsub": ("mdeci.commands.client", "cancel a subscription through the local agent"),
-    "subs": ("mdeci.commands.client", "list subscriptions through the local agent"),
-    "pub": ("mdeci.commands.client", "publish through the local agent"),
-    "tail": ("mdeci.commands.client", "print notifications as the local agent receives them"),
-    "status": ("mdeci.commands.client", "show the local agent's session status"),
-    "db": ("mdeci.commands.db", "database administration (upgrade)"),
-    "sms": ("mdeci.commands.sms", "SMS and channel spend per user (operators)"),
-    "demo": ("mdeci.commands.demo", "run the whole story on this machine"),
-    "analytics": ("analytics.cli", "Spark jobs over churn logs (generate, churn, report)"),
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A registered subcommand: where its :class:`Command` lives, and its help line."""
+
+    module: str
+    help: str
+
+
+REGISTRY: dict[str, Entry] = {
+    "broker": Entry("mdeci.commands.broker", "run the broker (SIP endpoint, queues, delivery)"),
+    "agent": Entry("mdeci.commands.agent", "run the device agent daemon"),
+    "sub": Entry("mdeci.commands.client", "subscribe through the local agent"),
+    "unsub": Entry("mdeci.commands.client", "cancel a subscription through the local agent"),
+    "subs": Entry("mdeci.commands.client", "list subscriptions through the local agent"),
+    "pub": Entry("mdeci.commands.client", "publish through the local agent"),
+    "tail": Entry("mdeci.commands.client", "print notifications as the local agent receives them"),
+    "status": Entry("mdeci.commands.client", "show the local agent's session status"),
+    "move": Entry("mdeci.commands.client", "move the local agent to another local address"),
+    "db": Entry("mdeci.commands.db", "database administration (upgrade)"),
+    "admin": Entry("mdeci.commands.admin", "users, sessions and kicks (operators)"),
+    "check": Entry("mdeci.commands.check", "validate a broker or agent config file and exit"),
+    "sms": Entry("mdeci.commands.sms", "SMS and channel spend per user (operators)"),
+    "demo": Entry("mdeci.commands.demo", "run the whole story on this machine"),
+    "analytics": Entry(
+        "mdeci.commands.analytics", "Spark jobs over churn logs (generate, churn, report)"
+    ),
 }
 
 
-def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[..., int]]]:
+class RegistryError(RuntimeError):
+    """A registered command's module does not export it (a packaging or programming bug)."""
+
+
+def load(name: str) -> Command:
+    """The :class:`Command` registered as ``name``; imports its module.
+
+    Raises ModuleNotFoundError when the module is missing, :class:`RegistryError` when it
+    does not export ``name`` in its ``COMMANDS``.
+    """
+    entry = REGISTRY[name]
+    module = import_module(entry.module)
+    commands = getattr(module, "COMMANDS", None)
+    command = commands.get(name) if isinstance(commands, dict) else None
+    if not isinstance(command, Command) or command.name != name:
+        raise RegistryError(f"{entry.module} does not export the command {name!r} in COMMANDS")
+    return command
+
+
+def version() -> str:
+    """The installed distribution's version (the package's own when not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("mdeci")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+        from mdeci import __version__
+
+        return __version__
+
+
+class _Version(argparse.Action):
+    """``--version``, read from the installed metadata only when asked (start-up time)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object, **__: object) -> None:
+        print(f"mdeci {version()}")
+        parser.exit()
+
+
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line (the top level takes no option values)."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command | None]:
+    """The parser, with the full arguments of the command ``argv`` names (if any)."""
     parser = argparse.ArgumentParser(prog="mdeci", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    runners: dict[str, Callable[..., int]] = {}
-    for name, (module_name, help_text) in COMMANDS.items():
-        try:
-            module = import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module_name.startswith(exc.name):
-                raise
-            continue  # the command's module is not built yet
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        add = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
-        add(p)
-        runners[name] = getattr(module, f"run_{name}", None) or module.run
-    return parser, runners
+    chosen = _chosen(argv)
+    command: Command | None = None
+    for name, entry in REGISTRY.items():
+        p = sub.add_parser(name, help=entry.help, description=entry.help)
+        if name == chosen:
+            command = load(name)
+            command.add_arguments(p)
+    return parser, command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, runners = _build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser, command = build_parser(args_list)
+    args = parser.parse_args(args_list)
+    assert command is not None  # parse_args exits unless a registered command was named
     try:
-        return runners[args.command](args)
+        return command.run(args)
     except MdeciError as exc:
         print(f"mdeci {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -16,6 +16,13 @@ Paths left at their default live in the node's data folder (``data_dir`` for the
 ``state_dir`` for the agent), which itself defaults to a folder beside the file. A SQLite
 URL with a relative path (``sqlite:///broker.db``) is resolved against ``data_dir``.
 
+One schema: the parts of the broker that take settings read these same dataclasses, so
+nothing is translated by hand and each default is written once. The broker core takes
+:class:`BrokerCoreConfig` (``[queue]`` and ``[subscriptions]``, via
+:attr:`BrokerConfig.core`); the RUDP layer takes ``[rudp]`` (:class:`rudp.config.RudpConfig`);
+the SIP transaction timers are :attr:`SipConfig.timers`, whose defaults are those of
+:class:`sip.timers.TimerConfig`.
+
 Secrets: ``password = "..."`` or ``password_env = "VARIABLE"`` (read here, once); the rest
 of the code never reads files or the environment for settings.
 """
@@ -23,6 +30,7 @@ of the code never reads files or the environment for settings.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -31,10 +39,12 @@ import typing
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
+from mdeci.channels.config import ChannelsConfig
 from mdeci.errors import ConfigError
 from rudp.config import RudpConfig
+from sip.timers import TimerConfig
 
 T = TypeVar("T")
 
@@ -42,6 +52,7 @@ E164 = re.compile(r"\+[1-9][0-9]{1,14}")
 SIP_AOR = re.compile(r"sips?:[^@:;\s]+@[^@;\s]+")
 USER_NAME = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=-]+")  # RFC 3261 'user' unreserved set
 TRANSPORTS = ("udp", "tcp")
+ALLOWED_TRANSPORTS = ("udp", "tcp", "tls")
 DIGEST_ALGORITHMS = ("SHA-256", "MD5")
 MIB = 1024 * 1024
 
@@ -87,27 +98,49 @@ class HostPort:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+_TIMERS = TimerConfig()  # the RFC 3261 defaults, written once in sip.timers
+SIP_STACKS = ("mdeci", "pjsua2")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SipConfig:
-    """``[sip]``: where the node's SIP endpoint listens, and the RFC 3261 timers (seconds)."""
+    """``[sip]`` of the broker: where its SIP endpoint listens, and the RFC 3261 timers (s)."""
 
     host: str = "127.0.0.1"
-    port: int = 5060  # RFC 3261 §18 default; agents usually set 0 (any free port)
+    port: int = 5060  # RFC 3261 §18 default; the agent's default [sip] has port 0
     transports: tuple[str, ...] = TRANSPORTS  # both: a request over 1300 bytes goes by TCP
-    t1: float = 0.5  # RTT estimate (RFC 3261 §17.1.1.1)
-    t2: float = 4.0  # maximum retransmit interval for non-INVITE requests and responses
-    t4: float = 5.0  # maximum time a message stays in the network
+    t1: float = _TIMERS.t1  # RTT estimate (RFC 3261 §17.1.1.1)
+    t2: float = _TIMERS.t2  # maximum retransmit interval for non-INVITE requests and responses
+    t4: float = _TIMERS.t4  # maximum time a message stays in the network
+    # SIP over TLS (docs/sip.md): a listener on tls_port with this certificate and key
+    # (PEM); tls_ca verifies the peers we connect to (default: the system's CAs).
+    tls_port: int = 5061
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    stack: str = "mdeci"  # the agent's SIP stack: "mdeci" (sip/) or "pjsua2"
 
     def __post_init__(self) -> None:
         _port(self.port)
+        _port(self.tls_port)
         _check(bool(self.host), "'host' must not be empty")
+        _check(self.stack in SIP_STACKS, f"'stack' must be one of {', '.join(SIP_STACKS)}")
         _check(
-            bool(self.transports) and set(self.transports) <= set(TRANSPORTS),
-            "'transports' must be a non-empty list of 'udp' and 'tcp'",
+            bool(self.transports) and set(self.transports) <= set(ALLOWED_TRANSPORTS),
+            "'transports' must be a non-empty list of 'udp', 'tcp' and 'tls'",
+        )
+        _check(
+            (self.tls_cert is None) == (self.tls_key is None),
+            "'tls_cert' and 'tls_key' go together",
         )
         _check(len(set(self.transports)) == len(self.transports), "'transports' repeats one")
         _check(0 < self.t1 <= self.t2, "need 0 < t1 <= t2")
         _check(self.t4 > 0, "'t4' must be > 0")
+
+    @property
+    def timers(self) -> TimerConfig:
+        """The transaction timers for :mod:`sip.transaction` (:class:`sip.timers.TimerConfig`)."""
+        return TimerConfig(t1=self.t1, t2=self.t2, t4=self.t4)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,7 +157,7 @@ class MediaConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ChurnLogConfig:
-    """``[churnlog]``: the churn log file (PROTOCOL.md §8) and its size rotation."""
+    """``[churnlog]``: the churn log file (docs/protocol.md §8) and its size rotation."""
 
     path: Path = Path("churn.log")  # default: inside data_dir / state_dir
     max_bytes: int = 10 * MIB
@@ -141,10 +174,16 @@ class ChurnLogConfig:
 
 
 class OverflowPolicy(StrEnum):
-    """What a full per-URI queue does with one more notification."""
+    """What a full per-URI queue does with one more notification (``[queue] overflow``)."""
 
     DROP_OLDEST = "drop-oldest"  # make room by dropping the oldest queued one
     REFUSE_NEWEST = "refuse-newest"  # keep the queue; the new one is dropped
+
+
+# The same values as the store's type (mdeci.store.queues takes these strings); a test
+# checks that the two lists agree.
+OverflowPolicyName = Literal["drop-oldest", "refuse-newest"]
+OVERFLOW_POLICIES: tuple[OverflowPolicyName, ...] = get_args(OverflowPolicyName)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,28 +199,85 @@ class StoreConfig:
         _check("://" in self.url, f"'url' {self.url!r} is not a database URL")
 
 
+def _whole(value: object, name: str, low: int) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    _check(ok, f"'{name}' must be >= {low}")
+
+
+def _seconds(value: object, name: str) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value) and value > 0  # type: ignore[arg-type,operator]
+    _check(ok, f"'{name}' must be > 0 seconds")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QueueConfig:
-    """``[queue]``: the durable per-URI notification queues (PROTOCOL.md §6)."""
+    """``[queue]``: the durable per-URI notification queues (docs/protocol.md §6) and delivery."""
 
-    max_per_uri: int = 1000
+    max_per_uri: int = 1000  # queued notifications per user before the overflow policy
     overflow: OverflowPolicy = OverflowPolicy.DROP_OLDEST
+    window: int = 32  # notifications sent and not yet acked by the agent, per user
 
     def __post_init__(self) -> None:
-        _check(self.max_per_uri >= 1, "'max_per_uri' must be >= 1")
+        _whole(self.max_per_uri, "max_per_uri", 1)
+        _whole(self.window, "window", 1)
+        _check(self.overflow in OVERFLOW_POLICIES, f"'overflow' must be one of {OVERFLOW_POLICIES}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SubscriptionConfig:
     """``[subscriptions]``: TTLs (seconds) and the expiry sweep."""
 
-    default_ttl: int = 3600  # for a 'sub' that gives no ttl
-    max_ttl: int = 7 * 86400  # longer requests are clamped to this
-    sweep_interval: float = 60.0
+    default_ttl: float = 3600.0  # for a 'sub' that gives no ttl
+    max_ttl: float = 7 * 86400.0  # longer requests are clamped to this (answered in sub-ok)
+    sweep_interval: float = 60.0  # period of the subscription TTL sweep
+    max_per_user: int = 100  # live subscriptions per user; more are refused (error 403)
 
     def __post_init__(self) -> None:
-        _check(1 <= self.default_ttl <= self.max_ttl, "need 1 <= default_ttl <= max_ttl")
-        _check(self.sweep_interval > 0, "'sweep_interval' must be > 0")
+        for name in ("default_ttl", "max_ttl", "sweep_interval"):
+            _seconds(getattr(self, name), name)
+        _whole(self.max_per_user, "max_per_user", 1)
+        _check(self.default_ttl <= self.max_ttl, "need 1 <= default_ttl <= max_ttl")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BrokerCoreConfig:
+    """What :class:`mdeci.broker.Broker` and its service take: ``[queue]`` and
+    ``[subscriptions]`` of the broker's TOML, as they are (:attr:`BrokerConfig.core`).
+
+    The read-only properties are the names the core reads.
+    """
+
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    subscriptions: SubscriptionConfig = field(default_factory=SubscriptionConfig)
+
+    @property
+    def default_ttl(self) -> float:
+        return self.subscriptions.default_ttl
+
+    @property
+    def max_ttl(self) -> float:
+        return self.subscriptions.max_ttl
+
+    @property
+    def sweep_interval(self) -> float:
+        return self.subscriptions.sweep_interval
+
+    @property
+    def max_queue_depth(self) -> int:
+        return self.queue.max_per_uri
+
+    @property
+    def overflow_policy(self) -> OverflowPolicyName:
+        return self.queue.overflow.value
+
+    @property
+    def window(self) -> int:
+        return self.queue.window
+
+    @property
+    def max_subscriptions(self) -> int:
+        return self.subscriptions.max_per_user
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,12 +288,16 @@ class RegistrarConfig:
     address: HostPort | None = None  # the external registrar (e.g. Kamailio) when not embedded
     min_expires: int = 60  # embedded: shorter requests get 423 (RFC 3261 §10.3 step 7)
     max_expires: int = 3600  # embedded: longer requests are shortened
+    default_expires: int = 600  # embedded: for a REGISTER without Expires (clamped to min/max)
     register_expires: int = 600  # external: what the broker asks for its own binding
+    transport: str = "udp"  # external: how the broker REGISTERs there ("udp", "tcp", "tls")
 
     def __post_init__(self) -> None:
         if not self.embedded:
             _check(self.address is not None, "'address' is required when embedded = false")
+        _check(self.transport in ALLOWED_TRANSPORTS, "'transport' must be udp, tcp or tls")
         _check(1 <= self.min_expires <= self.max_expires, "need 1 <= min_expires <= max_expires")
+        _check(self.default_expires >= 1, "'default_expires' must be >= 1")
         _check(self.register_expires >= 1, "'register_expires' must be >= 1")
 
 
@@ -227,11 +327,17 @@ class AuthConfig:
     """
 
     realm: str = ""  # empty: the broker's domain
-    algorithms: tuple[str, ...] = DIGEST_ALGORITHMS  # offered in this order
+    # Offered in this order. SHA-256 only by default: MD5 (RFC 2617) is an explicit
+    # opt-in for old clients (docs/security.md).
+    algorithms: tuple[str, ...] = ("SHA-256",)
     users_file: Path | None = None  # a TOML file of [[users]] entries
     users: tuple[UserConfig, ...] = ()
+    # Seconds after a key agreement within which the agent's first authentic RUDP
+    # datagram must arrive; else the session ends as a key mismatch (docs/security.md).
+    key_confirm_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        _check(self.key_confirm_timeout > 0, "'key_confirm_timeout' must be > 0")
         _check(
             bool(self.algorithms) and set(self.algorithms) <= set(DIGEST_ALGORITHMS),
             "'algorithms' must be a non-empty list of 'SHA-256' and 'MD5'",
@@ -254,7 +360,7 @@ class BrokerSmsConfig:
     """``[sms]``: SMS fallback of urgent notifications while IP is DISCONNECTED (issue 6).
 
     Off unless ``enabled``. ``number`` is the broker's own MSISDN (the sender of MT).
-    The SMS channel's figures feed the selector (PROTOCOL.md §7); the limits are per user
+    The SMS channel's figures feed the selector (docs/protocol.md §7); the limits are per user
     on the SMS channel (``None``: unbounded). Times are seconds.
     """
 
@@ -268,7 +374,8 @@ class BrokerSmsConfig:
     month_messages: int | None = None  # SMS-carried notifications per user per UTC month
     month_money: float | None = None  # money per user per UTC month
     ttl: float = 86_400.0  # from publication; then the notification is undeliverable
-    ack_timeout: float = 60.0  # first wait for the agent's buffer ack; doubles
+    ack_timeout: float = 200.0  # first wait for the agent's (part) ack; doubles (thesis)
+    first_part_ack: bool = True  # segment 1 acknowledged before the rest (docs/sms.md)
     ack_timeout_max: float = 4 * 3600.0
     kannel_sendsms_url: str = "http://127.0.0.1:13013/cgi-bin/sendsms"
     kannel_username: str = "mdeci"
@@ -290,6 +397,20 @@ class BrokerSmsConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class MetricsConfig:
+    """``[metrics]``: the HTTP endpoint with ``/metrics`` (Prometheus), ``/healthz`` and
+    ``/readyz`` (docs/operations.md "Metrics and health")."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"  # keep it off public addresses: there is no authentication
+    port: int = 9464  # 0: any free port (tests)
+
+    def __post_init__(self) -> None:
+        _port(self.port)
+        _check(bool(self.host), "'host' must not be empty")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BrokerConfig:
     """Everything ``mdeci broker`` needs (``configs/broker.toml``)."""
 
@@ -297,6 +418,7 @@ class BrokerConfig:
     domain: str = "localhost"  # the SIP domain it serves
     user: str = "broker"  # its AOR is sip:<user>@<domain>
     data_dir: Path = Path("var")  # SQLite file, churn log; relative: beside the config file
+    admin_socket: Path = Path("admin.sock")  # `mdeci admin` talks here (mode 0600); in data_dir
     sip: SipConfig = field(default_factory=SipConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
     rudp: RudpConfig = field(default_factory=RudpConfig)
@@ -309,6 +431,8 @@ class BrokerConfig:
     registrar: RegistrarConfig = field(default_factory=RegistrarConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     sms: BrokerSmsConfig = field(default_factory=BrokerSmsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    channels: ChannelsConfig = field(default_factory=ChannelsConfig)  # docs/channels.md
 
     def __post_init__(self) -> None:
         _check(bool(self.node), "'node' must not be empty")
@@ -324,6 +448,11 @@ class BrokerConfig:
     def realm(self) -> str:
         """The digest realm: ``auth.realm`` or the domain."""
         return self.auth.realm or self.domain
+
+    @property
+    def core(self) -> BrokerCoreConfig:
+        """The broker core's part: ``[queue]`` and ``[subscriptions]`` as loaded."""
+        return BrokerCoreConfig(queue=self.queue, subscriptions=self.subscriptions)
 
 
 # ---------------------------------------------------------------------------------------
@@ -344,6 +473,7 @@ class BrokerPeerConfig:
 
     aor: str = "sip:broker@localhost"
     address: HostPort = HostPort("127.0.0.1", 5060)
+    realm: str = ""  # the broker's digest realm (its auth.realm); empty: the AOR's domain
 
     def __post_init__(self) -> None:
         _check(bool(SIP_AOR.fullmatch(self.aor)), f"'aor' {self.aor!r} is not sip:user@domain")
@@ -351,7 +481,7 @@ class BrokerPeerConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AgentRegistrarConfig:
-    """``[registrar]`` in agent.toml: the home registrar (PROTOCOL.md §2)."""
+    """``[registrar]`` in agent.toml: the home registrar (docs/protocol.md §2)."""
 
     address: HostPort = HostPort("127.0.0.1", 5060)
     expires: int = 600  # Expires asked in REGISTER; refreshed before it runs out
@@ -367,9 +497,11 @@ class ReconnectConfig:
     base: float = 1.0
     max: float = 60.0
     jitter: float = 0.2  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
+    warn_after: float = 2.0  # an attempt unanswered this long is reported (it goes on)
 
     def __post_init__(self) -> None:
         _check(0 < self.base <= self.max, "need 0 < base <= max")
+        _check(self.warn_after > 0, "'warn_after' must be > 0")
         _check(0 <= self.jitter <= 1, "'jitter' must be within 0..1")
 
 
@@ -396,10 +528,24 @@ class AgentSmsConfig:
     enabled: bool = False
     broker_number: str = "+15550000000"
     window: int = 1024
+    # The phone's SMS interface (issue 13; docs/sms.md "The device's gateway"): smsbox
+    # of a Kannel on (or beside) the device, or an SMPP account.
+    gateway: SmsGatewayKind = SmsGatewayKind.KANNEL
+    kannel_sendsms_url: str = "http://127.0.0.1:13013/cgi-bin/sendsms"
+    kannel_username: str = "mdeci"
+    kannel_password: str = field(default="", repr=False)
+    kannel_callback: HostPort = HostPort("127.0.0.1", 13081)  # Kannel's get-url target
+    smpp_address: HostPort = HostPort("127.0.0.1", 2775)
+    smpp_system_id: str = "mdeci"
+    smpp_password: str = field(default="", repr=False)
+    ack_timeout: float = 200.0  # the SMS link's (docs/sms.md)
+    first_part_ack: bool = True
+    publish_urgent: bool = True  # an urgent publish while IP is down also goes by SMS
 
     def __post_init__(self) -> None:
         _check(bool(E164.fullmatch(self.broker_number)), "'broker_number' is not E.164")
         _check(self.window >= 0, "'window' must be >= 0")
+        _check(self.ack_timeout > 0, "'ack_timeout' must be > 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -418,16 +564,18 @@ class AgentConfig:
     api_socket: Path = Path("agent.sock")  # Unix socket of the local API; in state_dir
     registrar: AgentRegistrarConfig = field(default_factory=AgentRegistrarConfig)
     broker: BrokerPeerConfig = field(default_factory=BrokerPeerConfig)
-    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0))
+    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0))  # any free port
     media: MediaConfig = field(default_factory=MediaConfig)
     rudp: RudpConfig = field(default_factory=RudpConfig)
     reconnect: ReconnectConfig = field(default_factory=ReconnectConfig)
     ip_monitor: IpMonitorConfig = field(default_factory=IpMonitorConfig)
     churnlog: ChurnLogConfig = field(default_factory=ChurnLogConfig)
     sms: AgentSmsConfig = field(default_factory=AgentSmsConfig)
+    pub_timeout: float = 1.0  # seconds `mdeci pub` waits for pub-ok before "sent"
 
     def __post_init__(self) -> None:
         _check(bool(SIP_AOR.fullmatch(self.aor)), f"'aor' {self.aor!r} is not sip:user@domain")
+        _check(self.pub_timeout > 0, "'pub_timeout' must be > 0")
         _check(bool(self.password), "'password' must not be empty")
         _check(bool(self.node), "'node' must not be empty")
         if self.msisdn is not None:
@@ -448,6 +596,15 @@ _TOML_TYPES = {
 }
 
 
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """The value a field takes when its key is left out (None when it has none)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
 def _toml_type(value: object) -> str:
     for kind, name in _TOML_TYPES.items():
         if type(value) is kind:
@@ -464,7 +621,10 @@ class _Reader:
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {message}")
 
-    def build(self, cls: type[T], table: dict[str, Any], prefix: str) -> T:
+    def build(self, cls: type[T], table: dict[str, Any], prefix: str, base: Any = None) -> T:
+        """``cls`` from ``table``; a key the table leaves out takes its value from ``base``
+        (the field's default in the enclosing dataclass, e.g. the agent's ``[sip]`` has
+        port 0) or, without one, the class default."""
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         secret = "password" in names
@@ -475,7 +635,9 @@ class _Reader:
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             key = prefix + f.name
             if f.name in table:
-                kwargs[f.name] = self.convert(table[f.name], hints[f.name], key)
+                kwargs[f.name] = self.convert(table[f.name], hints[f.name], key, _default(f))
+            elif base is not None:
+                kwargs[f.name] = getattr(base, f.name)
             if secret and f.name == "password":
                 self.secret(table, prefix, kwargs)
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -501,11 +663,17 @@ class _Reader:
             raise self.error(f"environment variable {var!r} ('{prefix}password_env') is not set")
         kwargs["password"] = value
 
-    def convert(self, value: Any, hint: Any, key: str) -> Any:
+    def convert(self, value: Any, hint: Any, key: str, default: Any = None) -> Any:
         origin = typing.get_origin(hint)
+        if origin is Literal:
+            literals = typing.get_args(hint)
+            if value not in literals:
+                choices = " or ".join(repr(a) for a in literals)
+                raise self.error(f"key '{key}' must be {choices}, not {value!r}")
+            return value
         if origin in (types.UnionType, typing.Union):
             (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
-            return self.convert(value, inner, key)
+            return self.convert(value, inner, key, default)
         if origin is tuple:
             item_hint = typing.get_args(hint)[0]
             if not isinstance(value, list):
@@ -514,7 +682,7 @@ class _Reader:
         if dataclasses.is_dataclass(hint) and hint is not HostPort:
             if not isinstance(value, dict):
                 raise self.wrong(key, "a table", value)
-            return self.build(hint, value, key + ".")  # type: ignore[arg-type]
+            return self.build(hint, value, key + ".", default)  # type: ignore[arg-type]
         if hint is HostPort:
             if not isinstance(value, str):
                 raise self.wrong(key, "a 'host:port' string", value)
@@ -609,6 +777,7 @@ def load_broker_config(
         data_dir=data_dir,
         store=dataclasses.replace(cfg.store, url=_sqlite_in(data_dir, cfg.store.url)),
         churnlog=dataclasses.replace(cfg.churnlog, path=_in(data_dir, cfg.churnlog.path)),
+        admin_socket=_in(data_dir, cfg.admin_socket),
         auth=auth,
     )
 

@@ -1,4 +1,4 @@
-"""Subjects, subscription patterns and the filter language of PROTOCOL.md §5.
+"""Subjects, subscription patterns and the filter language of docs/protocol.md §5.
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""Application frames over RUDP (PROTOCOL.md §5): one CBOR map per message, ``op`` first.
+"""Application frames over RUDP (docs/protocol.md §5): one CBOR map per message, ``op`` first.
 
 Theory of operation
 -------------------
@@ -138,6 +138,15 @@ def _req(op: str, value: object) -> None:
     _int(op, "req", value, 0, UINT63)
 
 
+_QCLASS = re.compile(r"[A-Za-z0-9_-]{0,32}")
+
+
+def _qclass(op: str, value: object) -> None:
+    _text(op, "qclass", value, 0, 32)
+    if not _QCLASS.fullmatch(str(value)):
+        raise FrameError(f"{op}: qclass must be letters, digits, '_' and '-'")
+
+
 def _id(op: str, name: str, value: object) -> None:
     _text(op, name, value, 1, MAX_ID_LENGTH)
 
@@ -160,6 +169,7 @@ class Sub:
     subject: str
     filter: str = ""
     ttl: int | None = None
+    qclass: str = ""  # queue class of its notifications (issue 13); "": the broker's default
 
     def __post_init__(self) -> None:
         _req(self.op, self.req)
@@ -167,6 +177,7 @@ class Sub:
         _text(self.op, "filter", self.filter, 0, MAX_FILTER_LENGTH)
         if self.ttl is not None:
             _int(self.op, "ttl", self.ttl, 1, UINT63)
+        _qclass(self.op, self.qclass)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,6 +267,7 @@ class Pub:
     attrs: Mapping[str, AttrValue] = field(default_factory=dict)
     payload: bytes = b""
     urgent: bool = False
+    qclass: str = ""  # queue class (issue 13); "": the subscription's, else by ``urgent``
 
     def __post_init__(self) -> None:
         _req(self.op, self.req)
@@ -264,6 +276,7 @@ class Pub:
         _attrs(self, self.op)
         _bytes(self.op, "payload", self.payload)
         _bool(self.op, "urgent", self.urgent)
+        _qclass(self.op, self.qclass)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -342,10 +355,130 @@ class Error:
         _text(self.op, "message", self.message, 0, MAX_MESSAGE_LENGTH)
 
 
-Frame = Sub | SubOk | Unsub | List | Subs | Pub | PubOk | Notify | Ack | Error
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitReached:
+    """Broker to agent: a usage limit stops ``channel`` for this user (issue 13).
+
+    ``limit`` describes it (period, scope, bounds), ``qclass`` is the class of the
+    notification it stopped, ``until`` (UTC epoch seconds) when its period ends. The
+    notifications it stopped stay queued for another channel. Sent once per limit and
+    period, over IP (at once, or when IP comes back).
+    """
+
+    op: ClassVar[str] = "limit"
+    channel: str
+    limit: str
+    qclass: str
+    until: float
+
+    def __post_init__(self) -> None:
+        _text(self.op, "channel", self.channel, 1, MAX_ID_LENGTH)
+        _text(self.op, "limit", self.limit, 1, MAX_MESSAGE_LENGTH)
+        _text(self.op, "qclass", self.qclass, 1, MAX_ID_LENGTH)
+        _time(self, self.op, "until")
+
+
+#: Most rules a ``calendar`` frame may carry.
+MAX_CALENDAR_RULES = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalendarRule:
+    """One entry of ``calendar.rules``: ``channel`` is available with probability ``p`` on
+    the ``weekdays`` (bit 0 Monday .. bit 6 Sunday) from ``start_hour`` (inclusive) to
+    ``end_hour`` (exclusive), device local time. Later rules override earlier ones."""
+
+    channel: str
+    p: float
+    weekdays: int = 0x7F
+    start_hour: int = 0
+    end_hour: int = 24
+
+    def __post_init__(self) -> None:
+        _text("calendar", "rules.channel", self.channel, 1, 64)
+        if isinstance(self.p, bool) or not isinstance(self.p, int | float):
+            raise FrameError(f"calendar: rules.p must be a number, not {_name(self.p)}")
+        if not 0.0 <= self.p <= 1.0:  # NaN fails too
+            raise FrameError("calendar: rules.p must be within 0..1")
+        object.__setattr__(self, "p", float(self.p))
+        _int("calendar", "rules.weekdays", self.weekdays, 1, 0x7F)
+        _int("calendar", "rules.start_hour", self.start_hour, 0, 24)
+        _int("calendar", "rules.end_hour", self.end_hour, self.start_hour, 24)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calendar:
+    """Agent to broker: the device's weekly calendar of channel availability (issue 13),
+    replacing any earlier one; ``utc_offset_minutes`` east of UTC. Answered by
+    ``calendar-ok``. The broker waits for a better channel only as long as this says
+    it is likely to come (docs/channels.md "Delay tolerance")."""
+
+    op: ClassVar[str] = "calendar"
+    req: int
+    rules: tuple[CalendarRule, ...] = ()
+    utc_offset_minutes: int = 0
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        if not isinstance(self.rules, tuple | list):
+            raise FrameError(f"calendar: rules must be a list, not {_name(self.rules)}")
+        if len(self.rules) > MAX_CALENDAR_RULES:
+            raise FrameError(f"calendar: at most {MAX_CALENDAR_RULES} rules")
+        for rule in self.rules:
+            if not isinstance(rule, CalendarRule):
+                raise FrameError(f"calendar: rules must hold CalendarRule, not {_name(rule)}")
+        object.__setattr__(self, "rules", tuple(self.rules))
+        _int(self.op, "utc_offset_minutes", self.utc_offset_minutes, -14 * 60, 14 * 60)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalendarOk:
+    """Broker to agent: the calendar of request ``req`` (``rules`` rules) is kept."""
+
+    op: ClassVar[str] = "calendar-ok"
+    req: int
+    rules: int
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        _int(self.op, "rules", self.rules, 0, MAX_CALENDAR_RULES)
+
+
+Frame = (
+    Sub
+    | SubOk
+    | Unsub
+    | List
+    | Subs
+    | Pub
+    | PubOk
+    | Notify
+    | Ack
+    | Error
+    | LimitReached
+    | Calendar
+    | CalendarOk
+)
 
 FRAME_TYPES: Mapping[str, type[Frame]] = MappingProxyType(
-    {cls.op: cls for cls in (Sub, SubOk, Unsub, List, Subs, Pub, PubOk, Notify, Ack, Error)}
+    {
+        cls.op: cls
+        for cls in (
+            Sub,
+            SubOk,
+            Unsub,
+            List,
+            Subs,
+            Pub,
+            PubOk,
+            Notify,
+            Ack,
+            Error,
+            LimitReached,
+            Calendar,
+            CalendarOk,
+        )
+    }
 )
 
 
@@ -403,10 +536,23 @@ def _from_map(cls: type[Any], m: Mapping[str, Any], op: str) -> Any:
                 if not isinstance(value, list):
                     raise FrameError(f"{op}: items must be a list, not {_name(value)}")
                 value = tuple(_item(v, op) for v in value)
+            elif cls is Calendar and f.name == "rules":
+                if not isinstance(value, list):
+                    raise FrameError(f"{op}: rules must be a list, not {_name(value)}")
+                if len(value) > MAX_CALENDAR_RULES:
+                    raise FrameError(f"{op}: at most {MAX_CALENDAR_RULES} rules")
+                value = tuple(_rule(v, op) for v in value)
             kwargs[f.name] = value
         elif f.default is f.default_factory:  # both MISSING: a required field
             raise FrameError(f"{op}: missing field '{f.name}'")
     return cls(**kwargs)
+
+
+def _rule(value: object, op: str) -> CalendarRule:
+    if not isinstance(value, dict):
+        raise FrameError(f"{op}: each rule must be a map, not {_name(value)}")
+    rule: CalendarRule = _from_map(CalendarRule, value, op)
+    return rule
 
 
 def _item(value: object, op: str) -> SubInfo:

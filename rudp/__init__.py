@@ -1,17 +1,43 @@
-"""Reliable UDP for mdeci's data channel: sans-IO core with an asyncio adapter in ``rudp.aio``."""
+"""Reliable UDP for mdeci's data channel: sans-IO core with an asyncio adapter in ``rudp.aio``.
 
-from rudp.config import RudpConfig
-from rudp.connection import (
-    ConnectionState,
-    MessageAcked,
-    MessageFailed,
-    MessageReceived,
-    PeerDisconnected,
-    RudpConnection,
-    RudpStats,
-    derive_connection_id,
-)
-from rudp.errors import MessageTooLarge, PacketError, PeerUnreachable, RudpError
+The names below are imported on first use (PEP 562): ``rudp.config`` alone, which every
+configuration load needs, does not pull in the connection machinery (client start-up).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rudp.config import RudpConfig
+    from rudp.connection import (
+        ConnectionState,
+        MessageAcked,
+        MessageFailed,
+        MessageReceived,
+        PeerDisconnected,
+        RudpConnection,
+        RudpStats,
+        derive_connection_id,
+    )
+    from rudp.errors import MessageTooLarge, PacketError, PeerUnreachable, RudpError
+
+_WHERE = {
+    "RudpConfig": "config",
+    "ConnectionState": "connection",
+    "MessageAcked": "connection",
+    "MessageFailed": "connection",
+    "MessageReceived": "connection",
+    "PeerDisconnected": "connection",
+    "RudpConnection": "connection",
+    "RudpStats": "connection",
+    "derive_connection_id": "connection",
+    "MessageTooLarge": "errors",
+    "PacketError": "errors",
+    "PeerUnreachable": "errors",
+    "RudpError": "errors",
+}
 
 __all__ = [
     "ConnectionState",
@@ -28,3 +54,10 @@ __all__ = [
     "RudpStats",
     "derive_connection_id",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rudp' has no attribute {name!r}")
+    return getattr(import_module(f"rudp.{module}"), name)

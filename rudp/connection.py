@@ -24,8 +24,10 @@ which are acknowledged at once (RFC 5681 §4.2). DATA carries the sender's
 ``base``: sequence numbers below it were abandoned by a failed send and are
 skipped, so the stream resumes after ``reset()`` without a hole.
 
-Security: every packet is tagged (HMAC-SHA256/16) with the session key, and
-carries a per-sender packet number checked against a sliding replay window.
+Security: every datagram is encrypted and authenticated (AES-256-GCM, header as
+associated data) under a key derived from the session secret and the sender id
+(``rudp.packet.SenderKeys``), and carries a per-sender packet number checked
+against a sliding replay window.
 The peer's sender id is pinned by its first authenticated packet: a packet
 with another sender id (our own: a reflection; any other: a replay from an
 earlier connection under the same key) is dropped, so replays can neither
@@ -57,8 +59,8 @@ PN_LIMIT = MAX_U32 - (1 << 24)
 
 
 def derive_connection_id(key: bytes) -> int:
-    """The 64-bit connection id both sides derive from the SDP session key."""
-    return int.from_bytes(hmac.digest(key, b"mdeci-rudp connection id", "sha256")[:8], "big")
+    """The 64-bit connection id both sides derive from the session secret."""
+    return int.from_bytes(hmac.digest(key, b"mdeci-rudp v2 connection id", "sha256")[:8], "big")
 
 
 class ConnectionState(Enum):
@@ -66,7 +68,7 @@ class ConnectionState(Enum):
     DISCONNECTED = "disconnected"
 
 
-# One transition table (PROTOCOL.md §4; failure after retries as RFC 6298 §5.5 back-off ends).
+# One transition table (docs/protocol.md §4; failure after retries as RFC 6298 §5.5 back-off ends).
 TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
     (ConnectionState.CONNECTED, "retries_exhausted"): ConnectionState.DISCONNECTED,
     (ConnectionState.CONNECTED, "reset"): ConnectionState.CONNECTED,
@@ -95,7 +97,14 @@ class PeerDisconnected:
     failed: int  # number of messages failed with it
 
 
-Event = MessageReceived | MessageAcked | MessageFailed | PeerDisconnected
+@dataclass(frozen=True, slots=True)
+class PathResponseReceived:
+    """An authentic PATH_RESPONSE: the path it came over answered our challenge ``token``."""
+
+    token: bytes
+
+
+Event = MessageReceived | MessageAcked | MessageFailed | PeerDisconnected | PathResponseReceived
 
 
 @dataclass(slots=True)
@@ -113,6 +122,8 @@ class RudpStats:
     messages_failed: int = 0
     acks_sent: int = 0
     pings_sent: int = 0
+    path_challenges_sent: int = 0
+    path_responses_sent: int = 0
     bad_tag: int = 0
     unknown_cid: int = 0
     malformed: int = 0
@@ -143,7 +154,14 @@ class _Outgoing:
 class RudpConnection:
     """One RUDP association keyed by a session key (see module docstring)."""
 
-    def __init__(self, key: bytes, config: RudpConfig, *, sender_id: int) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        config: RudpConfig,
+        *,
+        sender_id: int,
+        protection: wire.Protection = wire.Protection.AEAD,
+    ) -> None:
         if len(key) < 16:
             raise ValueError("session key must have at least 16 bytes")
         self.config = config
@@ -153,6 +171,10 @@ class RudpConnection:
         self.stats = RudpStats()
         self.rto = RtoEstimator(config)
         self._key = key
+        self._protection = protection
+        self._send_keys = wire.SenderKeys(key, self.sender_id, protection)
+        self._peer_keys: wire.SenderKeys | None = None  # of the pinned or last-seen sender
+        self._path_responses: list[bytes] = []  # tokens of challenges to answer
         self._payload_size = config.mtu - wire.DATA_OVERHEAD
         self._max_fragments = -(-config.max_message_size // self._payload_size)
         self._max_sack_blocks = min(config.max_sack_blocks, wire.max_sack_blocks(config.mtu))
@@ -255,14 +277,15 @@ class RudpConnection:
             self.stats.oversized += 1  # no conforming peer writes more than mtu bytes
             return False
         try:
-            header, body = wire.pull_header(data)
+            header = wire.pull_header(data)
         except PacketError:
             self.stats.malformed += 1
             return False
         if header.cid != self.cid:
             self.stats.unknown_cid += 1
             return False
-        if not wire.verify_tag(self._key, data):
+        payload = self._keys_for(header.sender).open(data, header.pn)
+        if payload is None:
             self.stats.bad_tag += 1
             return False
         if header.sender == self.sender_id:
@@ -278,18 +301,30 @@ class RudpConnection:
             self.stats.replayed += 1
             return False
         try:
-            if header.type is wire.PacketType.DATA:
-                if not self._on_data(wire.pull_data(body), now):
-                    return False
-            elif header.type is wire.PacketType.ACK:
-                self._on_ack(wire.pull_ack(body), now, newest=fresh)
-            else:
-                if body:
-                    raise PacketError("PING has a body")
-                self._ack_now = True
+            frames = wire.pull_frames(payload)
+            for frame in frames:  # every check before any effect: a datagram counts whole
+                if isinstance(frame, wire.Ack) and (
+                    frame.cumulative > self._next_seq
+                    or any(e > self._next_seq for _, e in frame.blocks)
+                ):
+                    raise PacketError("ACK for data never sent")
         except PacketError:
             self.stats.malformed += 1
             return False
+        if any(isinstance(f, wire.Data) and not self._data_ok(f) for f in frames):
+            self.stats.bad_fragment += 1
+            return False
+        for frame in frames:
+            if isinstance(frame, wire.Data):
+                self._on_data(frame, now)
+            elif isinstance(frame, wire.Ack):
+                self._on_ack(frame, now, newest=fresh)
+            elif isinstance(frame, wire.Ping):
+                self._ack_now = True
+            elif isinstance(frame, wire.PathChallenge):
+                self._path_responses.append(frame.token)
+            else:
+                self._events.append(PathResponseReceived(frame.token))
         self._commit_replay(header.pn)
         self._peer_sender = header.sender
         self.stats.packets_received += 1
@@ -298,6 +333,18 @@ class RudpConnection:
             self._rto_deadline = None
             self._retries = 0
         return fresh
+
+    def _keys_for(self, sender: int) -> wire.SenderKeys:
+        if sender == self.sender_id:
+            return self._send_keys  # a reflection authenticates; counted as such after
+        keys = self._peer_keys
+        if keys is None or keys.sender != sender:
+            # One HKDF per new sender id; the pinned peer's keys stay cached (the check
+            # against the pinned id comes after authentication, as before: step 6).
+            keys = wire.SenderKeys(self._key, sender, self._protection)
+            if self._peer_sender is None or sender == self._peer_sender:
+                self._peer_keys = keys
+        return keys
 
     def _check_replay(self, pn: int) -> bool | None:
         """None: replay; True: newest so far; False: older but not seen (reordered)."""
@@ -320,17 +367,18 @@ class RudpConnection:
         else:
             self._pn_bitmap |= 1 << (self._highest_pn - pn)
 
-    def _on_data(self, d: wire.Data, now: float) -> bool:
-        """Take one DATA packet; False (counted in ``bad_fragment``) when its fields are absurd."""
-        if (
+    def _data_ok(self, d: wire.Data) -> bool:
+        """False (counted in ``bad_fragment``) when a DATA frame's fields are absurd."""
+        return not (
             d.frag_count == 0
             or d.frag_index >= d.frag_count
             or d.frag_count > self._max_fragments
             or len(d.payload) > self._payload_size
             or d.base > d.seq
-        ):
-            self.stats.bad_fragment += 1
-            return False
+        )
+
+    def _on_data(self, d: wire.Data, now: float) -> None:
+        """Take one (checked) DATA frame."""
         if d.base > self._rcv_next:
             # The sender abandoned [rcv_next, base) after a failure: skip it (module doc).
             self.stats.skipped += d.base - self._rcv_next
@@ -341,16 +389,16 @@ class RudpConnection:
         if d.seq < self._rcv_next or d.seq in self._buffer:
             self.stats.duplicates += 1
             self._ack_now = True
-            return True
+            return
         if d.seq >= self._rcv_next + self.config.window:
             self.stats.out_of_window += 1
             self._ack_now = True
-            return True
+            return
         if self.buffered_bytes + len(d.payload) > self.config.max_buffer_bytes:
             if d.seq != self._rcv_next:
                 self.stats.buffer_full += 1
                 self._ack_now = True  # tell the sender what we hold (it may have been reneged)
-                return True
+                return
             # The in-order packet always fits: evict the highest out-of-order ones (the
             # sender resends them) rather than stall. RudpConfig guarantees room once the
             # buffer is empty (max_buffer_bytes >= max_message_size + mtu).
@@ -373,7 +421,6 @@ class RudpConnection:
             self._ack_now = True
         elif self._ack_deadline is None:
             self._ack_deadline = now + self.config.ack_delay
-        return True
 
     def _drop_partial(self) -> None:
         self._partial = []
@@ -399,8 +446,6 @@ class RudpConnection:
             self._events.append(MessageReceived(message))
 
     def _on_ack(self, ack: wire.Ack, now: float, *, newest: bool) -> None:
-        if ack.cumulative > self._next_seq or any(e > self._next_seq for _, e in ack.blocks):
-            raise PacketError("ACK for data never sent")
         progress = False
         sample: _Outgoing | None = None
         largest_pn = self._largest_acked_pn
@@ -533,12 +578,21 @@ class RudpConnection:
 
     # ---------------------------------------------------------------- output
 
-    def _packet(self, ptype: wire.PacketType, body: bytes, now: float) -> bytes:
-        header = wire.Header(ptype, self.cid, self.sender_id, self._next_pn)
+    def _packet(self, frames: list[wire.Frame], now: float) -> bytes:
+        header = wire.Header(self.cid, self.sender_id, self._next_pn)
         self._next_pn += 1
         self._last_sent = now
         self.stats.packets_sent += 1
-        return wire.push_tag(self._key, wire.push_header(header) + body)
+        return wire.seal(self._send_keys, header, frames)
+
+    def path_challenge(self, token: bytes, now: float) -> bytes:
+        """A datagram carrying PATH_CHALLENGE ``token`` (8 bytes), for the adapter to send
+        to a candidate address; an authentic PATH_RESPONSE with it becomes a
+        :class:`PathResponseReceived` event. Not retransmitted by the core."""
+        if len(token) != wire.TOKEN_SIZE:
+            raise ValueError(f"a path token is {wire.TOKEN_SIZE} bytes")
+        self.stats.path_challenges_sent += 1
+        return self._packet([wire.PathChallenge(token)], now)
 
     def _data_packet(self, out: _Outgoing, now: float) -> bytes:
         if out.transmissions:
@@ -547,12 +601,10 @@ class RudpConnection:
         out.sent_at = now
         out.pn = self._next_pn
         self.stats.data_sent += 1
-        body = wire.push_data(
-            wire.Data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
-        )
+        frame = wire.Data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
         if self._rto_deadline is None:
             self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.1
-        return self._packet(wire.PacketType.DATA, body, now)
+        return self._packet([frame], now)
 
     def _ack_packet(self, now: float) -> bytes:
         blocks: list[tuple[int, int]] = []
@@ -567,12 +619,16 @@ class RudpConnection:
         self._ack_deadline = None
         self._unacked_in_order = 0
         self.stats.acks_sent += 1
-        body = wire.push_ack(wire.Ack(self._rcv_next, tuple(blocks)))
-        return self._packet(wire.PacketType.ACK, body, now)
+        return self._packet([wire.Ack(self._rcv_next, tuple(blocks))], now)
 
     def datagrams_to_send(self, now: float) -> list[bytes]:
         """Every datagram due now: retransmissions, new data within the window, ACK, PING."""
         out: list[bytes] = []
+        for token in self._path_responses:
+            # Answered at once, to the peer's current address (the adapter's choice).
+            self.stats.path_responses_sent += 1
+            out.append(self._packet([wire.PathResponse(token)], now))
+        self._path_responses.clear()
         for item in self._resend:
             if item.seq in self._inflight and not item.sacked:
                 out.append(self._data_packet(item, now))
@@ -591,7 +647,7 @@ class RudpConnection:
             and (probe or (not out and now >= self._last_sent + self.config.keepalive_interval))
         ):
             self.stats.pings_sent += 1
-            out.append(self._packet(wire.PacketType.PING, b"", now))
+            out.append(self._packet([wire.Ping()], now))
             if self._rto_deadline is None:
                 # An unanswered PING counts like unacknowledged DATA (same timer, back-off
                 # and max_retries), so an idle side notices a dead peer (docs/rudp.md §3).

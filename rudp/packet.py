@@ -1,14 +1,26 @@
-"""RUDP wire format: ``push_*`` encoders and ``pull_*`` decoders (layout in docs/rudp.md).
+"""RUDP wire format version 2: header, protected frames, tag (layout in docs/rudp.md §1).
 
 Every datagram::
 
-    0   u8   version (1)
-    1   u8   type (1 DATA, 2 ACK, 3 PING)
+    0   u8   version (2)
+    1   u8   flags (0; reserved)
     2   u64  connection id
     10  u32  sender id (random per connection; a packet carrying our own id is a reflection)
     14  u32  packet number (per sender, +1 per datagram, never reused)
-    18  ...  body
-    -16 16   tag = HMAC-SHA256(session key, everything before the tag)[:16]
+    18  ...  frames, encrypted (AES-256-GCM; the 18 header bytes are the associated data)
+    -16 16   AEAD tag
+
+The protected payload is a sequence of frames, each starting with a type byte; a
+receiver handles them in order. Senders write one DATA or ACK or PING frame per
+datagram today; the format lets a later sender pack several (every frame carries
+its own length or has a fixed size), and lets PATH_CHALLENGE / PATH_RESPONSE ride
+along.
+
+Keys: the connection's 32-byte session secret (docs/security.md) yields, through
+HKDF-SHA256, one key and one IV per *sender id*: each direction, and each
+incarnation of a side (a restarted connection object draws a new sender id), has
+its own key, so restarting the packet numbers at 0 never reuses a nonce.
+The nonce is the IV XOR the packet number (as TLS 1.3 and QUIC do).
 
 All integers are big-endian. Decoders raise :class:`rudp.errors.PacketError` only.
 """
@@ -18,29 +30,51 @@ from __future__ import annotations
 import hmac
 import struct
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from rudp.errors import PacketError
 
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("!BBQII")
-DATA_BODY = struct.Struct("!IIHH")
-ACK_BODY = struct.Struct("!IB")
+DATA_FRAME = struct.Struct("!BIIHHH")  # type, seq, base, frag index, frag count, length
+ACK_FRAME = struct.Struct("!BIB")  # type, cumulative, block count
 BLOCK = struct.Struct("!II")
+PATH_FRAME = struct.Struct("!B8s")  # type, 8-byte token
 TAG_SIZE = 16
+KEY_SIZE = 32
+IV_SIZE = 12
+TOKEN_SIZE = 8
 HEADER_SIZE = HEADER.size  # 18
-DATA_OVERHEAD = HEADER_SIZE + DATA_BODY.size + TAG_SIZE  # 46
+DATA_OVERHEAD = HEADER_SIZE + DATA_FRAME.size + TAG_SIZE  # 49
+MIN_DATAGRAM = HEADER_SIZE + 1 + TAG_SIZE  # one frame of at least its type byte
+KDF_SALT = b"mdeci-rudp v2"
 
 
-class PacketType(IntEnum):
+class FrameType(IntEnum):
+    PADDING = 0
     DATA = 1
     ACK = 2
     PING = 3
+    PATH_CHALLENGE = 4
+    PATH_RESPONSE = 5
+
+
+class Protection(Enum):
+    """How datagrams are protected. Only AEAD is ever used between peers;
+    INTEGRITY_ONLY (HMAC-SHA256/16 over clear frames, the version 1 scheme) exists as
+    the benchmark's reference and is not reachable from any configuration file."""
+
+    AEAD = "aes-256-gcm"
+    INTEGRITY_ONLY = "hmac-sha256"
 
 
 @dataclass(frozen=True, slots=True)
 class Header:
-    type: PacketType
     cid: int
     sender: int
     pn: int
@@ -61,78 +95,179 @@ class Ack:
     blocks: tuple[tuple[int, int], ...]  # received [start, end) ranges above ``cumulative``
 
 
+@dataclass(frozen=True, slots=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PathChallenge:
+    token: bytes  # 8 bytes, echoed in a PathResponse
+
+
+@dataclass(frozen=True, slots=True)
+class PathResponse:
+    token: bytes
+
+
+Frame = Data | Ack | Ping | PathChallenge | PathResponse
+
+
 def max_sack_blocks(mtu: int) -> int:
     """SACK blocks an ACK may carry without exceeding ``mtu`` bytes."""
-    return (mtu - HEADER_SIZE - ACK_BODY.size - TAG_SIZE) // BLOCK.size
+    return (mtu - HEADER_SIZE - ACK_FRAME.size - TAG_SIZE) // BLOCK.size
 
 
-def compute_tag(key: bytes, data: bytes) -> bytes:
-    """HMAC-SHA256 of ``data`` keyed by the session key, truncated to 16 bytes."""
-    return hmac.digest(key, data, "sha256")[:TAG_SIZE]
+# ---------------------------------------------------------------------------- frames
+
+
+def push_frame(frame: Frame) -> bytes:
+    """One frame's bytes."""
+    if isinstance(frame, Data):
+        return (
+            DATA_FRAME.pack(
+                FrameType.DATA,
+                frame.seq,
+                frame.base,
+                frame.frag_index,
+                frame.frag_count,
+                len(frame.payload),
+            )
+            + frame.payload
+        )
+    if isinstance(frame, Ack):
+        return ACK_FRAME.pack(FrameType.ACK, frame.cumulative, len(frame.blocks)) + b"".join(
+            BLOCK.pack(s, e) for s, e in frame.blocks
+        )
+    if isinstance(frame, Ping):
+        return bytes((FrameType.PING,))
+    if isinstance(frame, PathChallenge):
+        return PATH_FRAME.pack(FrameType.PATH_CHALLENGE, frame.token)
+    return PATH_FRAME.pack(FrameType.PATH_RESPONSE, frame.token)
+
+
+def pull_frames(payload: bytes) -> list[Frame]:
+    """Every frame of a decrypted payload, in order. PADDING bytes are skipped.
+
+    Raises PacketError on an unknown type, a truncated frame, an ACK whose blocks are
+    not ascending above its cumulative point, or a payload with no frame at all.
+    """
+    frames: list[Frame] = []
+    view = memoryview(payload)
+    at, end = 0, len(payload)
+    while at < end:
+        kind = view[at]
+        if kind == FrameType.PADDING:
+            at += 1
+        elif kind == FrameType.DATA:
+            if end - at < DATA_FRAME.size:
+                raise PacketError("truncated DATA")
+            _, seq, base, index, count, length = DATA_FRAME.unpack_from(view, at)
+            at += DATA_FRAME.size
+            if end - at < length:
+                raise PacketError("DATA length beyond the datagram")
+            frames.append(Data(seq, base, index, count, bytes(view[at : at + length])))
+            at += length
+        elif kind == FrameType.ACK:
+            if end - at < ACK_FRAME.size:
+                raise PacketError("truncated ACK")
+            _, cumulative, n = ACK_FRAME.unpack_from(view, at)
+            at += ACK_FRAME.size
+            if end - at < n * BLOCK.size:
+                raise PacketError("ACK length does not match its block count")
+            blocks: list[tuple[int, int]] = []
+            for _ in range(n):
+                start, stop = BLOCK.unpack_from(view, at)
+                at += BLOCK.size
+                if not cumulative < start < stop or (blocks and start <= blocks[-1][1]):
+                    raise PacketError("bad SACK block")
+                blocks.append((start, stop))
+            frames.append(Ack(cumulative, tuple(blocks)))
+        elif kind == FrameType.PING:
+            at += 1
+            frames.append(Ping())
+        elif kind in (FrameType.PATH_CHALLENGE, FrameType.PATH_RESPONSE):
+            if end - at < PATH_FRAME.size:
+                raise PacketError("truncated path frame")
+            _, token = PATH_FRAME.unpack_from(view, at)
+            at += PATH_FRAME.size
+            cls = PathChallenge if kind == FrameType.PATH_CHALLENGE else PathResponse
+            frames.append(cls(bytes(token)))
+        else:
+            raise PacketError(f"unknown frame type {kind}")
+    if not frames:
+        raise PacketError("no frame")
+    return frames
+
+
+# ---------------------------------------------------------------------------- protection
+
+
+class SenderKeys:
+    """Key and IV of one sender id under one session secret (module docstring)."""
+
+    __slots__ = ("_aead", "_iv", "_mac_key", "protection", "sender")
+
+    def __init__(self, secret: bytes, sender: int, protection: Protection) -> None:
+        material = HKDF(
+            algorithm=hashes.SHA256(),
+            length=KEY_SIZE + IV_SIZE,
+            salt=KDF_SALT,
+            info=b"mdeci-rudp sender " + sender.to_bytes(4, "big") + protection.value.encode(),
+        ).derive(secret)
+        self.sender = sender
+        self.protection = protection
+        self._mac_key = material[:KEY_SIZE]
+        self._aead = AESGCM(material[:KEY_SIZE]) if protection is Protection.AEAD else None
+        self._iv = int.from_bytes(material[KEY_SIZE:], "big")
+
+    def _nonce(self, pn: int) -> bytes:
+        return (self._iv ^ pn).to_bytes(IV_SIZE, "big")
+
+    def seal(self, header: bytes, pn: int, payload: bytes) -> bytes:
+        """``header`` + protected ``payload`` + tag."""
+        if self._aead is None:
+            data = header + payload
+            return data + hmac.digest(self._mac_key, data, "sha256")[:TAG_SIZE]
+        return header + self._aead.encrypt(self._nonce(pn), payload, header)
+
+    def open(self, datagram: bytes, pn: int) -> bytes | None:
+        """The payload of an authentic datagram, or None when the tag does not verify."""
+        header = datagram[:HEADER_SIZE]
+        if self._aead is None:
+            expected = hmac.digest(self._mac_key, datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
+            if not hmac.compare_digest(expected, datagram[-TAG_SIZE:]):
+                return None
+            return datagram[HEADER_SIZE:-TAG_SIZE]
+        try:
+            return self._aead.decrypt(self._nonce(pn), datagram[HEADER_SIZE:], header)
+        except InvalidTag:
+            return None
 
 
 def push_header(header: Header) -> bytes:
-    return HEADER.pack(VERSION, header.type, header.cid, header.sender, header.pn)
+    return HEADER.pack(VERSION, 0, header.cid, header.sender, header.pn)
 
 
-def push_data(data: Data) -> bytes:
-    return DATA_BODY.pack(data.seq, data.base, data.frag_index, data.frag_count) + data.payload
-
-
-def push_ack(ack: Ack) -> bytes:
-    return ACK_BODY.pack(ack.cumulative, len(ack.blocks)) + b"".join(
-        BLOCK.pack(s, e) for s, e in ack.blocks
-    )
-
-
-def push_tag(key: bytes, packet: bytes) -> bytes:
-    """Append the tag to a packet without one."""
-    return packet + compute_tag(key, packet)
+def seal(keys: SenderKeys, header: Header, frames: list[Frame]) -> bytes:
+    """One protected datagram carrying ``frames``."""
+    return keys.seal(push_header(header), header.pn, b"".join(push_frame(f) for f in frames))
 
 
 def peek_cid(datagram: bytes) -> int:
     """The connection id of a datagram, unauthenticated (for routing to a connection)."""
-    if len(datagram) < HEADER_SIZE + TAG_SIZE:
+    if len(datagram) < MIN_DATAGRAM:
         raise PacketError("truncated header")
     return int.from_bytes(datagram[2:10], "big")
 
 
-def pull_header(datagram: bytes) -> tuple[Header, bytes]:
-    """Split a datagram into its header and body (tag excluded); no authentication here."""
-    if len(datagram) < HEADER_SIZE + TAG_SIZE:
+def pull_header(datagram: bytes) -> Header:
+    """The header of a datagram; no authentication here."""
+    if len(datagram) < MIN_DATAGRAM:
         raise PacketError("truncated header")
-    version, ptype, cid, sender, pn = HEADER.unpack_from(datagram)
+    version, flags, cid, sender, pn = HEADER.unpack_from(datagram)
     if version != VERSION:
         raise PacketError(f"unknown version {version}")
-    try:
-        kind = PacketType(ptype)
-    except ValueError:
-        raise PacketError(f"unknown type {ptype}") from None
-    return Header(kind, cid, sender, pn), datagram[HEADER_SIZE:-TAG_SIZE]
-
-
-def verify_tag(key: bytes, datagram: bytes) -> bool:
-    """Constant-time check of the trailing tag."""
-    return hmac.compare_digest(compute_tag(key, datagram[:-TAG_SIZE]), datagram[-TAG_SIZE:])
-
-
-def pull_data(body: bytes) -> Data:
-    if len(body) < DATA_BODY.size:
-        raise PacketError("truncated DATA")
-    seq, base, index, count = DATA_BODY.unpack_from(body)
-    return Data(seq, base, index, count, bytes(body[DATA_BODY.size :]))
-
-
-def pull_ack(body: bytes) -> Ack:
-    if len(body) < ACK_BODY.size:
-        raise PacketError("truncated ACK")
-    cumulative, n = ACK_BODY.unpack_from(body)
-    if len(body) != ACK_BODY.size + n * BLOCK.size:
-        raise PacketError("ACK length does not match its block count")
-    blocks = []
-    for i in range(n):
-        start, end = BLOCK.unpack_from(body, ACK_BODY.size + i * BLOCK.size)
-        if not cumulative < start < end:
-            raise PacketError("bad SACK block")
-        blocks.append((start, end))
-    return Ack(cumulative, tuple(blocks))
+    if flags != 0:
+        raise PacketError(f"unknown flags {flags:#x}")
+    return Header(cid, sender, pn)

@@ -1,4 +1,4 @@
-"""``python -m sip registrar|uas``: small servers to poke the stack with (see README)."""
+"""``python -m sip registrar|uas|bindings``: small tools to poke the stack with (docs/sip.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from sip.tools import registrar, uas
+    from sip.tools import bindings, registrar, uas
 
     parser = argparse.ArgumentParser(prog="python -m sip", description=__doc__)
     sub = parser.add_subparsers(dest="tool", required=True, metavar="TOOL")
@@ -17,8 +17,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     registrar.add_arguments(reg)
     ua = sub.add_parser("uas", help="a UAS answering INVITEs that carry our SDP")
     uas.add_arguments(ua)
+    look = sub.add_parser("bindings", help="the contacts a registrar holds for an AOR")
+    bindings.add_arguments(look)
     args = parser.parse_args(argv)
-    runner = registrar.serve if args.tool == "registrar" else uas.serve
+    runner = {"registrar": registrar.serve, "uas": uas.serve, "bindings": bindings.serve}[args.tool]
     try:
         return asyncio.run(runner(args))
     except (OSError, ValueError) as exc:

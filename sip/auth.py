@@ -394,6 +394,11 @@ class DigestConfig:
     2069); off by default because they carry no cnonce/nc, so no replay
     protection beyond the nonce lifetime.
     ``max_tracked_nonces``: bound on the nonce-count table (default 10000).
+    ``retarget_uris``: URIs a proxy may have replaced with our contact (location
+    lookup, §16.5): a digest ``uri`` naming one of them is accepted although the
+    Request-URI now differs (RFC 3261 §22.4 leaves the comparison to the server; the
+    response hash still covers the ``uri`` the client sent, so nothing is weakened
+    beyond accepting our own address-of-record as the target).
     """
 
     realm: str
@@ -401,6 +406,7 @@ class DigestConfig:
     nonce_lifetime: float = 300.0
     allow_rfc2069: bool = False
     max_tracked_nonces: int = 10000
+    retarget_uris: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.algorithms or any(a not in ALGORITHMS for a in self.algorithms):
@@ -572,7 +578,9 @@ class DigestServer:
             return again("nonce not issued by us")
         if creds.opaque != self._opaque:
             return again("opaque value not returned unchanged")
-        if not self._same_uri(creds.uri, request_uri):
+        if not self._same_uri(creds.uri, request_uri) and not any(
+            self._same_uri(creds.uri, uri) for uri in self.config.retarget_uris
+        ):
             # RFC 7616 §3.4.6: the uri must name the request's target; a
             # mismatch may be a replay against another resource: 400.
             raise AuthHeaderError(0, "digest uri does not match the Request-URI")

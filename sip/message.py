@@ -37,8 +37,13 @@ __all__ = [
 
 SIP_VERSION = "SIP/2.0"
 MAX_HEADER_BYTES = 65536
+# Header fields per message (after unfolding). Real requests carry 10-30; a cap keeps a
+# 60 KB wall of one-byte headers from costing tens of milliseconds of parsing each.
+MAX_HEADER_FIELDS = 256
 # Headers every request must carry (§8.1.1); a response needs the same (§8.2.6.2).
 MANDATORY = ("Via", "From", "To", "Call-ID", "CSeq")
+# Headers that may appear once (§20: no comma list in their grammar).
+SINGLE = ("From", "To", "Call-ID", "CSeq", "Max-Forwards")
 
 
 @dataclass(eq=True)
@@ -244,6 +249,13 @@ def _parse_head(head_bytes: bytes) -> Request | Response:
     if not lines or not lines[0][1]:
         raise SipParseError(skipped, "empty message")
     msg = _parse_start(lines[0][1])
+    if len(lines) - 1 > MAX_HEADER_FIELDS:
+        # Kept readable (the first fields) so a 400 can still be answered to the source.
+        for _pos, line in lines[1:MAX_HEADER_FIELDS]:
+            name, colon, value = line.partition(":")
+            if colon and is_token(name.rstrip(" \t")) and value.isprintable():
+                msg.headers.add(name.rstrip(" \t"), value.strip(" \t"))
+        raise SipParseError(skipped, f"more than {MAX_HEADER_FIELDS} header fields", msg)
     for pos, line in lines[1:]:
         name, colon, value = line.partition(":")
         name = name.rstrip(" \t")
@@ -259,6 +271,9 @@ def _check(msg: Request | Response) -> None:
     for name in MANDATORY:
         if name not in msg.headers:
             raise SipParseError(0, f"missing {name}", msg)
+    for name in SINGLE:
+        if len(msg.headers.get_raw(name)) > 1:
+            raise SipParseError(0, f"more than one {name} header", msg)
     try:
         cseq = CSeq.parse(msg.headers.get("CSeq") or "")
         for value in msg.headers.get_all("Via"):
@@ -397,7 +412,10 @@ class StreamFramer:
             name, colon, value = line.partition(":")
             if colon and name.strip().lower() in ("content-length", "l"):
                 value = value.strip()
-                if not value.isdigit() or not value.isascii() or int(value) > self._max_body:
+                if (
+                    not (value.isascii() and value.isdigit() and len(value) <= 10)
+                    or int(value) > self._max_body
+                ):
                     self.broken = True
                     raise SipParseError(0, f"bad Content-Length on stream {value[:20]!r}")
                 return int(value)

@@ -352,7 +352,7 @@ class Registrar:
             raise self._reject(req, 404, "To is not an address-of-record of this domain")
         aor = aor_uri.aor
         # Steps 3-4: authenticate (§22) and authorize: only the owner of an
-        # AOR may change or read its bindings (PROTOCOL.md §2).
+        # AOR may change or read its bindings (docs/protocol.md §2).
         if self._auth is not None:
             try:
                 result = self._auth.verify(req, now)

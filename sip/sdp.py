@@ -1,17 +1,22 @@
-"""The mdeci SDP profile (PROTOCOL.md §3): offers, answers (RFC 3264) and their reading.
+"""The mdeci SDP profile (docs/protocol.md §3): offers, answers (RFC 3264) and their reading.
 
 Theory of operation: a session description is read with ``sdp_transform``
 into its dict form and written back from one; this module only decides what
 goes in. Our data channel is one media line::
 
     m=application <port> UDP/MDECI-RUDP mdeci
-    a=mdeci-version:1
-    a=mdeci-key:<base64url of 32 bytes>     (offer only)
-    a=mdeci-msisdn:<E.164>                  (optional)
+    a=mdeci-version:2
+    a=mdeci-kx:<base64url of 32 bytes>      (X25519 public value; offer, and answer
+                                             when it starts new keys)
+    a=mdeci-msisdn:<E.164>                  (optional; the broker ignores it)
     a=sendrecv
 
+No key material travels in SDP: ``a=mdeci-kx`` is an ephemeral public value; the
+RUDP keys come from it through :mod:`rudp.keys` (docs/security.md). An offer
+with the version 1 ``a=mdeci-key`` (a session key in clear) is refused.
+
 :func:`build_offer` writes it (after an optional inactive audio placeholder,
-which PJSIP's pjsua needs, see PJSUA2.md). :func:`build_answer` answers an
+which PJSIP's pjsua needs, see docs/pjsip.md). :func:`build_answer` answers an
 offer line by line as RFC 3264 §6 asks: same number and order of m-lines;
 the first usable mdeci line accepted; audio accepted as ``a=inactive`` with a
 non-zero port; anything else refused with port 0. :func:`parse_session`
@@ -54,8 +59,8 @@ __all__ = [
 
 MDECI_PROTO = "UDP/MDECI-RUDP"
 MDECI_FORMAT = "mdeci"
-MDECI_VERSION = 1
-KEY_BYTES = 32
+MDECI_VERSION = 2
+KEY_BYTES = 32  # of an X25519 public value
 MAX_SDP_BYTES = 65536
 # Port of the inactive audio line in our answers: RFC 3264 §6 wants a
 # non-zero port to accept a stream; 9 (discard) is the usual "no media here"
@@ -71,9 +76,9 @@ _O_LINE = re.compile(r"(\S+) ([0-9]{1,20}) ([0-9]{1,20}) IN (IP4|IP6) (\S+) *")
 
 
 def encode_key(key: bytes) -> str:
-    """The ``a=mdeci-key`` text: base64url without padding. Raises :class:`ValueError`."""
+    """The ``a=mdeci-kx`` text: base64url without padding. Raises :class:`ValueError`."""
     if len(key) != KEY_BYTES:
-        raise ValueError(f"the session key is {KEY_BYTES} bytes, not {len(key)}")
+        raise ValueError(f"a public value is {KEY_BYTES} bytes, not {len(key)}")
     return base64.urlsafe_b64encode(key).rstrip(b"=").decode("ascii")
 
 
@@ -81,13 +86,13 @@ def decode_key(text: str) -> bytes:
     """Read a base64url key (padded or not). Raises :class:`SdpError` unless it is 32 bytes."""
     body = text.rstrip("=")
     if len(text) - len(body) > 2 or not set(body) <= _B64URL:
-        raise SdpError("mdeci-key is not base64url")
+        raise SdpError("mdeci-kx is not base64url")
     try:
         key = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
     except (binascii.Error, ValueError):
-        raise SdpError("mdeci-key is not base64url") from None
+        raise SdpError("mdeci-kx is not base64url") from None
     if len(key) != KEY_BYTES:
-        raise SdpError(f"mdeci-key must be {KEY_BYTES} bytes, got {len(key)}")
+        raise SdpError(f"mdeci-kx must be {KEY_BYTES} bytes, got {len(key)}")
     return key
 
 
@@ -96,8 +101,9 @@ class MdeciMedia:
     """The mdeci data channel of a session description.
 
     ``addr``/``port``: where the peer receives RUDP (media-level ``c=`` if
-    any, else session-level); ``key``: the session key (offers only, else
-    None); ``msisdn``: SMS fallback number or None; ``version``: the ``o=``
+    any, else session-level); ``key``: the peer's X25519 public value
+    (``a=mdeci-kx``; None in an answer that keeps the keys); ``msisdn``: SMS
+    fallback number or None; ``version``: the ``o=``
     sess-version (it grows on every re-INVITE, RFC 3264 §8); ``sess_id`` and
     ``user``: the rest of ``o=``; ``index``: position of our m-line;
     ``ip_version``: 4 or 6.
@@ -259,12 +265,14 @@ def _mdeci(
             continue
         addr, ip_version = _connection(session, media)
         attrs = _attributes(media)
-        keys = [v for n, v in attrs if n == "mdeci-key"]
+        if any(n == "mdeci-key" for n, _ in attrs):
+            raise SdpError("a=mdeci-key (a session key in clear) is refused; use a=mdeci-kx")
+        keys = [v for n, v in attrs if n == "mdeci-kx"]
         if len(keys) > 1:
-            raise SdpError("more than one mdeci-key")
+            raise SdpError("more than one mdeci-kx")
         key = decode_key(keys[0]) if keys else None
         if require_key and key is None:
-            raise SdpError("offer without mdeci-key")
+            raise SdpError("offer without mdeci-kx")
         numbers = [v for n, v in attrs if n == "mdeci-msisdn"]
         if len(numbers) > 1:
             raise SdpError("more than one mdeci-msisdn")
@@ -291,7 +299,7 @@ def _mdeci(
 def parse_session(sdp_text: str | bytes, *, require_key: bool = False) -> MdeciMedia:
     """Read the first usable mdeci line of an offer or answer.
 
-    With ``require_key`` an offer without ``a=mdeci-key`` is refused. Raises
+    With ``require_key`` an offer without ``a=mdeci-kx`` is refused. Raises
     :class:`SdpError` (status 488) when the text is not a session
     description, has no usable mdeci line, or carries a malformed key,
     address or MSISDN.
@@ -328,12 +336,12 @@ def _session_dict(user: str, sess_id: int | str, version: int, addr: str) -> dic
 def _mdeci_media(port: int, key: bytes | None, msisdn: str | None) -> dict[str, Any]:
     attrs = [f"mdeci-version:{MDECI_VERSION}"]
     if key is not None:
-        attrs.append(f"mdeci-key:{encode_key(key)}")
+        attrs.append(f"mdeci-kx:{encode_key(key)}")
     if msisdn is not None:
         if not _E164.fullmatch(msisdn):
             raise ValueError(f"msisdn must be E.164 (+ and up to 15 digits), not {msisdn!r}")
         attrs.append(f"mdeci-msisdn:{msisdn}")
-    # Direction is written as a plain attribute so it comes last, as PROTOCOL.md shows.
+    # Direction is written as a plain attribute so it comes last, as docs/protocol.md shows.
     attrs.append("sendrecv")
     return {
         "type": "application",
@@ -386,10 +394,12 @@ def build_answer(
     addr: str,
     port: int,
     msisdn: str | None = None,
+    key: bytes | None = None,
 ) -> str:
     """Answer an offer (RFC 3264 §6): every offered m-line, in order.
 
-    The first usable mdeci line gets ``port`` and no key; an audio line with
+    The first usable mdeci line gets ``port`` and ``key`` (our X25519 public value,
+    ``a=mdeci-kx``; None keeps the session's keys); an audio line with
     a non-zero port is accepted ``a=inactive`` (port
     :data:`AUDIO_PLACEHOLDER_ANSWER_PORT`, the offer's first format); every
     other line, including further mdeci lines, is refused with port 0
@@ -408,7 +418,7 @@ def build_answer(
         answer["timing"] = {"start": timing["start"], "stop": timing.get("stop", 0)}
     for idx, (mline, media) in enumerate(zip(mlines, offer["media"], strict=True)):
         if idx == chosen.index:
-            answer["media"].append(_mdeci_media(port, None, msisdn))
+            answer["media"].append(_mdeci_media(port, key, msisdn))
         elif mline.media.lower() == "audio" and mline.port != 0:
             answer["media"].append(_inactive_audio(mline, media))
         else:

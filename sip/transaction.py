@@ -41,42 +41,11 @@ from dataclasses import dataclass
 from sip.errors import SipParseError, TransactionError
 from sip.headers import Headers
 from sip.message import Request, Response, make_response, parse_message, serialize
+from sip.timers import TimerConfig as TimerConfig  # its home before sip.timers
 
 Address = tuple[str, int]
 Datagram = tuple[bytes, Address]
 MAGIC_COOKIE = "z9hG4bK"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TimerConfig:
-    """Transaction timer base values (RFC 3261 §17.1.1.1, table 4).
-
-    ``t1``: RTT estimate, 0.5 s; ``t2``: maximum retransmit interval for
-    non-INVITE requests and INVITE responses, 4 s; ``t4``: maximum time a
-    message stays in the network, 5 s; ``timer_d``: the floor of timer D, the
-    wait for response retransmissions after a non-2xx INVITE final over UDP,
-    32 s. Timer D is ``max(timer_d, 64*t1)``: §17.1.1.2 sets it to at least
-    32 s because that is how long the server retransmits (timer H, 64*T1).
-
-    Raises :class:`ValueError` for a non-positive ``t1``/``t2`` or a negative
-    ``t4``/``timer_d``.
-    """
-
-    t1: float = 0.5
-    t2: float = 4.0
-    t4: float = 5.0
-    timer_d: float = 32.0
-
-    def __post_init__(self) -> None:
-        if not (self.t1 > 0 and self.t2 > 0):
-            raise ValueError("t1 and t2 must be positive")
-        if not (self.t4 >= 0 and self.timer_d >= 0):
-            raise ValueError("t4 and timer_d must not be negative")
-
-    @property
-    def d(self) -> float:
-        """Timer D over an unreliable transport (§17.1.1.2)."""
-        return max(self.timer_d, 64 * self.t1)
 
 
 TransactionKey = tuple[str, str, str]  # (branch, sent-by, method)
@@ -527,6 +496,7 @@ class ServerTransaction(Transaction):
         source: Address | None = None,
     ) -> None:
         super().__init__(request, dest, config, reliable)
+        self.source = source or dest
         self.last_response: Response | None = None
         self._wire: bytes | None = None
         self._events.append(RequestReceived(request, source or dest, self.key))
@@ -686,6 +656,7 @@ class TransactionLayer:
         self.strays = 0  # responses that match no client transaction
         self._deadlines: list[tuple[float, int, Transaction]] = []
         self._seq = 0  # tie-breaker: transactions themselves do not order
+        self._open: dict[str, int] = {}  # live server transactions per source host
 
     def send_request(
         self, request: Request, dest: Address, now: float, reliable: bool = False
@@ -727,7 +698,7 @@ class TransactionLayer:
         """Parse one datagram (or framed stream message) and feed it to :meth:`receive`.
 
         A message that does not parse is dropped and counted in :attr:`dropped`,
-        never raised (STYLE.md: malformed datagrams never reach the event loop).
+        never raised (malformed datagrams never reach the event loop).
         """
         try:
             msg = parse_message(data)
@@ -771,6 +742,7 @@ class TransactionLayer:
         cls = ServerInviteTransaction if msg.method == "INVITE" else ServerNonInviteTransaction
         txn = cls(msg, dest, self.config, reliable, source)
         self.servers[key] = txn
+        self._open[source[0]] = self._open.get(source[0], 0) + 1
         self._collect(txn)
 
     def handle_timer(self, now: float) -> None:
@@ -798,6 +770,37 @@ class TransactionLayer:
             table = self.clients if isinstance(txn, ClientTransaction) else self.servers
             if table.get(txn.key) is txn:
                 del table[txn.key]
+                if isinstance(txn, ServerTransaction):
+                    self._closed_server(txn)
+
+    def _closed_server(self, txn: ServerTransaction) -> None:
+        host = txn.source[0]
+        left = self._open.get(host, 0) - 1
+        if left > 0:
+            self._open[host] = left
+        else:
+            self._open.pop(host, None)
+
+    def open_from(self, host: str) -> int:
+        """Server transactions from ``host`` still held (the per-source cap counts these)."""
+        return self._open.get(host, 0)
+
+    def is_retransmission(self, msg: Request) -> bool:
+        """Whether ``msg`` matches a server transaction we hold. Raises SipParseError."""
+        return transaction_key(msg) in self.servers
+
+    def respond_statelessly(self, response: Response, dest: Address) -> None:
+        """Send ``response`` once to ``dest`` and forget its server transaction (a
+        challenge: nothing is kept for an unauthenticated request, nothing resent)."""
+        try:
+            key = transaction_key(response)
+        except SipParseError as exc:
+            raise TransactionError(f"response without Via/CSeq: {exc.reason}") from None
+        txn = self.servers.pop(key, None)
+        if txn is not None:
+            self._closed_server(txn)
+            txn.datagrams_to_send()  # the 100 Trying it may still hold is not needed now
+        self._out.append((serialize(response), dest))
 
     def transport_error(self, key: TransactionKey, now: float) -> None:
         """Tell the transaction ``key`` its transport failed."""

@@ -33,6 +33,18 @@ _HOST_RE = re.compile(
 _PCT_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
+def bounded_int(text: str, max_digits: int, what: str, pos: int = 0) -> int:
+    """A decimal of at most ``max_digits`` ASCII digits (leading zeros allowed up to that).
+
+    Every numeric field the parser reads goes through here, so a 5,000-digit port or
+    CSeq is a :class:`SipParseError` (400 / drop), never the ``ValueError`` that
+    ``int()`` raises past Python's digit limit. Raises :class:`SipParseError`.
+    """
+    if not text or len(text) > max_digits or not text.isascii() or not text.isdigit():
+        raise SipParseError(pos, f"bad {what} {text[:20]!r}")
+    return int(text)
+
+
 def _unescape(text: str, pos: int) -> str:
     bad = _PCT_RE.search(text)
     if bad:
@@ -53,9 +65,9 @@ def _split_hostport(text: str, pos: int) -> tuple[str, int | None]:
         raise SipParseError(pos, f"bad host {host!r}")
     port: int | None = None
     if rest:
-        if not rest.startswith(":") or not rest[1:].isdigit() or not rest[1:].isascii():
-            raise SipParseError(pos + len(host), f"bad port {rest!r}")
-        port = int(rest[1:])
+        if not rest.startswith(":"):
+            raise SipParseError(pos + len(host), f"bad port {rest[:20]!r}")
+        port = bounded_int(rest[1:], 5, "port", pos + len(host))
         if port > 65535:
             raise SipParseError(pos + len(host), f"port out of range: {port}")
     return host, port
@@ -289,9 +301,7 @@ class NameAddr:
         value = unquote_param(self.params.get("expires"))
         if value is None:
             return None
-        if not value.isdigit() or not value.isascii():
-            raise SipParseError(0, f"bad expires parameter {value!r}")
-        return int(value)
+        return bounded_int(value, 10, "expires parameter")
 
     @property
     def q(self) -> float:
@@ -341,7 +351,7 @@ class Via:
         if "branch" in params and not params["branch"]:
             raise SipParseError(0, "empty branch")
         rport = params.get("rport")
-        if rport and (not rport.isdigit() or int(rport) > 65535):
+        if rport and bounded_int(rport, 5, "rport") > 65535:
             raise SipParseError(0, f"bad rport {rport!r}")
         return cls(
             transport=transport.upper(),
@@ -371,7 +381,7 @@ class Via:
     def rport(self) -> int | None:
         """The rport value once filled in; None when absent or still empty."""
         value = self.params.get("rport")
-        return int(value) if value else None
+        return bounded_int(value, 5, "rport") if value else None
 
     def response_address(self, default_port: int = 5060) -> tuple[str, int]:
         """Where to send a response over UDP (§18.2.2 with RFC 3581 §4)."""
@@ -401,10 +411,10 @@ class CSeq:
     def parse(cls, text: str) -> CSeq:
         """Parse a CSeq value. Raises :class:`SipParseError`."""
         parts = text.split()
-        if len(parts) != 2 or not parts[0].isdigit() or not parts[0].isascii():
+        if len(parts) != 2:
             raise SipParseError(0, f"bad CSeq {text[:40]!r}")
-        seq = int(parts[0])
-        if seq >= 2**31 or len(parts[0]) > 10:
+        seq = bounded_int(parts[0], 10, "CSeq number")
+        if seq >= 2**31:
             raise SipParseError(0, "CSeq number out of range")
         if not is_token(parts[1]):
             raise SipParseError(len(parts[0]) + 1, "bad CSeq method")
@@ -423,6 +433,7 @@ __all__ = [
     "TelUri",
     "Uri",
     "Via",
+    "bounded_int",
     "format_hostport",
     "parse_uri",
     "unquote_param",

@@ -60,7 +60,18 @@ def pg_url() -> str:
 
 
 def free_port(kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> int:
-    """A port the kernel just handed out on ``host`` (UDP by default)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port the kernel just handed out on ``host`` for ``kind`` (UDP by default) that is
+    free for the other of UDP and TCP too: SIP peers (Kamailio, sipp) listen on both."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    other = socket.SOCK_STREAM if kind == socket.SOCK_DGRAM else socket.SOCK_DGRAM
+    for _ in range(50):
+        with socket.socket(family, kind) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+            with socket.socket(family, other) as t:
+                try:
+                    t.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    raise OSError(f"no port free for both UDP and TCP on {host}")

@@ -1,8 +1,9 @@
-"""The layering rules of ARCHITECTURE.md and STYLE.md, checked on the source text."""
+"""The layering rules (sans-IO cores; lower layers never import upper ones), on the source."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,24 @@ def test_sql_only_in_store() -> None:
         if "sqlalchemy" in _imports(p)
     ]
     assert offenders == []
+
+
+# The repository stands on its own: docs/ is the reference, never the design notes that
+# lived beside it before the project existed.
+OUTSIDE_REFERENCES = re.compile(r"\.\./shared|(?<![\w/])(PROTOCOL|ARCHITECTURE|STYLE|PJSUA2)\.md")
+
+
+def test_nothing_cites_files_outside_the_repository() -> None:
+    texts = [
+        p
+        for folder in ("sip", "rudp", "mdeci", "analytics", "tests", "docs", "configs")
+        for p in sorted((ROOT / folder).rglob("*"))
+        if p.suffix in {".py", ".md", ".toml", ".cfg", ".conf"}
+    ] + [ROOT / "README.md"]
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in texts
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if OUTSIDE_REFERENCES.search(line) and p != Path(__file__)
+    ]
+    assert offenders == [], f"cite docs/ instead: {offenders}"

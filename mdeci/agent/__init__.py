@@ -1,19 +1,48 @@
 """The device agent (``mdeci agent``): SIP session, RUDP frames, durable state, local API.
 
-See ``docs/agent.md``.
+See ``docs/agent.md``. The names below are imported on first use (PEP 562), so that a
+client command importing one light module (``mdeci.agent.api``'s client, the errors) does
+not pay for the whole daemon.
 """
 
 from __future__ import annotations
 
-from mdeci.agent.api import ApiClient, ApiServer
-from mdeci.agent.backoff import Backoff
-from mdeci.agent.core import Agent, AgentStatus, PubResult, Status
-from mdeci.agent.daemon import RunningAgent, run_agent
-from mdeci.agent.errors import AgentError, ApiError, BrokerRefused, NotConnected, StateError
-from mdeci.agent.ipmonitor import PollingIpMonitor, make_monitor
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mdeci.agent.aio import Agent, AgentStatus, PubResult
+    from mdeci.agent.api import ApiClient, ApiServer
+    from mdeci.agent.backoff import Backoff
+    from mdeci.agent.core import AgentCore, State, Status
+    from mdeci.agent.daemon import RunningAgent, run_agent
+    from mdeci.agent.errors import AgentError, ApiError, BrokerRefused, NotConnected, StateError
+    from mdeci.agent.ipmonitor import PollingIpMonitor, make_monitor
+
+_WHERE = {
+    "ApiClient": "api",
+    "ApiServer": "api",
+    "Backoff": "backoff",
+    "Agent": "aio",
+    "AgentStatus": "aio",
+    "PubResult": "aio",
+    "AgentCore": "core",
+    "State": "core",
+    "Status": "core",
+    "RunningAgent": "daemon",
+    "run_agent": "daemon",
+    "AgentError": "errors",
+    "ApiError": "errors",
+    "BrokerRefused": "errors",
+    "NotConnected": "errors",
+    "StateError": "errors",
+    "PollingIpMonitor": "ipmonitor",
+    "make_monitor": "ipmonitor",
+}
 
 __all__ = [
     "Agent",
+    "AgentCore",
     "AgentError",
     "AgentStatus",
     "ApiClient",
@@ -25,8 +54,16 @@ __all__ = [
     "PollingIpMonitor",
     "PubResult",
     "RunningAgent",
+    "State",
     "StateError",
     "Status",
     "make_monitor",
     "run_agent",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mdeci.agent' has no attribute {name!r}")
+    return getattr(import_module(f"mdeci.agent.{module}"), name)

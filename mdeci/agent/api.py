@@ -12,16 +12,20 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import ipaddress
 import json
 import os
 import socket
-from collections.abc import AsyncIterator
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mdeci.agent.core import Agent
 from mdeci.agent.errors import ApiError, BrokerRefused
 from mdeci.errors import MdeciError
+
+if TYPE_CHECKING:  # the client side (mdeci status, ...) must not import the daemon
+    from mdeci.agent.aio import Agent
 
 MAX_LINE = 4 << 20  # bytes per request line (a publish payload travels base64 in it)
 
@@ -51,6 +55,7 @@ class ApiServer:
         self.path = path
         self._server: asyncio.base_events.Server | None = None
         self._streams: set[asyncio.StreamWriter] = set()
+        self._tails: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         """Listen (a stale socket file left by a crash is replaced).
@@ -67,13 +72,19 @@ class ApiServer:
             os.chmod(self.path, 0o600)  # the owner's applications only
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for writer in list(self._streams):
-                writer.close()
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
+        """Stop listening; the socket file is removed only if this server made it."""
+        if self._server is None:
+            return
+        self._server.close()
+        for writer in list(self._streams):
+            writer.close()
+        tails = list(self._tails)
+        for task in tails:
+            task.cancel()
+        await asyncio.gather(*tails, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._server.wait_closed()
+        self._server = None
         with contextlib.suppress(OSError):
             self.path.unlink()
 
@@ -97,7 +108,7 @@ class ApiServer:
                     await self._write(writer, _error("request must be a JSON object"))
                     continue
                 if req.get("op") == "tail":
-                    await self._tail(req, writer)
+                    await self._tail(req, reader, writer)
                     return
                 await self._write(writer, await self.handle(req))
         except (ConnectionError, OSError):
@@ -154,6 +165,7 @@ class ApiServer:
                     attrs,
                     _payload(req),
                     urgent=bool(req.get("urgent", False)),
+                    timeout=agent.config.pub_timeout,
                 )
                 return {
                     "ok": True,
@@ -161,6 +173,18 @@ class ApiServer:
                     "state": result.state,
                     "matched": result.matched,
                 }
+            if op == "move":
+                address = str(req.get("address", ""))
+                try:
+                    ipaddress.ip_address(address)
+                except ValueError:
+                    raise ApiError(f"'address' {address[:60]!r} is not an IP address") from None
+                try:
+                    await agent.move_to(address)
+                except OSError as exc:
+                    raise ApiError(f"cannot bind {address}: {exc.strerror or exc}") from None
+                status = agent.status()
+                return {"ok": True, "sip_addr": status.sip_addr, "media_addr": status.media_addr}
             return _error(f"unknown op {str(op)[:40]!r}")
         except BrokerRefused as exc:
             return _error(str(exc), exc.code)
@@ -169,7 +193,9 @@ class ApiServer:
         except (TypeError, ValueError) as exc:
             return _error(f"bad request: {exc}")
 
-    async def _tail(self, req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    async def _tail(
+        self, req: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         queue = self.agent.listen()
         try:
             start = req.get("from")
@@ -179,10 +205,25 @@ class ApiServer:
                     await self._write(writer, {"notify": record})
                     last = int(record["nseq"])
             await self._write(writer, {"ok": True, "live": True})
-            while True:
-                record = await queue.get()
-                if int(record["nseq"]) > last:
-                    await self._write(writer, {"notify": record})
+            # The client sends nothing more: end of its stream means it went away (then
+            # it no longer counts as a listener).
+            gone = asyncio.ensure_future(reader.read(1))
+            self._tails.add(gone)
+            try:
+                while True:
+                    got = asyncio.ensure_future(queue.get())
+                    done, _ = await asyncio.wait({got, gone}, return_when=FIRST_COMPLETED)
+                    if got not in done:
+                        got.cancel()
+                        return
+                    record = got.result()
+                    if "nseq" not in record:
+                        await self._write(writer, {"event": record})
+                    elif int(record["nseq"]) > last:
+                        await self._write(writer, {"notify": record})
+            finally:
+                gone.cancel()
+                self._tails.discard(gone)
         finally:
             self.agent.unlisten(queue)
 
@@ -250,7 +291,7 @@ class ApiClient:
             raise ApiError(str(answer.get("error", "the agent refused the request")))
         return answer
 
-    async def tail(self, from_nseq: int | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def tail(self, from_nseq: int | None = None) -> AsyncGenerator[dict[str, Any], None]:
         """Notifications (kept ones from ``from_nseq`` first, then live ones)."""
         request: dict[str, Any] = {"op": "tail"}
         if from_nseq is not None:

@@ -1,69 +1,89 @@
-"""The device agent: one SIP session with the broker, frames over RUDP, durable state.
+"""The agent core: sans-IO. Frames, SIP outcomes, address changes and a clock in;
+frames, SIP commands and events out.
 
 Theory of operation
 -------------------
-:class:`Agent` owns a :class:`sip.aio.ua.UserAgent` (REGISTER, INVITE, re-INVITE, BYE), a
-:class:`rudp.aio.RudpEndpoint` with one :class:`rudp.aio.RudpPeer` (the broker, keyed by
-the session key we put in our SDP offer), the state files of :mod:`mdeci.agent.state`
-and an optional IP monitor. Tasks:
+:class:`AgentCore` owns no socket, task or clock (``now`` is passed to every input, as
+in aioquic's connection and :mod:`mdeci.broker.core`). The asyncio glue
+(:class:`mdeci.agent.aio.Agent`) feeds it and carries out what it asks:
 
-- the *supervisor* waits for "a connection is needed" and makes one attempt: REGISTER
-  if not registered, re-INVITE the dialog (or a new INVITE with a new key when there is
-  none, or the broker answered 481), point the peer at the answer's media address, then
-  a ``list`` over RUDP as a probe. Success: CONNECTED (``media_connected``) and the
-  outgoing buffer is flushed. Failure: wait a jittered exponential back-off
-  (:class:`~mdeci.agent.backoff.Backoff`) and try again;
-- the *reader* decodes frames from the peer: answers resolve the request futures by
-  ``req``; a ``notify`` whose ``nseq`` the :class:`~mdeci.sms.dedupe.NseqGate` accepts
-  is appended to the inbox (the applications' copy), the gate is saved atomically, the
-  ``tail`` listeners get it, and only then ``ack upto`` is sent. A duplicate is acked and
-  not handed over;
-- the *dialog watcher* follows the UA's dialog events (a BYE from the broker ends the
-  session: DISCONNECTED, reconnect);
-- the *IP monitor* (if any) calls :meth:`Agent.move_to` when our address goes away.
+- **inputs**: :meth:`~AgentCore.start`, :meth:`~AgentCore.sip_done` (the outcome of the
+  SIP command it asked for), :meth:`~AgentCore.media_bound` (the RUDP socket's address),
+  :meth:`~AgentCore.frame_received` (bytes from the broker over RUDP),
+  :meth:`~AgentCore.frame_by_sms` (the SMS channel's hook), :meth:`~AgentCore.peer_lost`,
+  :meth:`~AgentCore.bye_received`, :meth:`~AgentCore.address_changed`, the applications'
+  :meth:`~AgentCore.subscribe` / :meth:`~AgentCore.unsubscribe` /
+  :meth:`~AgentCore.list` / :meth:`~AgentCore.publish`, :meth:`~AgentCore.handle_timer`
+  and :meth:`~AgentCore.close`;
+- **outputs**: :meth:`~AgentCore.next_command` gives :class:`SendFrame` and one SIP
+  command at a time (:class:`Register`, :class:`Invite`, :class:`Reinvite`,
+  :class:`Bye`, :class:`MoveSip`, and :class:`Rebind` / :class:`AttachMedia` for the
+  RUDP socket); :meth:`~AgentCore.get_timer` says when to call
+  :meth:`~AgentCore.handle_timer`; every event goes to the ``sink`` (churn records,
+  notifications handed over, request outcomes, alerts). Nothing is accumulated.
 
-Any ``PeerUnreachable`` while CONNECTED makes the agent DISCONNECTED
-(``media_disconnected``); publishes then go to the outgoing buffer and are re-sent with
-the same ``msg_id`` after the next connection (the broker dedupes by ``msg_id``).
+States (``docs/agent.md`` has the diagram)::
 
-Clocks and randomness are injected: ``clock`` (epoch seconds, for the churn log and
-latencies), ``random_bytes`` (keys, ids, SIP tags) and ``jitter`` (the back-off).
+    IDLE -start-> REGISTERING -200-> INVITING -2xx-> PROBING -subs-> CONNECTED
+    any failure -> BACKOFF -timer-> REGISTERING or INVITING
+    CONNECTED -peer lost / BYE-> INVITING (re-INVITE with a new key)
+    CONNECTED -address change-> MOVING -rebind, REGISTER, re-INVITE-> CONNECTED
+    any -close-> CLOSING -BYE, unREGISTER-> CLOSED
+
+The exactly-once gate (:class:`~mdeci.agent.state.NseqState`), the inbox, the outbox and
+the subscription record are the durable state handed in (files, no socket): a notify
+the gate accepts is appended to the inbox and the gate saved *before* ``ack`` is sent.
+A publish is in the outbox before it is sent; after each connection the outbox is sent
+again oldest first with the same ``msg_id`` (the broker dedupes by it).
+
+Keys (docs/security.md): each new session, and each re-INVITE after the media failed,
+offers a fresh ephemeral X25519 value (``a=mdeci-kx``); the RUDP session secret is
+derived from the broker's answer, our SHA-256 HA1 and both SDP bodies
+(:mod:`mdeci.agent.offer`). A re-INVITE of a move offers the same value and keeps the
+keys unless the answer carries a new one. A failed agreement, or a probe that gets no
+authentic answer, is a ``key``/``unreachable`` alert and the next attempt draws new keys
+(fail closed).
+
+A broker store incarnation id (``a=mdeci-store`` in the SDP answer) that differs from
+the one our gate belongs to means the broker numbers from 1 again: the gate restarts,
+the inbox is archived, the subscriptions of our record are sent again, and a
+:class:`StoreReplaced` event tells the applications.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
-import random as _random
-import secrets
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from mdeci.agent.backoff import Backoff
-from mdeci.agent.errors import AgentError, BrokerRefused, NotConnected, StateError
-from mdeci.agent.ipmonitor import AddressSource, PollingIpMonitor, make_monitor
-from mdeci.agent.sms import SmsInbox, windowed_gate
-from mdeci.agent.state import (
-    INBOX_FILE,
-    NSEQ_FILE,
-    OUTBOX_FILE,
-    Inbox,
-    NseqState,
-    Outbox,
-    OutgoingPub,
+from mdeci.agent.errors import AgentError, NotConnected, StateError
+from mdeci.agent.offer import (
+    Answer,
+    KeyAgreementError,
+    agree,
+    new_key_exchange,
+    read_answer,
+    session_offer,
+    session_psk,
 )
-from mdeci.churnlog import ChurnLog, Event
+from mdeci.agent.state import Inbox, KnownSub, NseqState, Outbox, OutgoingPub, SubsRecord
+from mdeci.churnlog import Event
 from mdeci.config import AgentConfig
-from mdeci.errors import ChurnLogError, FrameError
+from mdeci.errors import FrameError
 from mdeci.frames import (
     Ack,
     AttrValue,
+    Calendar,
+    CalendarOk,
+    CalendarRule,
     Error,
     Frame,
+    LimitReached,
     List,
     Notify,
     Pub,
@@ -76,25 +96,28 @@ from mdeci.frames import (
     decode,
     encode,
 )
-from mdeci.sms.gateway import SmsGateway
-from rudp.aio import RudpEndpoint, RudpPeer
-from rudp.errors import PeerUnreachable, RudpError
-from sip.aio.ua import (
-    DialogEnded,
-    DialogRefreshed,
-    IncomingRequest,
-    Reply,
-    UaConfig,
-    UserAgent,
-)
-from sip.dialog import Dialog
-from sip.errors import SdpError, SipError, SipRequestFailed
-from sip.sdp import build_offer, parse_session
-from sip.transaction import TimerConfig
+from rudp.keys import KeyExchange
+from sip.errors import SdpError
 
-KEY_BYTES = 32
-RESPONSE_TIMEOUT = 10.0  # seconds to wait for a broker's answer frame
-BYE_TIMEOUT = 3.0  # seconds for BYE and unREGISTER on shutdown
+Address = tuple[str, int]
+NO_AUTHENTIC_ANSWER = (
+    "no authentic RUDP answer from the broker after the key agreement: the SDP key "
+    "exchange was altered on the path, the password differs, or the broker's media is "
+    "unreachable"
+)
+RESPONSE_TIMEOUT = 10.0  # seconds to wait for a broker's answer frame (the probe too)
+
+
+class State(StrEnum):
+    IDLE = "IDLE"
+    REGISTERING = "REGISTERING"
+    INVITING = "INVITING"
+    PROBING = "PROBING"
+    CONNECTED = "CONNECTED"
+    MOVING = "MOVING"
+    BACKOFF = "BACKOFF"
+    CLOSING = "CLOSING"
+    CLOSED = "CLOSED"
 
 
 class Status(StrEnum):
@@ -104,54 +127,202 @@ class Status(StrEnum):
     DISCONNECTED = "DISCONNECTED"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AgentStatus:
-    """What ``mdeci status`` shows."""
+# ------------------------------------------------------------------ commands out
 
-    aor: str
-    node: str
+
+@dataclass(frozen=True, slots=True)
+class SendFrame:
+    """Send ``data`` to the broker over RUDP."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AttachMedia:
+    """Point the RUDP peer keyed by ``key`` at ``addr`` (a new key: a new peer)."""
+
+    key: bytes
+    addr: Address
+
+
+@dataclass(frozen=True, slots=True)
+class Rebind:
+    """Bind the RUDP socket to ``host`` (same port if free); answer with media_bound."""
+
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """REGISTER at the registrar for ``expires`` seconds (0: remove our contact)."""
+
+    expires: int
+
+
+@dataclass(frozen=True, slots=True)
+class Invite:
+    """INVITE the broker with ``offer`` (a new dialog)."""
+
+    offer: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reinvite:
+    """Re-INVITE the current dialog with ``offer``."""
+
+    offer: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MoveSip:
+    """Move the SIP UA to ``host`` (new sockets, REGISTER the new contact)."""
+
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """End the current dialog."""
+
+
+SipCommand = Register | Invite | Reinvite | MoveSip | Bye
+Command = SendFrame | AttachMedia | Rebind | SipCommand
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SipOutcome:
+    """What the glue reports for a SIP command: ``status`` 2xx or the failure.
+
+    ``status`` None: no answer at all (timeout, socket error); ``body``: the answer's SDP;
+    ``call_id``: the dialog's; ``local_addr``: the UA's address after the command;
+    ``contacts``: the other contacts the registrar listed for our AOR.
+    """
+
+    status: int | None
+    reason: str = ""
+    body: bytes = b""
+    call_id: str | None = None
+    local_addr: Address | None = None
+    contacts: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+# ------------------------------------------------------------------ events out
+
+
+@dataclass(frozen=True, slots=True)
+class ChurnRecord:
+    """A churn log event (docs/protocol.md §8) with its fields."""
+
+    event: Event
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A notification handed to the applications (already durable)."""
+
+    record: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDone:
+    """The broker answered request ``req`` (``frame``; an ``error`` frame too)."""
+
+    req: int
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """Request ``req`` will get no answer (timeout, connection lost, closed)."""
+
+    req: int
+    error: AgentError
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """A failure a user must act on (logged at once, shown by ``status``).
+
+    ``kind``: ``auth`` (401/403), ``unreachable``, ``refused``, ``key``, ``duplicate_aor``,
+    ``state``, ``store_replaced``.
+    """
+
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreReplaced:
+    """The broker's store is a new one: gate restarted, subscriptions sent again."""
+
+    old: str | None
+    new: str
+    restored: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanged:
+    state: State
     status: Status
-    sip_addr: str
-    media_addr: str
-    broker_media_addr: str | None
-    call_id: str | None
-    registered: bool
-    highest_nseq: int
-    buffered: int
-    inbox: int
-    listeners: int
-    subscriptions: int
-    last_error: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "aor": self.aor,
-            "node": self.node,
-            "status": str(self.status),
-            "sip_addr": self.sip_addr,
-            "media_addr": self.media_addr,
-            "broker_media_addr": self.broker_media_addr,
-            "call_id": self.call_id,
-            "registered": self.registered,
-            "highest_nseq": self.highest_nseq,
-            "buffered": self.buffered,
-            "inbox": self.inbox,
-            "listeners": self.listeners,
-            "subscriptions": self.subscriptions,
-            "last_error": self.last_error,
-        }
+
+@dataclass(frozen=True, slots=True)
+class LimitNotice:
+    """The broker told us of a usage limit (``limit`` frame, issue 13); kept in
+    :attr:`AgentCore.limits`."""
+
+    frame: LimitReached
+
+
+CoreEvent = (
+    ChurnRecord
+    | Delivered
+    | RequestDone
+    | RequestFailed
+    | Alert
+    | StoreReplaced
+    | StateChanged
+    | LimitNotice
+)
+Sink = Callable[[CoreEvent], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PubResult:
-    """How a publish ended: ``published`` (the broker's ``pub-ok``) or ``buffered``."""
+class AgentFiles:
+    """The durable state the core works on (files in ``state_dir``, opened by the glue)."""
 
-    msg_id: str
-    state: str
-    matched: int | None = None
+    inbox: Inbox
+    nseq: NseqState
+    outbox: Outbox
+    subs: SubsRecord
 
 
-def _hostport(addr: tuple[str, int]) -> str:
+@dataclass(slots=True)
+class _Pending:
+    frame: Sub | Unsub | List | Pub | Calendar
+    deadline: float
+    probe: bool = False
+    restore: KnownSub | None = None
+
+
+@dataclass(slots=True)
+class Counters:
+    """What ``status`` shows about failures since start (never reset by a success)."""
+
+    attempts: int = 0
+    failed_attempts: int = 0
+    auth_failures: int = 0
+    requests_timed_out: int = 0
+    store_replacements: int = 0
+    alerts: dict[str, int] = field(default_factory=dict)
+
+
+def hostport(addr: Address) -> str:
     host, port = addr
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -173,274 +344,684 @@ def notification_record(n: Notify) -> dict[str, Any]:
     return record
 
 
-async def _refuse(req: IncomingRequest) -> Reply:
-    # The broker never calls us; an INVITE from anyone gets 488, the rest 405.
-    return Reply(488 if req.request.method == "INVITE" else 405)
-
-
-class Agent:
-    """The device agent. Build, :meth:`start`, use, :meth:`close`."""
+class AgentCore:
+    """The agent's state machine; see the module docstring."""
 
     def __init__(
         self,
         config: AgentConfig,
+        files: AgentFiles,
+        sink: Sink,
         *,
-        clock: Callable[[], float] = time.time,
-        random_bytes: Callable[[int], bytes] = secrets.token_bytes,
-        jitter: Callable[[], float] = _random.random,
-        address_source: AddressSource | None = None,
+        random_bytes: Callable[[int], bytes],
+        jitter: Callable[[], float],
         response_timeout: float = RESPONSE_TIMEOUT,
-        sms_gateway: SmsGateway | None = None,
+        sip_addr: Address,
+        media_addr: Address,
     ) -> None:
         self.config = config
-        # With [sms] enabled: the phone's SMS gateway (required then; see agent/sms.py).
-        self.sms_gateway = sms_gateway
-        self.sms: SmsInbox | None = None
-        self.clock = clock
+        self.files = files
+        self.sink = sink
         self.random_bytes = random_bytes
         self.response_timeout = response_timeout
         self.backoff = Backoff(config.reconnect, jitter)
-        self.address_source = address_source
-        self.status_value = Status.DISCONNECTED
-        self.subscriptions: tuple[SubInfo, ...] = ()
+        self.state = State.IDLE
+        self.sip_addr = sip_addr
+        self.media_addr = media_addr
+        self.broker_media: Address | None = None
+        self.registered = False
+        self.call_id: str | None = None  # the current dialog's, None without one
         self.last_error: str | None = None
-        self.events: list[dict[str, Any]] = []  # churn records written, for tests and demo
-        self._changed = asyncio.Event()
-        self._need = asyncio.Event()
-        self._connected = asyncio.Event()
-        self._lock = asyncio.Lock()  # one SIP operation at a time (connect, move)
-        self._flush_lock = asyncio.Lock()
-        self._pending: dict[int, asyncio.Future[Frame]] = {}
-        self._req = 0
-        self._listeners: set[asyncio.Queue[dict[str, Any]]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._reader: asyncio.Task[None] | None = None
-        self._peer: RudpPeer | None = None
-        self._key: bytes | None = None
-        self._dialog: Dialog | None = None
-        self._broker_media: tuple[str, int] | None = None
-        self._version = 0
+        self.counters = Counters()
+        self.retry_at: float | None = None
+        self._key: bytes | None = None  # the RUDP session secret (rudp.keys)
+        self._kx: KeyExchange | None = None  # our exchange; its public value is offered
+        self._fresh_kx = False  # the offer in flight carries a new value: the answer must too
+        self._offered = b""  # the offer in flight (the key agreement binds both bodies)
         self._rekey = False
+        self.limits: list[LimitReached] = []  # usage limits the broker told us of (issue 13)
+        self._version = 0
         self._sess_id = str(int.from_bytes(random_bytes(4), "big"))
         self._user = config.aor.split(":", 1)[1].split("@", 1)[0]
-        self._monitor: PollingIpMonitor | None = None
-        self._closed = False
-        self._outage_since: float | None = None  # when the current outage or move began
-        self.churn: ChurnLog | None = None
-        self.ua: UserAgent | None = None
-        self.endpoint: RudpEndpoint | None = None
-        self.nseq: NseqState | None = None
-        self.inbox: Inbox | None = None
-        self.outbox: Outbox | None = None
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def start(self) -> None:
-        """Open the state files, bind SIP and RUDP, and start connecting.
-
-        Returns once bound; the session comes up in the background (:meth:`wait_connected`).
-        Raises :class:`StateError` (state files), :class:`OSError` (binding),
-        :class:`~mdeci.errors.ChurnLogError`.
-        """
-        cfg = self.config
-        try:
-            cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StateError(f"cannot create state_dir {cfg.state_dir}: {exc.strerror}") from exc
-        self.inbox = Inbox(cfg.state_dir / INBOX_FILE)
-        self.nseq = NseqState(cfg.state_dir / NSEQ_FILE, floor=self.inbox.last_nseq)
-        self.outbox = Outbox(cfg.state_dir / OUTBOX_FILE)
-        if cfg.sms.enabled:
-            self.nseq.gate = windowed_gate(self.nseq.path, self.nseq.highest, cfg.sms.window)
-        self.churn = ChurnLog(
-            cfg.churnlog.path, cfg.node, self.clock, cfg.churnlog.max_bytes, cfg.churnlog.backups
-        )
-        timers = TimerConfig(t1=cfg.sip.t1, t2=cfg.sip.t2, t4=cfg.sip.t4)
-        ua_config = UaConfig(
-            aor=cfg.aor, password=cfg.password, timers=timers, tcp="tcp" in cfg.sip.transports
-        )
-        self.ua = UserAgent(ua_config, _refuse, random=self.random_bytes)
-        await self.ua.start(cfg.sip.host, cfg.sip.port)
-        self.endpoint = await RudpEndpoint.open(cfg.media.host, cfg.media.port, config=cfg.rudp)
-        self._spawn(self._supervise())
-        self._spawn(self._watch_dialogs())
-        self._monitor = make_monitor(cfg.ip_monitor, cfg.sip.host, self.address_source)
-        if self._monitor is not None:
-            self._spawn(self._monitor.run(self._on_ip_change))
-        if cfg.sms.enabled:
-            if self.sms_gateway is None or cfg.msisdn is None:
-                raise AgentError("[sms] enabled needs msisdn and an SMS gateway")
-            self.sms = SmsInbox(
-                cfg.msisdn, cfg.sms.broker_number, self.sms_gateway, self._on_sms_frame
-            )
-            await self.sms.start()
-        self._need.set()
-
-    async def close(self, *, clean: bool = True) -> None:
-        """Stop. ``clean``: BYE the session and unREGISTER first (best effort)."""
-        if self._closed:
-            return
-        self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._stop_reader()
-        ua = self.ua
-        if ua is not None:
-            if clean:
-                await self._hang_up(ua)
-            await ua.close()
-        self._fail_pending(NotConnected("the agent is shutting down"))
-        if self.sms is not None:
-            await self.sms.close()
-        if self.endpoint is not None:
-            await self.endpoint.close()
-        for f in (self.inbox, self.outbox):
-            if f is not None:
-                f.close()
-        if self.churn is not None:
-            self.churn.close()
-
-    async def _hang_up(self, ua: UserAgent) -> None:
-        dialog = self._dialog
-        if dialog is not None and dialog.id in ua.dialogs:
-            with contextlib.suppress(SipError, OSError, TimeoutError):
-                await asyncio.wait_for(ua.bye(dialog), BYE_TIMEOUT)
-                self._log(Event.SESSION_ENDED, call_id=dialog.call_id, reason="agent shutdown")
-        if ua.registered_for:
-            with contextlib.suppress(SipError, OSError, TimeoutError):
-                await asyncio.wait_for(ua.unregister(), BYE_TIMEOUT)
-                self._log(Event.UNREGISTERED, addr=_hostport(ua.local_addr))
-
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        self._commands: deque[Command] = deque()
+        self._sip_busy: SipCommand | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._req = 0
+        self._connected = False
+        self._outage_since: float | None = None
+        self._move_to: str | None = None  # an address change waiting for the SIP command
+        self._moving_from: Address | None = None
+        self._restore_subs = False
+        self._slow_at: float | None = None  # when a pending attempt counts as slow
 
     # ------------------------------------------------------------------ observing
 
     @property
+    def status(self) -> Status:
+        return Status.CONNECTED if self._connected else Status.DISCONNECTED
+
+    @property
     def connected(self) -> bool:
-        return self.status_value is Status.CONNECTED
+        return self._connected
 
-    async def wait_connected(self) -> None:
-        """Return once the session is CONNECTED."""
-        await self._connected.wait()
-
-    async def wait_event(self, event: str, count: int = 1, **match: object) -> dict[str, Any]:
-        """The ``count``-th churn record named ``event`` (whose fields equal ``match``)."""
-        while True:
-            found = [
-                r
-                for r in self.events
-                if r["event"] == event and all(r.get(k) == v for k, v in match.items())
-            ]
-            if len(found) >= count:
-                return found[count - 1]
-            self._changed.clear()
-            await self._changed.wait()
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        """Return once ``predicate()`` holds; checked after each churn event or pub-ok."""
-        while not predicate():
-            self._changed.clear()
-            await self._changed.wait()
-
-    def status(self) -> AgentStatus:
-        """A snapshot for ``mdeci status``."""
-        assert self.ua is not None and self.endpoint is not None
-        assert self.nseq is not None and self.outbox is not None and self.inbox is not None
-        return AgentStatus(
-            aor=self.config.aor,
-            node=self.config.node,
-            status=self.status_value,
-            sip_addr=_hostport(self.ua.local_addr),
-            media_addr=_hostport(self.endpoint.local_addr),
-            broker_media_addr=None if self._broker_media is None else _hostport(self._broker_media),
-            call_id=None if self._dialog is None else self._dialog.call_id,
-            registered=self.ua.registered_for > 0,
-            highest_nseq=self.nseq.highest,
-            buffered=len(self.outbox),
-            inbox=len(self.inbox.records),
-            listeners=len(self._listeners),
-            subscriptions=len(self.subscriptions),
-            last_error=self.last_error,
+    @property
+    def subscriptions(self) -> tuple[SubInfo, ...]:
+        return tuple(
+            SubInfo(sub_id=s.sub_id, subject=s.subject, filter=s.filter, expires_at=s.expires_at)
+            for s in self.files.subs.items
         )
 
-    def _restore_latency(self) -> dict[str, float]:
-        """``latency_ms`` for a restore event: time since the outage or move began."""
-        since, self._outage_since = self._outage_since, None
-        return {} if since is None else {"latency_ms": round((self.clock() - since) * 1000, 3)}
+    @property
+    def store_id(self) -> str | None:
+        return self.files.nseq.store_id
+
+    def next_command(self) -> Command | None:
+        return self._commands.popleft() if self._commands else None
+
+    def get_timer(self) -> float | None:
+        """When :meth:`handle_timer` must run next (None: nothing scheduled)."""
+        times = [p.deadline for p in self._pending.values()]
+        if self.retry_at is not None:
+            times.append(self.retry_at)
+        if self._slow_at is not None:
+            times.append(self._slow_at)
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ helpers
+
+    def _emit(self, event: CoreEvent) -> None:
+        self.sink(event)
 
     def _log(self, event: Event, **fields: Any) -> None:
-        record: dict[str, Any] = {"event": str(event), "uri": self.config.aor, **fields}
-        if self.churn is not None:
+        self.sink(ChurnRecord(event, fields))
+
+    def _alert(self, kind: str, message: str) -> None:
+        self.last_error = message
+        self.counters.alerts[kind] = self.counters.alerts.get(kind, 0) + 1
+        self.sink(Alert(kind, message))
+
+    def _set_state(self, state: State) -> None:
+        if state is not self.state:
+            self.state = state
+            self.sink(StateChanged(state, self.status))
+
+    def _sip(self, command: SipCommand, now: float | None = None) -> None:
+        assert self._sip_busy is None, "one SIP command at a time"
+        self._sip_busy = command
+        self._commands.append(command)
+        if now is not None and not self._connected:
+            # SIP gives up only after 64*T1 (32 s by default): say earlier that the other
+            # side does not answer (the attempt goes on).
+            self._slow_at = now + self.config.reconnect.warn_after
+
+    def _send(self, frame: Frame) -> None:
+        self._commands.append(SendFrame(encode(frame)))
+
+    def _next_req(self) -> int:
+        self._req += 1
+        return self._req
+
+    def _offer(self, *, new_keys: bool = False) -> bytes:
+        """Our next offer; ``new_keys``: with a fresh key exchange (a new session, or a
+        re-key after the media failed)."""
+        if new_keys or self._kx is None:
+            self._kx = new_key_exchange(self.random_bytes)
+            self._fresh_kx = True
+        else:
+            self._fresh_kx = False
+        self._version += 1
+        self._offered = session_offer(
+            self._user,
+            self._sess_id,
+            self._version,
+            self.media_addr,
+            self._kx.public,
+            self.config.msisdn,
+        )
+        return self._offered
+
+    def _agree(self, answer: Answer, body: bytes) -> str | None:
+        """Take the keys of the broker's ``answer``: None, or why it gives none."""
+        if answer.public is None:
+            if self._fresh_kx or self._key is None:
+                return "the broker's answer has no a=mdeci-kx"
+            return None  # a re-INVITE keeping the keys
+        assert self._kx is not None
+        domain = self.config.broker.aor.rsplit("@", 1)[1]
+        realm = self.config.broker.realm or domain
+        psk = session_psk(self._user, realm, self.config.password)
+        try:
+            self._key = agree(self._kx, answer.public, psk, self._offered, body)
+        except KeyAgreementError as exc:
+            return str(exc)
+        return None
+
+    def _restore_latency(self, now: float) -> dict[str, float]:
+        since, self._outage_since = self._outage_since, None
+        return {} if since is None else {"latency_ms": round((now - since) * 1000, 3)}
+
+    # ------------------------------------------------------------------ session
+
+    def start(self, now: float) -> None:
+        """Begin: REGISTER, then INVITE."""
+        if self.state is State.IDLE:
+            self._attempt(now)
+
+    def _attempt(self, now: float) -> None:
+        """One attempt to reach the broker: REGISTER if needed, else (re-)INVITE."""
+        if self._sip_busy is not None or self.state in (State.CLOSING, State.CLOSED):
+            return
+        self.retry_at = None
+        self.counters.attempts += 1
+        if self._move_to is not None:
+            self._begin_move(now)
+        elif not self.registered:
+            self._set_state(State.REGISTERING)
+            self._sip(Register(self.config.registrar.expires), now)
+        else:
+            self._invite(now)
+
+    def _invite(self, now: float | None = None) -> None:
+        self._set_state(State.INVITING)
+        if self.call_id is not None:
+            # A dialog without keys (its agreement failed) is re-keyed in place. After a
+            # media failure a restarted broker may hold our old key with a new
+            # RUDP incarnation we would refuse (docs/rudp.md §2 step 6); new keys give
+            # both sides a fresh association.
+            self._sip(Reinvite(self._offer(new_keys=self._rekey or self._key is None)), now)
+        else:
+            self._sip(Invite(self._offer(new_keys=True)), now)
+
+    def _fail(self, now: float, kind: str, message: str) -> None:
+        """An attempt failed: alert, then wait a jittered back-off before the next one."""
+        self.counters.failed_attempts += 1
+        self._alert(kind, message)
+        if self.state in (State.CLOSING, State.CLOSED):
+            return
+        self._set_state(State.BACKOFF)
+        self.retry_at = now + self.backoff.next_delay()
+
+    def sip_done(self, now: float, command: SipCommand, outcome: SipOutcome) -> None:
+        """The outcome of the SIP command :meth:`next_command` gave."""
+        if command != self._sip_busy:
+            return  # not ours (e.g. a late outcome after close)
+        self._sip_busy = None
+        self._slow_at = None
+        if outcome.local_addr is not None:
+            self.sip_addr = outcome.local_addr
+        if self.state is State.CLOSING:
+            self._close_step(now, command, outcome)
+            return
+        if isinstance(command, Register):
+            self._registered(now, outcome)
+        elif isinstance(command, Invite | Reinvite):
+            self._answered(now, command, outcome)
+        elif isinstance(command, MoveSip):
+            self._sip_moved(now, outcome)
+        if self._sip_busy is None and self._move_to is not None and self.state is not State.BACKOFF:
+            self._begin_move(now)
+
+    def _registered(self, now: float, outcome: SipOutcome) -> None:
+        if not outcome.ok:
+            self.registered = False
+            if outcome.status in (401, 403):
+                self.counters.auth_failures += 1
+                self._fail(
+                    now,
+                    "auth",
+                    f"registrar refused our credentials ({outcome.status} {outcome.reason}): "
+                    "check aor and password",
+                )
+            elif outcome.status is None or outcome.status == 408:
+                self._fail(now, "unreachable", f"registrar unreachable: {outcome.reason}")
+            else:
+                self._fail(now, "refused", f"REGISTER refused: {outcome.status} {outcome.reason}")
+            return
+        self.registered = True
+        self._log(Event.REGISTERED, addr=hostport(self.sip_addr))
+        if self._move_to is not None:
+            self._begin_move(now)  # then REGISTER again there and INVITE
+            return
+        if outcome.contacts:
+            self._alert(
+                "duplicate_aor",
+                f"another device is registered as {self.config.aor}: "
+                + ", ".join(outcome.contacts[:3]),
+            )
+        self._invite(now)
+
+    def _answered(self, now: float, command: Invite | Reinvite, outcome: SipOutcome) -> None:
+        if not outcome.ok:
+            self._lose(now, f"{type(command).__name__.upper()} failed: {outcome.status}")
+            if isinstance(command, Reinvite) and outcome.status in (408, 481):
+                # RFC 3261 §12.2.1.2: 481 and 408 end the dialog; start a new session.
+                self.call_id = None
+                if outcome.status == 481:
+                    self._invite(now)
+                    return
+            if outcome.status in (401, 403):
+                self.counters.auth_failures += 1
+                self._fail(now, "auth", f"broker refused our credentials ({outcome.status})")
+            elif outcome.status is None or outcome.status == 408:
+                self._fail(now, "unreachable", f"broker unreachable: {outcome.reason}")
+            elif outcome.status == 488:
+                self._fail(now, "key", f"broker refused our session offer: {outcome.reason}")
+            else:
+                self._fail(
+                    now,
+                    "refused",
+                    f"{type(command).__name__.upper()} refused: {outcome.status} {outcome.reason}",
+                )
+            return
+        try:
+            answer = read_answer(outcome.body)
+        except SdpError as exc:
+            self._fail(now, "key", f"unreadable answer from the broker: {exc}")
+            return
+        first = isinstance(command, Invite)
+        if outcome.call_id is not None:
+            self.call_id = outcome.call_id
+        refused = self._agree(answer, outcome.body)
+        if refused is not None:
+            # Fail closed: no media on keys we could not agree; the next attempt
+            # offers a new value.
+            self._lose(now, refused)
+            self._rekey = True
+            self._fail(now, "key", refused)
+            return
+        self._rekey = False
+        self._attach(answer)
+        assert self._key is not None
+        self._log(
+            Event.SESSION_STARTED if first else Event.SESSION_REINVITED,
+            call_id=self.call_id,
+            addr=hostport(self.media_addr),
+        )
+        if self._check_store(now, answer.store_id):
+            return
+        if self._connected:
+            # A re-INVITE on a live session (after a move): the media path is up.
+            self._log(
+                Event.MEDIA_CONNECTED,
+                call_id=self.call_id,
+                addr=hostport(self.media_addr),
+                channel="ip",
+                **self._restore_latency(now),
+            )
+            self._set_state(State.CONNECTED)
+            return
+        self._set_state(State.PROBING)
+        self._request(now, List(req=self._next_req()), probe=True)
+
+    def _attach(self, answer: Answer) -> None:
+        assert self._key is not None
+        self.broker_media = answer.media
+        self._commands.append(AttachMedia(self._key, answer.media))
+
+    def _check_store(self, now: float, store_id: str | None) -> bool:
+        """Handle a new store incarnation; True when the attempt failed on the way."""
+        nseq = self.files.nseq
+        if store_id is None or store_id == nseq.store_id:
+            return False
+        old = nseq.store_id
+        if old is None and nseq.highest == 0:
+            # A first session: nothing delivered yet under another store.
             try:
-                record = self.churn.write(event, uri=self.config.aor, **fields)
-            except ChurnLogError as exc:
-                self.last_error = str(exc)
-        self.events.append(record)
-        self._changed.set()
+                nseq.restart(store_id, self.config.sms.window if self.config.sms.enabled else 0)
+            except StateError as exc:
+                self._fail(now, "state", str(exc))
+                return True
+            return False
+        try:
+            self.files.inbox.archive(f"{old or 'unknown'}-{int(now)}")
+            nseq.restart(store_id, self.config.sms.window if self.config.sms.enabled else 0)
+        except StateError as exc:
+            self._fail(now, "state", str(exc))
+            return True
+        self.counters.store_replacements += 1
+        self._restore_subs = True
+        self._alert(
+            "store_replaced",
+            f"the broker's store changed ({old or 'unknown'} -> {store_id}): delivery "
+            "numbering restarted, subscriptions will be restored",
+        )
+        if self._connected:
+            self._restore(now)
+        return False
+
+    def _sip_moved(self, now: float, outcome: SipOutcome) -> None:
+        prev = self._moving_from or self.sip_addr
+        self._moving_from = None
+        self._log(Event.IP_CHANGED, addr=hostport(self.sip_addr), prev_addr=hostport(prev))
+        if not outcome.ok:
+            self.registered = False
+            self._lose(now, f"REGISTER after move: {outcome.status} {outcome.reason}")
+            self._fail(now, "unreachable", f"REGISTER after move failed: {outcome.reason}")
+            return
+        if self.registered:
+            self._log(Event.REGISTERED, addr=hostport(self.sip_addr))
+        if self.call_id is not None and self._key is not None:
+            self._set_state(State.MOVING)
+            self._sip(Reinvite(self._offer()))
+        else:
+            self._attempt(now)
+
+    def _lose(self, now: float, reason: str) -> None:
+        """The media session is gone (DISCONNECTED)."""
+        if not self._connected:
+            return
+        self._connected = False
+        self.last_error = reason
+        self._rekey = True
+        self._outage_since = now
+        self._log(Event.MEDIA_DISCONNECTED, reason=reason, channel="ip")
+        self._fail_pending(NotConnected(reason))
+        self.sink(StateChanged(self.state, self.status))
+
+    def _fail_pending(self, error: AgentError) -> None:
+        pending, self._pending = self._pending, {}
+        for req in pending:
+            self.sink(RequestFailed(req, error))
+
+    def peer_lost(self, now: float, reason: str) -> None:
+        """RUDP gave up on the broker (``PeerUnreachable``)."""
+        if self.state in (State.CLOSING, State.CLOSED):
+            return
+        was = self._connected
+        self._lose(now, reason)
+        if self.state is State.PROBING:
+            self._fail_pending(NotConnected(reason))
+            self._rekey = True
+            # Nothing authenticates a frame but the agreed secret: a probe that gets
+            # nothing back may as well mean the exchange was altered on the path.
+            self._fail(now, "unreachable", f"{NO_AUTHENTIC_ANSWER} ({reason})")
+        elif was and self._sip_busy is None:
+            self._attempt(now)
+
+    def bye_received(self, now: float) -> None:
+        """The broker ended our dialog."""
+        if self.call_id is None or self.state in (State.CLOSING, State.CLOSED):
+            return
+        self._log(Event.SESSION_ENDED, call_id=self.call_id, reason="bye from broker")
+        self.call_id = None
+        self._lose(now, "session ended by the broker")
+        if self._sip_busy is None and self.state is not State.BACKOFF:
+            self._attempt(now)
+
+    # ------------------------------------------------------------------ mobility
+
+    def address_changed(self, now: float, host: str) -> None:
+        """Our address is now ``host`` (IP monitor, or ``mdeci move``)."""
+        if self.state in (State.CLOSING, State.CLOSED) or host == self.sip_addr[0]:
+            return
+        self._move_to = host
+        if self._sip_busy is None:
+            self._begin_move(now)
+
+    def _begin_move(self, now: float) -> None:
+        host, self._move_to = self._move_to, None
+        assert host is not None
+        self.retry_at = None
+        if self._connected:
+            self._outage_since = self._outage_since or now
+        self._moving_from = self.sip_addr
+        self._set_state(State.MOVING)
+        self._commands.append(Rebind(host))
+        self._sip(MoveSip(host))
+
+    def media_bound(self, now: float, addr: Address) -> None:
+        """The RUDP socket's address (after :class:`Rebind`)."""
+        self.media_addr = addr
+
+    # ------------------------------------------------------------------ timers
+
+    def handle_timer(self, now: float) -> None:
+        if self._slow_at is not None and now >= self._slow_at:
+            self._slow_at = None
+            busy = self._sip_busy
+            if busy is not None and not self._connected:
+                where = self.config.registrar if isinstance(busy, Register) else self.config.broker
+                self._alert(
+                    "unreachable",
+                    f"no answer to {type(busy).__name__.upper()} from {where.address} "
+                    f"after {self.config.reconnect.warn_after:g} s (still trying)",
+                )
+        for req, pending in list(self._pending.items()):
+            if pending.deadline <= now:
+                del self._pending[req]
+                self.counters.requests_timed_out += 1
+                error = NotConnected(f"no answer from the broker to {pending.frame.op}")
+                self.sink(RequestFailed(req, error))
+                if pending.probe:
+                    # Nothing authenticates a frame but the agreed secret: no answer may
+                    # as well mean the exchange was altered on the path.
+                    self._rekey = True
+                    self._fail(now, "unreachable", NO_AUTHENTIC_ANSWER)
+        if self.retry_at is not None and now >= self.retry_at and self.state is State.BACKOFF:
+            self._attempt(now)
+
+    # ------------------------------------------------------------------ frames
+
+    def _request(
+        self,
+        now: float,
+        frame: Sub | Unsub | List | Pub | Calendar,
+        *,
+        probe: bool = False,
+        restore: KnownSub | None = None,
+    ) -> int:
+        self._pending[frame.req] = _Pending(
+            frame, now + self.response_timeout, probe=probe, restore=restore
+        )
+        self._send(frame)
+        return frame.req
+
+    def frame_received(self, now: float, data: bytes) -> None:
+        """A frame from the broker over RUDP; a malformed one is dropped."""
+        try:
+            frame = decode(data)
+        except FrameError:
+            return
+        if isinstance(frame, Notify):
+            self._on_notify(now, frame, "ip")
+        elif isinstance(frame, LimitReached):
+            self.limits.append(frame)
+            self.sink(LimitNotice(frame))
+        elif isinstance(frame, SubOk | Subs | PubOk | Error | CalendarOk) and frame.req is not None:
+            pending = self._pending.pop(frame.req, None)
+            if pending is not None:
+                self._answered_request(now, frame, pending)
+
+    def frame_by_sms(self, now: float, data: bytes) -> None:
+        """The SMS channel's hook: a frame from the broker's number (already acked)."""
+        try:
+            frame = decode(data)
+        except FrameError:
+            return
+        nseq = frame.nseq if isinstance(frame, Notify) else None
+        self._log(Event.SMS_RECEIVED, nseq=nseq, channel="sms", bytes=len(data))
+        if isinstance(frame, Notify):
+            self._on_notify(now, frame, "sms")
+
+    def _on_notify(self, now: float, n: Notify, channel: str) -> None:
+        files = self.files
+        if files.nseq.gate.accept(n.nseq):
+            record = notification_record(n)
+            try:
+                files.inbox.append(record)  # the applications have it...
+                files.nseq.save()  # ...and it is never handed over again
+            except StateError as exc:
+                # Not durable: do not ack, the broker sends it again.
+                self._alert("state", str(exc))
+                return
+            self.sink(Delivered(record))
+            latency = max(0.0, (now - n.published_at) * 1000.0)
+            self._log(Event.NOTIFY_DELIVERED, nseq=n.nseq, channel=channel, latency_ms=latency)
+        if channel == "ip":
+            # Up to this nseq, not the gate's highest: the highest may have come by SMS
+            # while older ones still wait for IP, and the broker's ack is cumulative.
+            self._send(Ack(upto=n.nseq))
+
+    def _answered_request(self, now: float, frame: Frame, pending: _Pending) -> None:
+        sent = pending.frame
+        if pending.probe:
+            if isinstance(frame, Subs):
+                self._remember(frame.items)
+                self._connected_now(now)
+            else:
+                self._rekey = True
+                self._fail(now, "refused", f"the broker refused our probe: {frame}")
+            return
+        if isinstance(sent, Pub):
+            if isinstance(frame, PubOk) or (isinstance(frame, Error) and frame.code < 500):
+                # Accepted, or never acceptable: either way not to be sent again.
+                try:
+                    self.files.outbox.done(sent.msg_id)
+                except StateError as exc:
+                    self._alert("state", str(exc))
+        elif isinstance(sent, Sub) and isinstance(frame, SubOk):
+            known = KnownSub(
+                sub_id=frame.sub_id,
+                subject=sent.subject,
+                filter=sent.filter,
+                expires_at=frame.expires_at,
+            )
+            old = pending.restore.sub_id if pending.restore is not None else None
+            items = tuple(s for s in self.files.subs.items if s.sub_id not in (old, frame.sub_id))
+            self._remember_known((*items, known))
+        elif isinstance(sent, Unsub) and not isinstance(frame, Error):
+            self._remember_known(tuple(s for s in self.files.subs.items if s.sub_id != sent.sub_id))
+        elif isinstance(sent, List) and isinstance(frame, Subs):
+            self._remember(frame.items)
+        if pending.restore is None:
+            self.sink(RequestDone(sent.req, frame))
+
+    def _remember(self, items: tuple[SubInfo, ...]) -> None:
+        if self._restore_subs:
+            return  # the broker's list is empty until we restored ours
+        self._remember_known(
+            tuple(
+                KnownSub(
+                    sub_id=s.sub_id, subject=s.subject, filter=s.filter, expires_at=s.expires_at
+                )
+                for s in items
+            )
+        )
+
+    def _remember_known(self, items: tuple[KnownSub, ...]) -> None:
+        try:
+            self.files.subs.replace(items)
+        except StateError as exc:
+            self._alert("state", str(exc))
+
+    def _connected_now(self, now: float) -> None:
+        # What went wrong before stays counted (counters.alerts) and logged; it is no
+        # longer the current state.
+        self.last_error = None
+        self._connected = True
+        self.backoff.reset()
+        self._set_state(State.CONNECTED)
+        self._log(
+            Event.MEDIA_CONNECTED,
+            call_id=self.call_id,
+            addr=hostport(self.media_addr),
+            channel="ip",
+            **self._restore_latency(now),
+        )
+        if self._restore_subs:
+            self._restore(now)
+        self._flush(now)
+
+    def _restore(self, now: float) -> None:
+        """Send our recorded subscriptions again (a new broker store has none of them)."""
+        self._restore_subs = False
+        restored = 0
+        for known in self.files.subs.items:
+            ttl = int(known.expires_at - now)
+            if ttl <= 0:
+                continue
+            frame = Sub(req=self._next_req(), subject=known.subject, filter=known.filter, ttl=ttl)
+            self._request(now, frame, restore=known)
+            restored += 1
+        self._remember_known(tuple(s for s in self.files.subs.items if s.expires_at > now))
+        self.sink(StoreReplaced(old=None, new=self.files.nseq.store_id or "", restored=restored))
+
+    def _flush(self, now: float) -> None:
+        """Send the buffered publishes again, oldest first, with their msg_id."""
+        waiting = {p.frame.msg_id for p in self._pending.values() if isinstance(p.frame, Pub)}
+        for pub in self.files.outbox.pending():
+            if pub.msg_id not in waiting:
+                self._send_pub(now, pub)
+
+    def _send_pub(self, now: float, pub: OutgoingPub) -> int:
+        frame = Pub(
+            req=self._next_req(),
+            msg_id=pub.msg_id,
+            subject=pub.subject,
+            attrs=pub.attrs,
+            payload=pub.payload,
+            urgent=pub.urgent,
+        )
+        return self._request(now, frame)
 
     # ------------------------------------------------------------------ applications
 
-    def listen(self) -> asyncio.Queue[dict[str, Any]]:
-        """A queue that receives every notification handed over from now on."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._listeners.add(queue)
-        return queue
+    def _need_connection(self) -> None:
+        if not self._connected:
+            raise NotConnected("not connected to the broker (requests are refused)")
 
-    def unlisten(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
-        self._listeners.discard(queue)
-
-    def delivered_since(self, nseq: int) -> list[dict[str, Any]]:
-        """Notifications kept in the inbox with ``nseq >= nseq``."""
-        assert self.inbox is not None
-        return self.inbox.since(nseq)
-
-    async def subscribe(self, subject: str, filter: str = "", ttl: int | None = None) -> SubOk:
-        """Subscribe. Raises :class:`NotConnected`, :class:`BrokerRefused`,
-        :class:`~mdeci.errors.FrameError` (bad subject)."""
-        reply = await self._request(
-            Sub(req=self._next_req(), subject=subject, filter=filter, ttl=ttl)
-        )
-        if not isinstance(reply, SubOk):
-            raise AgentError(f"unexpected answer {reply.op!r} to sub")
-        with contextlib.suppress(AgentError):
-            await self.list_subscriptions()
-        return reply
-
-    async def unsubscribe(self, sub_id: str) -> None:
-        """Cancel ``sub_id``. Raises :class:`NotConnected`, :class:`BrokerRefused`."""
-        await self._request(Unsub(req=self._next_req(), sub_id=sub_id))
-        self.subscriptions = tuple(s for s in self.subscriptions if s.sub_id != sub_id)
-
-    async def list_subscriptions(self) -> tuple[SubInfo, ...]:
-        """Ask the broker for our subscriptions. Raises :class:`NotConnected`."""
-        reply = await self._request(List(req=self._next_req()))
-        if not isinstance(reply, Subs):
-            raise AgentError(f"unexpected answer {reply.op!r} to list")
-        self.subscriptions = reply.items
-        return reply.items
-
-    async def publish(
+    def subscribe(
         self,
+        now: float,
+        subject: str,
+        filter: str = "",
+        ttl: int | None = None,
+        *,
+        qclass: str = "",
+    ) -> int:
+        """Send ``sub`` (``qclass``: the queue class of its notifications, issue 13); its
+        ``req``. Raises :class:`NotConnected`, :class:`FrameError`."""
+        self._need_connection()
+        return self._request(
+            now,
+            Sub(req=self._next_req(), subject=subject, filter=filter, ttl=ttl, qclass=qclass),
+        )
+
+    def send_calendar(
+        self, now: float, rules: Sequence[CalendarRule], utc_offset_minutes: int = 0
+    ) -> int:
+        """Send this device's weekly channel calendar (issue 13); its ``req``. Raises
+        :class:`NotConnected`, :class:`FrameError` (bad rules)."""
+        self._need_connection()
+        frame = Calendar(
+            req=self._next_req(), rules=tuple(rules), utc_offset_minutes=utc_offset_minutes
+        )
+        return self._request(now, frame)
+
+    def unsubscribe(self, now: float, sub_id: str) -> int:
+        """Send ``unsub``; its ``req``. Raises :class:`NotConnected`, :class:`FrameError`."""
+        self._need_connection()
+        return self._request(now, Unsub(req=self._next_req(), sub_id=sub_id))
+
+    def list(self, now: float) -> int:
+        """Send ``list``; its ``req``. Raises :class:`NotConnected`."""
+        self._need_connection()
+        return self._request(now, List(req=self._next_req()))
+
+    def publish(
+        self,
+        now: float,
         subject: str,
         attrs: Mapping[str, AttrValue] | None = None,
         payload: bytes = b"",
         *,
         urgent: bool = False,
-    ) -> PubResult:
-        """Publish: buffered durably first, then sent if CONNECTED.
+    ) -> tuple[str, int | None]:
+        """Buffer durably, then send if CONNECTED: ``(msg_id, req or None)``.
 
-        Returns once the broker's ``pub-ok`` came (``published``) or the publish stays in
-        the buffer (``buffered``: DISCONNECTED, or the send failed). Raises
-        :class:`~mdeci.errors.FrameError` for a bad subject or attributes,
-        :class:`BrokerRefused` if the broker refused it, :class:`StateError`.
+        Raises :class:`~mdeci.errors.FrameError` (bad subject or attributes; nothing
+        stored), :class:`StateError`.
         """
-        assert self.outbox is not None
         msg_id = self.random_bytes(16).hex()
         frame = Pub(
             req=0,
@@ -453,343 +1034,41 @@ class Agent:
         pub = OutgoingPub(
             msg_id=msg_id, subject=subject, attrs=frame.attrs, payload=payload, urgent=urgent
         )
-        self.outbox.add(pub)
-        if not self.connected:
-            return PubResult(msg_id=msg_id, state="buffered")
-        try:
-            matched = await self._send_pub(pub)
-        except NotConnected:
-            return PubResult(msg_id=msg_id, state="buffered")
-        return PubResult(msg_id=msg_id, state="published", matched=matched)
+        self.files.outbox.add(pub)
+        if not self._connected:
+            return msg_id, None
+        return msg_id, self._send_pub(now, pub)
 
-    async def _send_pub(self, pub: OutgoingPub) -> int:
-        assert self.outbox is not None
-        try:
-            reply = await self._request(
-                Pub(
-                    req=self._next_req(),
-                    msg_id=pub.msg_id,
-                    subject=pub.subject,
-                    attrs=pub.attrs,
-                    payload=pub.payload,
-                    urgent=pub.urgent,
-                )
-            )
-        except BrokerRefused as exc:
-            if exc.code < 500:
-                self.outbox.done(pub.msg_id)  # it will never be accepted: do not resend
-            raise
-        if not isinstance(reply, PubOk):
-            raise AgentError(f"unexpected answer {reply.op!r} to pub")
-        self.outbox.done(pub.msg_id)
-        self._changed.set()
-        return reply.matched
+    # ------------------------------------------------------------------ shutdown
 
-    async def _flush(self) -> None:
-        """Re-send the buffered publishes, oldest first, with their msg_id."""
-        assert self.outbox is not None
-        async with self._flush_lock:
-            for pub in self.outbox.pending():
-                if not self.connected:
-                    return
-                if pub.msg_id not in self.outbox:
-                    continue
-                try:
-                    await self._send_pub(pub)
-                except NotConnected:
-                    return
-                except AgentError as exc:
-                    self.last_error = str(exc)
-
-    # ------------------------------------------------------------------ frames
-
-    def _next_req(self) -> int:
-        self._req += 1
-        return self._req
-
-    async def _request(self, frame: Sub | Unsub | List | Pub, *, probe: bool = False) -> Frame:
-        if not probe and not self.connected:
-            raise NotConnected("not connected to the broker (requests are refused)")
-        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-        self._pending[frame.req] = future
-        try:
-            await self._send(encode(frame))
-            try:
-                reply = await asyncio.wait_for(asyncio.shield(future), self.response_timeout)
-            except TimeoutError:
-                raise NotConnected(f"no answer from the broker to {frame.op}") from None
-        finally:
-            self._pending.pop(frame.req, None)
-            if future.done() and not future.cancelled():
-                future.exception()  # retrieved: a failure was already raised as NotConnected
-        if isinstance(reply, Error):
-            raise BrokerRefused(reply.code, reply.message)
-        return reply
-
-    async def _send(self, data: bytes) -> None:
-        peer = self._peer
-        if peer is None:
-            raise NotConnected("no media session with the broker")
-        try:
-            await peer.send(data)
-        except PeerUnreachable as exc:
-            self._lost(f"rudp: {exc.reason}")
-            raise NotConnected(f"the broker is unreachable ({exc.reason})") from None
-
-    def _fail_pending(self, exc: Exception) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(exc)
-        self._pending.clear()
-
-    async def _read(self, peer: RudpPeer) -> None:
-        while True:
-            data = await peer.receive()
-            try:
-                frame = decode(data)
-            except FrameError:
-                continue  # a malformed frame from the broker is dropped
-            if isinstance(frame, Notify):
-                self._on_notify(frame)
-            elif isinstance(frame, SubOk | Subs | PubOk | Error):
-                req = frame.req
-                future = self._pending.get(req) if req is not None else None
-                if future is not None and not future.done():
-                    future.set_result(frame)
-
-    def _on_sms_frame(self, data: bytes) -> None:
-        try:
-            frame = decode(data)
-        except FrameError:
+    def close(self, now: float, *, clean: bool = True) -> None:
+        """Stop: with ``clean``, BYE the dialog then unREGISTER (the glue reports each)."""
+        if self.state in (State.CLOSING, State.CLOSED):
             return
-        nseq = frame.nseq if isinstance(frame, Notify) else None
-        self._log(Event.SMS_RECEIVED, nseq=nseq, channel="sms", bytes=len(data))
-        if isinstance(frame, Notify):
-            # The SMS link acknowledged the buffer already; no `ack` frame by SMS.
-            self._on_notify(frame, channel="sms")
+        self._fail_pending(NotConnected("the agent is shutting down"))
+        self.retry_at = None
+        self._move_to = None
+        if self._connected:
+            self._connected = False
+        self._set_state(State.CLOSING)
+        self._sip_busy = None  # an outcome still on its way is ignored
+        if clean and self.call_id is not None:
+            self._sip(Bye())
+        elif clean and self.registered:
+            self._sip(Register(0))
+        else:
+            self._set_state(State.CLOSED)
 
-    def _on_notify(self, n: Notify, channel: str = "ip") -> None:
-        assert self.nseq is not None and self.inbox is not None
-        if self.nseq.gate.accept(n.nseq):
-            record = notification_record(n)
-            try:
-                self.inbox.append(record)  # the applications have it...
-                self.nseq.save()  # ...and it is never handed over again
-            except StateError as exc:
-                # Not durable: do not ack, the broker sends it again.
-                self.last_error = str(exc)
+    def _close_step(self, now: float, command: SipCommand, outcome: SipOutcome) -> None:
+        if isinstance(command, Bye):
+            if outcome.ok:
+                self._log(Event.SESSION_ENDED, call_id=self.call_id, reason="agent shutdown")
+            self.call_id = None
+            if self.registered:
+                self._sip(Register(0))
                 return
-            for queue in list(self._listeners):
-                queue.put_nowait(record)
-            latency = max(0.0, (self.clock() - n.published_at) * 1000.0)
-            self._log(Event.NOTIFY_DELIVERED, nseq=n.nseq, channel=channel, latency_ms=latency)
-        if channel == "ip":
-            # Up to this nseq, not the gate's highest: IP delivers in nseq order, but the
-            # highest may have come by SMS while older notifications still wait for IP,
-            # and the broker's ack is cumulative.
-            self._spawn(self._ack(n.nseq))
-
-    async def _ack(self, upto: int) -> None:
-        with contextlib.suppress(NotConnected):
-            await self._send(encode(Ack(upto=upto)))
-
-    # ------------------------------------------------------------------ connection
-
-    def _lost(self, reason: str) -> None:
-        if self.status_value is not Status.CONNECTED or self._closed:
-            return
-        self.status_value = Status.DISCONNECTED
-        self._connected.clear()
-        self.last_error = reason
-        self._rekey = True
-        self._outage_since = self.clock()
-        self._log(Event.MEDIA_DISCONNECTED, reason=reason, channel="ip")
-        self._fail_pending(NotConnected(reason))
-        self._need.set()
-
-    async def _supervise(self) -> None:
-        while True:
-            await self._need.wait()
-            self._need.clear()
-            try:
-                await self._connect()
-            except (SipError, SdpError, OSError, RudpError, AgentError, FrameError) as exc:
-                self.last_error = f"connect: {exc}"
-                self._need.set()
-                await asyncio.sleep(self.backoff.next_delay())
-                continue
-            self.backoff.reset()
-
-    def _offer(self, host: str, port: int) -> bytes:
-        assert self._key is not None
-        self._version += 1
-        return build_offer(
-            self._user, self._sess_id, self._version, host, port, self._key, self.config.msisdn
-        ).encode()
-
-    async def _connect(self) -> None:
-        ua, endpoint = self.ua, self.endpoint
-        assert ua is not None and endpoint is not None
-        cfg = self.config
-        async with self._lock:
-            if ua.registered_for == 0:
-                registrar = (cfg.registrar.address.host, cfg.registrar.address.port)
-                await ua.register(registrar, cfg.registrar.expires)
-                self._log(Event.REGISTERED, addr=_hostport(ua.local_addr))
-            host, port = endpoint.local_addr
-            answer: bytes | None = None
-            dialog = self._dialog
-            event = Event.SESSION_REINVITED
-            if dialog is not None and dialog.id in ua.dialogs and self._key is not None:
-                if self._rekey:
-                    # The media failed: a restarted broker may hold our old key with a new
-                    # RUDP incarnation we would refuse (docs/rudp.md §2 step 6); a new key
-                    # gives both sides a fresh association.
-                    self._new_key()
-                try:
-                    answer = (await ua.reinvite(dialog, self._offer(host, port))).body
-                except SipRequestFailed as exc:
-                    if exc.status not in (408, 481):
-                        raise
-                    # §12.2.1.2: 481 and 408 end the dialog; start a new session.
-                    ua.dialogs.pop(dialog.id, None)
-                    self._dialog = None
-                    if exc.status == 408:
-                        raise
-            if answer is None:
-                event = Event.SESSION_STARTED
-                self._new_key()
-                broker = (cfg.broker.address.host, cfg.broker.address.port)
-                self._dialog, response = await ua.invite(
-                    cfg.broker.aor, broker, self._offer(host, port)
-                )
-                answer = response.body
-            media = parse_session(answer)
-            self._rekey = False
-            self._attach((media.addr, media.port))
-            assert self._dialog is not None
-            self._log(event, call_id=self._dialog.call_id, addr=_hostport((host, port)))
-            # The probe: a `list` over RUDP proves the media path both ways.
-            reply = await self._request(List(req=self._next_req()), probe=True)
-            if isinstance(reply, Subs):
-                self.subscriptions = reply.items
-            self.status_value = Status.CONNECTED
-            self._connected.set()
-            self._log(
-                Event.MEDIA_CONNECTED,
-                call_id=self._dialog.call_id,
-                addr=_hostport((host, port)),
-                channel="ip",
-                **self._restore_latency(),
-            )
-        self._spawn(self._flush())
-
-    def _new_key(self) -> None:
-        assert self.endpoint is not None
-        self._stop_reader()
-        if self._key is not None:
-            self.endpoint.remove_peer(self._key)
-        self._key = self.random_bytes(KEY_BYTES)
-        self._peer = None
-
-    def _attach(self, media: tuple[str, int]) -> None:
-        assert self.endpoint is not None and self._key is not None
-        self._broker_media = media
-        peer = self._peer
-        if peer is None:
-            peer = self.endpoint.peer(self._key, media)
-            self._peer = peer
-            peer.on_disconnected = lambda exc: self._lost(f"rudp: {exc.reason}")
-            self._reader = asyncio.create_task(self._read(peer))
-        peer.set_address(media)
-        if not peer.connected:
-            peer.reset()
-
-    def _stop_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
-
-    async def _watch_dialogs(self) -> None:
-        assert self.ua is not None
-        while True:
-            event = await self.ua.events.get()
-            dialog = self._dialog
-            if dialog is None or event.dialog.id != dialog.id:
-                continue
-            if isinstance(event, DialogEnded) and event.reason == "bye received":
-                self._log(Event.SESSION_ENDED, call_id=dialog.call_id, reason="bye from broker")
-                self._dialog = None
-                if self.connected:
-                    self._lost("session ended by the broker")
-                else:
-                    self._need.set()
-            elif isinstance(event, DialogRefreshed) and event.body:
-                with contextlib.suppress(SdpError):
-                    media = parse_session(event.body)
-                    if media.key is None:  # an answer: the broker's media address
-                        self._attach((media.addr, media.port))
-
-    # ------------------------------------------------------------------ mobility
-
-    async def _on_ip_change(self, host: str) -> None:
-        with contextlib.suppress(SipError, OSError, AgentError):
-            await self.move_to(host)
-
-    async def move_to(self, host: str) -> None:
-        """Move SIP and RUDP to ``host``: rebind RUDP, then ``UserAgent.move`` (REGISTER
-        + re-INVITE with a new offer). Logs ``ip_changed``. A failed re-INVITE makes the
-        agent DISCONNECTED and the supervisor retries.
-
-        Raises :class:`OSError` when ``host`` cannot be bound.
-        """
-        ua, endpoint = self.ua, self.endpoint
-        assert ua is not None and endpoint is not None
-        async with self._lock:
-            moved_at = self.clock()
-            prev_sip = ua.local_addr
-            _, media_port = endpoint.local_addr
-            try:
-                await endpoint.rebind(host, media_port)
-            except OSError:
-                await endpoint.rebind(host, 0)
-            new_media = endpoint.local_addr
-            if self._monitor is not None:
-                self._monitor.set_host(host)
-            has_session = (
-                self._dialog is not None and self._dialog.id in ua.dialogs and self._key is not None
-            )
-            offer = self._offer(*new_media) if has_session else None
-            try:
-                await ua.move(host, 0, reinvite_body=(lambda _d: offer) if offer else None)
-            except (SipError, OSError) as exc:
-                self._log(
-                    Event.IP_CHANGED, addr=_hostport(ua.local_addr), prev_addr=_hostport(prev_sip)
-                )
-                self._lost(f"re-INVITE after move: {exc}")
-                self._need.set()
-                return
-            self._log(
-                Event.IP_CHANGED, addr=_hostport(ua.local_addr), prev_addr=_hostport(prev_sip)
-            )
-            if ua.registered_for:
-                self._log(Event.REGISTERED, addr=_hostport(ua.local_addr))
-            if has_session and self._dialog is not None:
-                self._log(
-                    Event.SESSION_REINVITED,
-                    call_id=self._dialog.call_id,
-                    addr=_hostport(new_media),
-                )
-                # §2: the completed re-INVITE makes the media CONNECTED again; its latency
-                # (move start to re-INVITE done) is the restore time the analytics read.
-                if self.status_value is Status.CONNECTED:
-                    self._outage_since = self._outage_since or moved_at
-                    self._log(
-                        Event.MEDIA_CONNECTED,
-                        call_id=self._dialog.call_id,
-                        addr=_hostport(new_media),
-                        channel="ip",
-                        **self._restore_latency(),
-                    )
-            else:
-                self._need.set()
+        elif isinstance(command, Register) and command.expires == 0:
+            if outcome.ok:
+                self._log(Event.UNREGISTERED, addr=hostport(self.sip_addr))
+            self.registered = False
+        self._set_state(State.CLOSED)

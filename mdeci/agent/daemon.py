@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mdeci.agent.aio import Agent, AgentStatus
 from mdeci.agent.api import ApiServer
-from mdeci.agent.core import Agent, AgentStatus
 from mdeci.config import AgentConfig
 
 

@@ -70,6 +70,7 @@ class PollingIpMonitor:
         self.host = host
         self.interval = interval
         self._wake = asyncio.Event()
+        self._closed = False
 
     def check(self) -> str | None:
         """Read the source once; the new address if ours went away (then it is ours)."""
@@ -82,13 +83,17 @@ class PollingIpMonitor:
         """The agent moved by itself (e.g. ``move_to``): watch the new address."""
         self.host = host
 
+    def close(self) -> None:
+        """Stop watching at the next wake-up (the task is cancelled by its owner)."""
+        self._closed = True
+
     def wake(self) -> None:
         """Check now instead of at the end of the interval (netlink events call it)."""
         self._wake.set()
 
     async def run(self, on_change: OnChange) -> None:
         """Check forever; ``await on_change(new_host)`` on each change."""
-        while True:
+        while not self._closed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval)
             self._wake.clear()

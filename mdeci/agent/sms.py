@@ -19,10 +19,36 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from mdeci.agent.errors import AgentError
+from mdeci.config import AgentSmsConfig
 from mdeci.sms.config import SmsConfig
 from mdeci.sms.dedupe import NseqGate
-from mdeci.sms.gateway import LinkRunner, SmsGateway
+from mdeci.sms.gateway import LinkRunner, SmsGateway, network_gateway
 from mdeci.sms.link import FrameReceived, LinkEvent, SmsLink
+
+
+def open_gateway(config: AgentSmsConfig) -> SmsGateway:
+    """The device's SMS gateway that ``[sms] gateway`` names (Kannel smsbox or SMPP).
+
+    Raises :class:`AgentError` for ``"simulated"``: that network reaches no broker (tests
+    hand the agent a gateway of their own network).
+    """
+    gateway = network_gateway(config)
+    if gateway is not None:
+        return gateway
+    raise AgentError(
+        '[sms] gateway = "simulated" reaches no broker outside tests: set gateway = '
+        '"kannel" or "smpp" (docs/sms.md "The device\'s gateway")'
+    )
+
+
+def link_config(config: AgentSmsConfig) -> SmsConfig:
+    """The device's SMS link settings from ``[sms]``."""
+    return SmsConfig(
+        ack_timeout=config.ack_timeout,
+        ack_timeout_max=max(config.ack_timeout, SmsConfig().ack_timeout_max),
+        first_part_ack=config.first_part_ack,
+    )
 
 
 def windowed_gate(path: Path, highest: int, window: int) -> NseqGate:

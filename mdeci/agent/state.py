@@ -37,6 +37,7 @@ from mdeci.sms.dedupe import NseqGate
 NSEQ_FILE = "nseq.json"
 INBOX_FILE = "inbox.jsonl"
 OUTBOX_FILE = "outbox.jsonl"
+SUBS_FILE = "subs.json"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -125,11 +126,15 @@ class NseqState:
     def __init__(self, path: Path, floor: int = 0) -> None:
         self.path = path
         highest, recent = 0, []
+        # The broker store incarnation these numbers belong to (None: not known yet).
+        self.store_id: str | None = None
         if path.exists():
             try:
                 data = json.loads(path.read_bytes())
                 highest = int(data["highest"])
                 recent = [int(n) for n in data.get("recent", [])]
+                store = data.get("store")
+                self.store_id = str(store) if store is not None else None
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise StateError(f"{path} is unreadable: {exc}") from exc
         self.gate = NseqGate(max(highest, floor), recent=recent)
@@ -141,8 +146,19 @@ class NseqState:
 
     def save(self) -> None:
         """Persist the gate atomically. Raises :class:`StateError`."""
-        data = {"highest": self.gate.highest, "recent": list(self.gate.recent)}
+        data: dict[str, Any] = {"highest": self.gate.highest, "recent": list(self.gate.recent)}
+        if self.store_id is not None:
+            data["store"] = self.store_id
         write_atomic(self.path, json.dumps(data).encode())
+
+    def restart(self, store_id: str, window: int = 0) -> None:
+        """A new broker store numbers from 1 again: an empty gate for ``store_id``, saved.
+
+        Raises :class:`StateError`.
+        """
+        self.gate = NseqGate(0, window=window)
+        self.store_id = store_id
+        self.save()
 
 
 # ------------------------------------------------------------------ inbox
@@ -170,6 +186,26 @@ class Inbox:
         self.records.append(record)
         if len(self.records) > 2 * self.keep:
             del self.records[: -self.keep]
+
+    def archive(self, suffix: str) -> Path:
+        """Move the kept notifications to ``inbox.<suffix>.jsonl`` and start empty.
+
+        Used when the broker store was replaced: its ``nseq`` numbers start over, and the
+        old ones must neither raise the new gate's floor nor mix with new ones in ``tail``.
+        Raises :class:`StateError`.
+        """
+        self._file.close()
+        path = self._file.path
+        target = path.with_name(f"{path.stem}.{suffix}{path.suffix}")
+        try:
+            os.replace(path, target)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StateError(f"cannot archive {path}: {exc.strerror}") from exc
+        self.records = []
+        self._file = _Appender(path)
+        return target
 
     def since(self, nseq: int) -> list[dict[str, Any]]:
         """Kept notifications with ``nseq >= nseq``, oldest first."""
@@ -254,3 +290,56 @@ class Outbox:
 
     def close(self) -> None:
         self._file.close()
+
+
+# ------------------------------------------------------------------ subscriptions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnownSub:
+    """A subscription as the agent remembers it (to restore it on a new broker store)."""
+
+    sub_id: str
+    subject: str
+    filter: str
+    expires_at: float
+
+
+class SubsRecord:
+    """The agent's own record of its subscriptions (``subs.json``, replaced atomically)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        items: list[KnownSub] = []
+        try:
+            data = json.loads(path.read_bytes())
+            for obj in data:
+                items.append(
+                    KnownSub(
+                        sub_id=str(obj["sub_id"]),
+                        subject=str(obj["subject"]),
+                        filter=str(obj.get("filter", "")),
+                        expires_at=float(obj["expires_at"]),
+                    )
+                )
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"{path} is unreadable: {exc}") from exc
+        self.items: tuple[KnownSub, ...] = tuple(items)
+
+    def replace(self, items: tuple[KnownSub, ...]) -> None:
+        """Remember ``items``. Raises :class:`StateError`."""
+        if items == self.items:
+            return
+        data = [
+            {
+                "sub_id": s.sub_id,
+                "subject": s.subject,
+                "filter": s.filter,
+                "expires_at": s.expires_at,
+            }
+            for s in items
+        ]
+        write_atomic(self.path, json.dumps(data).encode())
+        self.items = items

@@ -13,12 +13,13 @@ call it directly::
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mdeci.broker.config import BrokerCoreConfig
+from mdeci.broker.admin import AdminError, AdminServer
 from mdeci.broker.core import Broker
 from mdeci.broker.endpoint import (
     Address,
@@ -27,21 +28,24 @@ from mdeci.broker.endpoint import (
     UserCredentials,
 )
 from mdeci.broker.errors import BrokerError
+from mdeci.broker.metrics import BrokerMetrics, MetricsServer, MetricsSink, MetricsSources
 from mdeci.broker.service import BrokerService
 from mdeci.broker.sink import ChurnLogSink, ChurnSink
 from mdeci.broker.sms import SmsFallback, make_gateway
-from mdeci.churnlog import ChurnLog
+from mdeci.churnlog import ChurnLog, Role
 from mdeci.config import BrokerConfig
 from mdeci.errors import ConfigError
+from mdeci.oplog import OperatorSink
+from mdeci.oplog import event as oplog_event
 from mdeci.sms.gateway import SmsGateway
 from mdeci.store.base import make_engine
 from mdeci.store.migrate import upgrade
 from mdeci.store.repo import BrokerStore
-from sip.transaction import TimerConfig
 
 
 def endpoint_config(config: BrokerConfig, *, expire_interval: float = 5.0) -> SipEndpointConfig:
-    """The SIP endpoint's settings from the broker config.
+    """The SIP endpoint's settings from the broker config (credentials resolved here;
+    every default lives in :mod:`mdeci.config`).
 
     With an external registrar the broker's own password is the ``[[auth.users]]`` entry
     whose ``user`` is the broker's user. Raises :class:`ConfigError` when it is missing.
@@ -73,26 +77,24 @@ def endpoint_config(config: BrokerConfig, *, expire_interval: float = 5.0) -> Si
         registrar_address=address,
         register_password=password,
         register_expires=reg.register_expires,
+        registrar_transport=reg.transport,
         min_expires=reg.min_expires,
-        default_expires=min(max(600, reg.min_expires), reg.max_expires),
+        default_expires=min(max(reg.default_expires, reg.min_expires), reg.max_expires),
         max_expires=reg.max_expires,
         expire_interval=expire_interval,
-        timers=TimerConfig(t1=config.sip.t1, t2=config.sip.t2, t4=config.sip.t4),
+        timers=config.sip.timers,
         tcp="tcp" in config.sip.transports,
+        tls_port=config.sip.tls_port,
+        tls_cert=_tls_path(config, config.sip.tls_cert),
+        tls_key=_tls_path(config, config.sip.tls_key),
+        tls_ca=None if config.sip.tls_ca is None else str(config.sip.tls_ca),
+        key_confirm_timeout=config.auth.key_confirm_timeout,
     )
 
 
-def core_config(config: BrokerConfig) -> BrokerCoreConfig:
-    """The broker core's settings from the broker config."""
-    return BrokerCoreConfig(
-        default_ttl=float(config.subscriptions.default_ttl),
-        max_ttl=float(config.subscriptions.max_ttl),
-        max_queue_depth=config.queue.max_per_uri,
-        overflow_policy="drop-oldest"
-        if config.queue.overflow == "drop-oldest"
-        else "refuse-newest",
-        sweep_interval=config.subscriptions.sweep_interval,
-    )
+def _tls_path(config: BrokerConfig, path: object) -> str | None:
+    # The TLS listener runs only when "tls" is among sip.transports.
+    return None if path is None or "tls" not in config.sip.transports else str(path)
 
 
 @dataclass(slots=True, eq=False)
@@ -107,6 +109,10 @@ class RunningBroker:
     sip_addr: Address
     media_addr: Address
     sms: SmsFallback | None = None
+    metrics: BrokerMetrics | None = None
+    metrics_addr: Address | None = None  # where /metrics, /healthz, /readyz answer
+    _metrics_server: MetricsServer | None = None
+    _admin: AdminServer | None = None
     _owned_log: ChurnLog | None = None
     _owns_store: bool = False
     _closed: bool = field(default=False)
@@ -118,6 +124,10 @@ class RunningBroker:
             return
         self._closed = True
         try:
+            if self._admin is not None:
+                await self._admin.close()
+            if self._metrics_server is not None:
+                await self._metrics_server.close()
             await self.endpoint.close()
         finally:
             if self.sms is not None:
@@ -162,7 +172,7 @@ async def run_broker(
     owns_store = store is None
     if store is None:
         try:
-            config.data_dir.mkdir(parents=True, exist_ok=True)
+            config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
         if migrate:
@@ -176,12 +186,22 @@ async def run_broker(
             clock,
             max_bytes=config.churnlog.max_bytes,
             backups=config.churnlog.backups,
+            role=Role.BROKER,
         )
         log = ChurnLogSink(owned_log)
+    metrics = BrokerMetrics()
+    # Operator events as log lines too (mdeci.oplog), and the event counters.
+    sink: ChurnSink = MetricsSink(OperatorSink(log), metrics)
+    metrics_server: MetricsServer | None = None
+    admin: AdminServer | None = None
     service: BrokerService | None = None
     sms: SmsFallback | None = None
     try:
-        broker = Broker(store, core_config(config), clock, log)
+        broker = Broker(store, config.core, clock, sink)
+        broker.classes = frozenset(c.name for c in config.channels.classes)
+        broker.sms_classes = frozenset(
+            c.name for c in config.channels.classes if "sms" in c.channels
+        )
         try:
             service = await BrokerService.open(broker, media_host, media_port, config.rudp)
         except OSError as exc:
@@ -194,17 +214,32 @@ async def run_broker(
                 f"sip:{u.user}@{config.domain}": u.msisdn for u in config.auth.users if u.msisdn
             }
             gateway = sms_gateway if sms_gateway is not None else make_gateway(config.sms)
-            sms = SmsFallback(store, config.sms, gateway, log, clock, default_msisdns=defaults)
+            sms = SmsFallback(
+                store,
+                config.sms,
+                gateway,
+                sink,
+                clock,
+                channels=config.channels,
+                default_msisdns=defaults,
+            )
+            service.sms = sms  # before start: start looks at users and may tell them
             await sms.start()
-            service.sms = sms
-        endpoint = BrokerSipEndpoint(ep_config, store, service, log, clock=clock, random=random)
+        endpoint = BrokerSipEndpoint(ep_config, store, service, sink, clock=clock, random=random)
         try:
             sip_addr = await endpoint.start(sip_host, sip_port)
         except OSError as exc:
             raise BrokerError(
                 f"cannot listen for SIP on {sip_host}:{sip_port}: {exc.strerror or exc}"
             ) from None
+        if config.metrics.enabled:
+            metrics_server = await _start_metrics(config, metrics, store, service, endpoint, clock)
+        admin = await _start_admin(config, store, endpoint, clock)
     except BaseException:
+        if admin is not None:
+            await admin.close()
+        if metrics_server is not None:
+            await metrics_server.close()
         if sms is not None:
             await sms.close()
         if service is not None:
@@ -223,6 +258,69 @@ async def run_broker(
         sip_addr=sip_addr,
         media_addr=service.local_addr,
         sms=sms,
+        metrics=metrics,
+        metrics_addr=metrics_server.local_addr if metrics_server is not None else None,
+        _metrics_server=metrics_server,
+        _admin=admin,
         _owned_log=owned_log,
         _owns_store=owns_store,
     )
+
+
+async def _start_metrics(
+    config: BrokerConfig,
+    metrics: BrokerMetrics,
+    store: BrokerStore,
+    service: BrokerService,
+    endpoint: BrokerSipEndpoint,
+    clock: Callable[[], float],
+) -> MetricsServer:
+    def peers() -> list[tuple[int, float | None, int, int]]:
+        out = []
+        for _uri, peer in service.peers():
+            stats = peer.stats
+            srtt = peer.connection.rto.srtt
+            retrans = stats.retransmissions + stats.fast_retransmissions
+            out.append((id(peer), srtt, retrans, stats.messages_failed))
+        return out
+
+    sources = MetricsSources(
+        engine=store.engine,
+        peers=peers,
+        published=lambda: service.broker.published,
+        sip_bound=lambda: endpoint.bound,
+        clock=clock,
+    )
+    server = MetricsServer(metrics, sources)
+    host, port = config.metrics.host, config.metrics.port
+    try:
+        await server.start(host, port)
+    except OSError as exc:
+        raise BrokerError(f"cannot listen for metrics on {host}:{port}: {exc.strerror}") from None
+    return server
+
+
+async def _start_admin(
+    config: BrokerConfig,
+    store: BrokerStore,
+    endpoint: BrokerSipEndpoint,
+    clock: Callable[[], float],
+) -> AdminServer | None:
+    """The admin socket; a broker serves without one (logged) if it cannot be made."""
+    admin = AdminServer(
+        config.admin_socket,
+        store.engine,
+        endpoint,
+        clock=clock,
+    )
+    try:
+        await admin.start()
+    except (OSError, AdminError) as exc:
+        oplog_event(
+            "admin_socket_failed",
+            level=logging.WARNING,
+            path=str(config.admin_socket),
+            error=str(getattr(exc, "strerror", None) or exc),
+        )
+        return None
+    return admin

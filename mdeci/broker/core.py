@@ -30,6 +30,7 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -39,10 +40,12 @@ import cbor2
 from mdeci.broker.config import BrokerCoreConfig
 from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher
 from mdeci.broker.sink import ChurnSink, NullSink
+from mdeci.channels.calendar import Rule
 from mdeci.errors import FilterError, FrameError, SubjectError
 from mdeci.filters import compile_filter, compile_pattern
 from mdeci.frames import (
     BAD_REQUEST,
+    FORBIDDEN,
     INTERNAL,
     MAX_FRAME_BYTES,
     MAX_MESSAGE_LENGTH,
@@ -50,6 +53,8 @@ from mdeci.frames import (
     TOO_LARGE,
     UINT63,
     Ack,
+    Calendar,
+    CalendarOk,
     Error,
     Frame,
     List,
@@ -64,6 +69,8 @@ from mdeci.frames import (
     decode,
     encode,
 )
+from mdeci.oplog import event as oplog_event
+from mdeci.store.calendars import SqlCalendars
 from mdeci.store.errors import StoreError
 from mdeci.store.queues import PublishRequest, QueuedNotification
 from mdeci.store.repo import BrokerStore
@@ -141,6 +148,7 @@ class Broker:
         self.clock = clock
         self.log: ChurnSink = log if log is not None else NullSink()
         self.listener: QueueListener | None = None
+        self.published = 0  # publications accepted since start (the metrics endpoint)
         self.matcher = SubscriptionMatcher()
         self.matcher.load(store.subscriptions.active_subscriptions(clock()))
         self._links: dict[str, _Link] = {}
@@ -151,6 +159,9 @@ class Broker:
         self._missed_at: dict[str, dict[int, int]] = {}
         # The highest ack of each user not yet applied to the store (see the docstring).
         self._acks: dict[str, int] = {}
+        #: Queue classes a sub or pub may name (issue 13; run_broker sets [channels]'s).
+        self.classes: frozenset[str] = frozenset()
+        self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
 
     # ------------------------------------------------------------------ frames
 
@@ -184,7 +195,12 @@ class Broker:
             if isinstance(frame, Ack):
                 self._ack(uri, frame.upto)
                 return []
+            if isinstance(frame, Calendar):
+                return [self._calendar(uri, frame)]
         except StoreError as exc:
+            oplog_event(
+                "database_error", level=logging.ERROR, where="frame", uri=uri, error=str(exc)
+            )
             return [_error(getattr(frame, "req", None), INTERNAL, f"broker store: {exc}")]
         if isinstance(frame, Error):
             return []  # never answer an error with an error: two peers could loop
@@ -199,14 +215,37 @@ class Broker:
             compiled_filter = compile_filter(frame.filter)
         except FilterError as exc:
             return _error(frame.req, BAD_REQUEST, f"filter: position {exc.position}: {exc.reason}")
+        if frame.qclass and frame.qclass not in self.classes:
+            return _error(frame.req, BAD_REQUEST, f"unknown queue class {frame.qclass!r}")
+        if self.matcher.count_of(uri, self.clock()) >= self.config.max_subscriptions:
+            return _error(
+                frame.req,
+                FORBIDDEN,
+                f"subscription limit reached ({self.config.max_subscriptions} per user)",
+            )
         ttl = self.config.default_ttl if frame.ttl is None else float(frame.ttl)
         ttl = min(ttl, self.config.max_ttl)
         sub = self.store.subscriptions.add_subscription(
-            uri, frame.subject, frame.filter, ttl, self.clock()
+            uri, frame.subject, frame.filter, ttl, self.clock(), frame.qclass or None
         )
         self.matcher.add(CompiledSubscription(sub, pattern, compiled_filter))
         self.log.emit("subscription_added", uri, reason=_describe(sub))
         return SubOk(req=frame.req, sub_id=str(sub.sub_id), expires_at=sub.expires_at)
+
+    def _calendar(self, uri: str, frame: Calendar) -> Frame:
+        """Keep the device's calendar (issue 13; the channel selector reads it)."""
+        rules = tuple(
+            Rule(
+                channel=r.channel,
+                p=r.p,
+                weekdays=frozenset(d for d in range(7) if r.weekdays >> d & 1),
+                start_hour=r.start_hour,
+                end_hour=r.end_hour,
+            )
+            for r in frame.rules
+        )
+        SqlCalendars(self.store.engine).put(uri, rules, frame.utc_offset_minutes, self.clock())
+        return CalendarOk(req=frame.req, rules=len(rules))
 
     def _unsub(self, uri: str, frame: Unsub) -> Frame:
         sub_id = _sub_id(frame.sub_id)
@@ -275,6 +314,11 @@ class Broker:
                 # Refused here rather than queued as a notify that could never be sent.
                 replies[i] = [_error(frame.req, TOO_LARGE, "publish too large to be notified")]
                 continue
+            if frame.qclass and frame.qclass not in self.classes:
+                replies[i] = [
+                    _error(frame.req, BAD_REQUEST, f"unknown queue class {frame.qclass!r}")
+                ]
+                continue
             now = self.clock()
             match = self.matcher.match(frame.subject, frame.attrs, now)
             request = PublishRequest(
@@ -283,9 +327,12 @@ class Broker:
                 frame.subject,
                 attrs_cbor,
                 frame.payload,
-                frame.urgent,
+                # A class that may use SMS marks it urgent: the SMS side reads those rows.
+                frame.urgent or frame.qclass in self.sms_classes,
                 now,
                 match.targets,
+                frame.qclass or None,
+                self._urgent_subs(match.targets),
             )
             prepared.append((i, frame, now, bool(match.expired), request))
         if not prepared:
@@ -301,6 +348,7 @@ class Broker:
                 policy=self.config.overflow_policy,
             )
         except StoreError as exc:
+            oplog_event("database_error", level=logging.ERROR, where="publish", error=str(exc))
             for i, frame, *_ in prepared:
                 replies[i] = [_error(frame.req, INTERNAL, f"broker store: {exc}")]
             return
@@ -323,11 +371,23 @@ class Broker:
                 expired_at = now
             woken.update(q.uri for q in result.queued)
             replies[i] = [PubOk(req=frame.req, msg_id=frame.msg_id, matched=result.matched)]
+            self.published += 1
         if expired_at is not None:
             self._sweep_after_match(expired_at)
         if self.listener is not None:
             for target in sorted(woken):
                 self.listener.queued(target)
+
+    def _urgent_subs(self, targets: Sequence[tuple[str, int]]) -> frozenset[int]:
+        """Targets whose subscription names a class that may use SMS (issue 13)."""
+        if not self.sms_classes:
+            return frozenset()
+        found = set()
+        for _, sub_id in targets:
+            compiled = self.matcher.get(sub_id)
+            if compiled is not None and compiled.sub.qclass in self.sms_classes:
+                found.add(sub_id)
+        return frozenset(found)
 
     def _sweep_after_match(self, now: float) -> None:
         # The publish is durable already; a failed delete is retried by the periodic sweep.
@@ -440,10 +500,13 @@ class Broker:
             link.earlier.update(link.inflight)
             link.inflight.clear()
             link.sent_upto = 0
-        if was_connected:
-            addr = link.addr if link is not None else None
-            self.log.emit("media_disconnected", uri, addr=addr, channel="ip", reason=reason)
-        self.store.sessions.set_status(uri, status, self.clock())
+        try:
+            self.store.sessions.set_status(uri, status, self.clock())
+        finally:
+            # After the store write: whoever reads the event finds the status stored.
+            if was_connected:
+                addr = link.addr if link is not None else None
+                self.log.emit("media_disconnected", uri, addr=addr, channel="ip", reason=reason)
 
     # ------------------------------------------------------------------ delivery
 

@@ -11,27 +11,37 @@ the consumer of its dialog events, and turns both into calls on the SIP-agnostic
   ``registered`` / ``unregistered`` / ``registration_expired``. A sweep task calls
   ``registrar.expire(now)`` every ``expire_interval``. The clock is wall-clock epoch
   seconds (injected), because binding expiries are stored in SQL and outlive the process.
-- ``INVITE`` (new or re-INVITE) to the broker's user: Digest (401 challenge), the
-  authenticated user must be the From AOR's user (else 403), and inside a dialog the
-  From AOR must be the dialog's owner (else 403); the offer is read with
+- ``INVITE`` (new or re-INVITE) to the broker's user: Digest (401 challenge, sent once
+  and statelessly by the UA), the authenticated user must be the From AOR's user (else
+  403), and inside a dialog the From AOR must be the dialog's owner (else 403). Behind a
+  proxy the Request-URI arrives rewritten to our contact: a digest ``uri`` naming our
+  AOR is accepted (``DigestConfig.retarget_uris``, docs/sip.md). The offer is read with
   ``parse_session(require_key=True)`` (488 + Warning when unusable) and answered with
   ``build_answer`` on the RUDP address. The handler only decides the answer: the UA
   creates the dialog after it returns, so the session is stored and
   ``BrokerService.connected`` called when the UA reports ``DialogStarted`` (new) or
   ``DialogRefreshed`` (re-INVITE). A new dialog of a user who had one replaces it (the
   old one gets a BYE in the background).
+  Each session has its own SDP ``o=`` sess-id, its version + 1 per answer (RFC 3264).
+- In-dialog BYE, re-INVITE, UPDATE and INFO first pass :meth:`_guard` (the UA calls it
+  before the dialog changes): digest credentials of the session's owner, else 401/403
+  and nothing changes. A re-INVITE verified there is not verified again by the handler
+  (its nonce-count would look replayed).
 - ``BYE`` is answered by the UA; its ``DialogEnded`` event calls
   ``BrokerService.disconnected(uri, ended=True)`` and logs ``session_ended``.
-- Requests for other users get 404; other methods outside a dialog 405.
+- Requests for other users get 404; OPTIONS, CANCEL and unknown methods are the UA
+  core's (200 with Allow, §9.2, 501); ``Allow`` names REGISTER only in embedded mode.
 
 With ``embedded_registrar = False`` the broker instead REGISTERs its own AOR at
-``registrar_address`` (the UA refreshes it) and answers REGISTER with 405.
+``registrar_address`` over ``registrar_transport`` (the UA refreshes it) and answers
+REGISTER with 405.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -40,10 +50,13 @@ from dataclasses import dataclass, field
 from mdeci.broker.errors import BrokerError
 from mdeci.broker.service import BrokerService
 from mdeci.broker.sink import ChurnSink
+from mdeci.broker.throttle import LoginThrottle, ThrottleConfig
+from mdeci.oplog import event as oplog_event
 from mdeci.store.bindings import Binding as StoredBinding
 from mdeci.store.errors import StoreError, UnsupportedAlgorithm
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionRecord, SessionStatus
+from rudp.keys import KeyExchange, KeyExchangeError, psk_from_ha1
 from sip.aio.ua import (
     DialogEnded,
     DialogEvent,
@@ -54,9 +67,10 @@ from sip.aio.ua import (
     UaConfig,
     UserAgent,
 )
-from sip.auth import AuthChallenge, DigestConfig, DigestServer
+from sip.auth import AuthChallenge, AuthOk, DigestConfig, DigestServer, parse_auth_header
 from sip.dialog import Dialog, DialogId, DialogState
 from sip.errors import AuthHeaderError, SdpError, SipError, SipParseError
+from sip.message import Request
 from sip.registrar import (
     Binding,
     Registered,
@@ -68,10 +82,11 @@ from sip.registrar import (
 )
 from sip.sdp import MdeciMedia, build_answer, parse_session
 from sip.transaction import TimerConfig
-from sip.uri import SipUri
+from sip.uri import SipUri, parse_uri
 
 Address = tuple[str, int]
 WARN_AGENT = "mdeci"
+log = logging.getLogger("mdeci.broker")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,27 +108,41 @@ class SipEndpointConfig:
     REGISTER for the domain (else register at ``registrar_address`` with
     ``register_password``); ``min_expires`` / ``default_expires`` / ``max_expires``:
     the embedded registrar's bounds (s); ``register_expires``: what the broker asks an
-    external registrar for; ``expire_interval``: period of the binding expiry sweep (s);
-    ``timers``: RFC 3261 T1/T2/T4; ``tcp``: listen on TCP too.
+    external registrar for (over ``registrar_transport``); ``expire_interval``: period
+    of the binding expiry sweep (s);
+    ``timers``: RFC 3261 T1/T2/T4; ``tcp``: listen on TCP too; ``tls_cert`` /
+    ``tls_key``: listen for SIP over TLS on ``tls_port``; ``tls_ca``: verify TLS peers;
+    ``key_confirm_timeout``: seconds after a key agreement within which the agent's
+    first authentic RUDP datagram must arrive, else the session is ended as a key
+    mismatch (an SDP rewritten on the path; docs/security.md).
     """
 
     domain: str
     user: str = "broker"
     realm: str = ""
-    algorithms: tuple[str, ...] = ("SHA-256", "MD5")
+    algorithms: tuple[str, ...] = ("SHA-256",)
     users: tuple[UserCredentials, ...] = ()
     embedded_registrar: bool = True
     registrar_address: Address | None = None
     register_password: str | None = field(default=None, repr=False)
     register_expires: int = 600
+    registrar_transport: str = "udp"
     min_expires: int = 60
     default_expires: int = 600
     max_expires: int = 3600
     expire_interval: float = 5.0
     timers: TimerConfig = field(default_factory=TimerConfig)
     tcp: bool = True
+    tls_port: int = 0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    key_confirm_timeout: float = 10.0
+    login_throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
 
     def __post_init__(self) -> None:
+        if self.key_confirm_timeout <= 0:
+            raise BrokerError("key_confirm_timeout must be > 0")
         if not self.embedded_registrar and self.registrar_address is None:
             raise BrokerError("an external registrar needs registrar_address")
         if self.expire_interval <= 0:
@@ -177,7 +206,12 @@ class StoreBindings:
 
 
 def ensure_users(
-    store: BrokerStore, domain: str, realm: str, users: tuple[UserCredentials, ...]
+    store: BrokerStore,
+    domain: str,
+    realm: str,
+    users: tuple[UserCredentials, ...],
+    *,
+    md5: bool = False,
 ) -> int:
     """Add each user ``sip:<user>@<domain>`` that the store does not have; how many were added.
 
@@ -188,12 +222,81 @@ def ensure_users(
     for u in users:
         uri = f"sip:{u.user}@{domain}"
         if store.users.get_user(uri) is None:
-            store.users.add_user(uri, realm, u.password, username=u.user)
+            store.users.add_user(uri, realm, u.password, username=u.user, md5=md5)
             added += 1
     return added
 
 
+class GuardedDigest(DigestServer):
+    """A :class:`~sip.auth.DigestServer` that logs failed logins (user and source, never a
+    secret) and refuses, unchecked, the logins of a user or source locked by the
+    :class:`~mdeci.broker.throttle.LoginThrottle` (issue 12: unlimited guessing).
+
+    ``source`` is set by the endpoint before each request it hands to a verifier.
+    """
+
+    def __init__(
+        self,
+        config: DigestConfig,
+        store: StoreCredentials,
+        random: Callable[[int], bytes],
+        throttle: LoginThrottle,
+    ) -> None:
+        super().__init__(config, store, random)
+        self.throttle = throttle
+        self.source = "-"
+        self.failures = 0
+
+    def _username(self, request: Request) -> str | None:
+        for value in request.headers.get_raw("Authorization"):
+            try:
+                scheme, params = parse_auth_header(value)
+            except AuthHeaderError:
+                continue
+            if scheme.lower() == "digest" and params.get("realm") == self.config.realm:
+                return params.get("username")
+        return None
+
+    def verify(
+        self, request: Request, now: float, *, proxy: bool = False
+    ) -> AuthOk | AuthChallenge:
+        """As ``DigestServer.verify``; raises AuthHeaderError alike."""
+        user = self._username(request)
+        if user is None:
+            return super().verify(request, now, proxy=proxy)  # no credentials yet
+        wait = self.throttle.retry_after(user, self.source, now)
+        if wait is not None:
+            log.warning(
+                "login of user %r from %s not checked: too many failed logins (%.0f s left)",
+                user[:64],
+                self.source,
+                wait,
+            )
+            return self.challenge(now, proxy=proxy, reason="too many failed logins")
+        result = super().verify(request, now, proxy=proxy)
+        if isinstance(result, AuthChallenge) and result.reason == "wrong credentials":
+            self.failures += 1
+            locked = self.throttle.failed(user, self.source, now)
+            log.warning(
+                "failed login: user %r from %s (%s)%s",
+                user[:64],
+                self.source,
+                request.method,
+                "; user and source locked" if locked else "",
+            )
+        elif isinstance(result, AuthOk):
+            self.throttle.succeeded(result.username)
+        return result
+
+
 # ---------------------------------------------------------------------------- helpers
+
+
+def with_store_id(answer: str, store_id: str) -> str:
+    """The answer with ``a=mdeci-store:<id>`` at session level (docs/agent.md): agents
+    reset their delivery gate when the store they talk to is a new one."""
+    head, sep, rest = answer.partition("m=")
+    return f"{head}a=mdeci-store:{store_id}\r\n{sep}{rest}"
 
 
 def addr_text(addr: Address) -> str:
@@ -226,6 +329,8 @@ class _Accepted:
     uri: str
     media: MdeciMedia
     offer: str
+    secret: bytes = field(repr=False)  # the RUDP session secret (rudp.keys)
+    new_keys: bool
 
 
 @dataclass(slots=True)
@@ -234,8 +339,9 @@ class _Session:
     dialog_id: DialogId
     call_id: str
     media_addr: Address
-    key: bytes
+    key: bytes = field(repr=False)
     started_at: float
+    kx: bytes | None  # the agent's public value the keys were agreed with
 
 
 # ---------------------------------------------------------------------------- endpoint
@@ -264,10 +370,17 @@ class BrokerSipEndpoint:
         self.log = log
         self.clock = clock
         self._msisdns = {f"sip:{u.user}@{config.domain}": u.msisdn for u in config.users}
-        self.digest = DigestServer(
-            DigestConfig(realm=config.digest_realm, algorithms=config.algorithms),
+        self.digest = GuardedDigest(
+            DigestConfig(
+                realm=config.digest_realm,
+                algorithms=config.algorithms,
+                # Behind a proxy the Request-URI arrives rewritten to our contact; the
+                # agent's digest names our AOR as it sent it (docs/sip.md, retargeting).
+                retarget_uris=(config.aor, f"sips:{config.user}@{config.domain}"),
+            ),
             StoreCredentials(store),
             random,
+            LoginThrottle(config.login_throttle),
         )
         self.registrar: Registrar | None = None
         self.ua = UserAgent(
@@ -276,20 +389,37 @@ class BrokerSipEndpoint:
                 password=None if config.embedded_registrar else config.register_password,
                 timers=config.timers,
                 tcp=config.tcp,
+                tls_port=config.tls_port,
+                tls_cert=config.tls_cert,
+                tls_key=config.tls_key,
+                tls_ca=config.tls_ca,
                 user_agent="mdeci-broker/0.1",
+                # Allow names what this mode serves: REGISTER only as the registrar.
+                methods=frozenset(
+                    {"INVITE", "REGISTER"} if config.embedded_registrar else {"INVITE"}
+                ),
             ),
             self.handle,
             random=random,
+            guard=self._guard,
         )
         self._random = random
-        self._sess_id = int.from_bytes(random(4), "big") & 0x7FFFFFFF
-        self._version = 0
+        # RFC 3264 §8: each session has its own o= sess-id; its version grows by one with
+        # every answer in that session. Keyed by (Call-ID, the agent's From tag).
+        self._origins: dict[tuple[str, str], tuple[int, int]] = {}
+        # In-dialog requests whose digest the guard verified (the handler must not verify
+        # the same nonce-count twice): (Call-ID, CSeq number).
+        self._guarded: set[tuple[str, int]] = set()
         self._accepted: dict[tuple[str, str], _Accepted] = {}
         self._sessions: dict[str, _Session] = {}
         self._owners: dict[DialogId, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._bound = False
+        # (uri, dialog) -> the pending key confirmation of that session
+        self._key_checks: dict[tuple[str, DialogId], asyncio.TimerHandle] = {}
         self.stats_refused = 0
         self.event_errors = 0
+        self._store_id: str | None = None  # read once: the store's incarnation id
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -305,7 +435,13 @@ class BrokerSipEndpoint:
         Raises OSError when the address cannot be bound, StoreError on the database,
         BrokerError when the external registrar refuses us.
         """
-        ensure_users(self.store, self.config.domain, self.config.digest_realm, self.config.users)
+        ensure_users(
+            self.store,
+            self.config.domain,
+            self.config.digest_realm,
+            self.config.users,
+            md5="MD5" in self.config.algorithms,
+        )
         bound = await self.ua.start(host, port)
         self.restore_sessions()
         if self.config.embedded_registrar:
@@ -326,13 +462,18 @@ class BrokerSipEndpoint:
         if not self.config.embedded_registrar:
             assert self.config.registrar_address is not None
             try:
-                await self.ua.register(self.config.registrar_address, self.config.register_expires)
+                await self.ua.register(
+                    self.config.registrar_address,
+                    self.config.register_expires,
+                    transport=self.config.registrar_transport,
+                )
             except SipError as exc:
                 await self.ua.close()
                 raise BrokerError(
                     f"registrar {addr_text(self.config.registrar_address)} refused "
                     f"{self.config.aor}: {exc}"
                 ) from None
+        self._bound = True
         return bound
 
     async def close(self) -> None:
@@ -342,6 +483,10 @@ class BrokerSipEndpoint:
         if not self.config.embedded_registrar:
             with contextlib.suppress(SipError, TimeoutError):
                 await asyncio.wait_for(self.ua.unregister(), 2)
+        self._bound = False
+        for handle in self._key_checks.values():
+            handle.cancel()
+        self._key_checks.clear()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -379,8 +524,12 @@ class BrokerSipEndpoint:
                 continue
             self.ua.dialogs[dialog.id] = dialog
             self._owners[dialog.id] = rec.uri
+            try:
+                kx = parse_session(rec.remote_sdp).key
+            except SdpError:
+                kx = None  # a re-INVITE then has to agree new keys
             self._sessions[rec.uri] = _Session(
-                rec.uri, dialog.id, rec.call_id, addr, rec.session_key, rec.started_at
+                rec.uri, dialog.id, rec.call_id, addr, rec.session_key, rec.started_at, kx
             )
             restored += 1
         return restored
@@ -389,10 +538,47 @@ class BrokerSipEndpoint:
 
     async def handle(self, req: IncomingRequest) -> Reply:
         """The UA's request handler. Never raises for a store failure (500 + Retry-After)."""
+        self.digest.source = addr_text(req.source)
         try:
-            return self._handle(req)
+            reply = self._handle(req)
         except StoreError as exc:
-            return Reply(500, headers=(("Retry-After", "5"), _warning(f"store: {exc}")))
+            # Details (host, port, SQL) go to the operator's log; the peer learns nothing.
+            oplog_event(
+                "database_error",
+                level=logging.ERROR,
+                where="sip",
+                method=req.request.method,
+                source=self.digest.source,
+                error=str(exc),
+            )
+            return Reply(500, headers=(("Retry-After", "5"), _warning("service unavailable")))
+        self._log_auth_failure(req, reply)
+        return reply
+
+    @staticmethod
+    def _log_auth_failure(req: IncomingRequest, reply: Reply) -> None:
+        """One ``auth_failed`` line for credentials that were given and refused (a first
+        request without them is the normal start of Digest, not a failure)."""
+        request = req.request
+        if reply.status not in (401, 403, 407):
+            return
+        given = "Authorization" in request.headers or "Proxy-Authorization" in request.headers
+        if reply.status != 403 and not given:
+            return
+        if any("stale=true" in value.lower() for _, value in reply.headers):
+            return  # an old nonce: the client retries with a fresh one
+        try:
+            uri = request.from_.uri.aor if isinstance(request.from_.uri, SipUri) else None
+        except SipParseError:
+            uri = None
+        oplog_event(
+            "auth_failed",
+            level=logging.WARNING,
+            method=request.method,
+            uri=uri,
+            source=addr_text(req.source),
+            status=reply.status,
+        )
 
     def _handle(self, req: IncomingRequest) -> Reply:
         request = req.request
@@ -430,31 +616,141 @@ class BrokerSipEndpoint:
             if owner is not None and owner != uri:
                 self.stats_refused += 1
                 return _refuse(403, f"{uri} may not act in the session of {owner}")
-        now = self.clock()
+        guarded = (request.call_id, request.cseq.seq)
+        if req.dialog is None or guarded not in self._guarded:
+            refused = self._authenticate(request, from_uri.user)
+            if refused is not None:
+                return refused
+        self._guarded.discard(guarded)
+        origin_key = (request.call_id, from_tag)
+        sess_id, version = self._origins.get(origin_key, (self._new_sess_id(), 0))
         try:
-            result = self.digest.verify(request, now)
+            media = parse_session(request.body, require_key=True)
+        except SdpError as exc:
+            return _refuse(488, exc.reason)
+        assert media.key is not None  # require_key
+        session = self._sessions.get(uri)
+        keep = (
+            session is not None
+            and req.dialog is not None
+            and session.dialog_id == req.dialog.id
+            and session.kx == media.key
+        )
+        if not keep:
+            holder = self._kx_holder(media.key)
+            if holder is not None:
+                self.stats_refused += 1
+                log.warning(
+                    "INVITE from %s as %s refused: its key-exchange value is bound to the "
+                    "session of %s",
+                    addr_text(req.source),
+                    uri,
+                    holder,
+                )
+                return _refuse(488, "key-exchange value already in use; draw a new one")
+        ha1 = self.store.users.get_credentials(from_uri.user, self.config.digest_realm, "SHA-256")
+        if ha1 is None:
+            return _refuse(403, "no SHA-256 credentials for this user")
+        kx = None if keep else KeyExchange(self._random(32))
+        try:
+            if self._store_id is None:
+                self._store_id = self.store.identity.incarnation()
+        except StoreError:
+            return _refuse(500, "broker store unavailable")
+        try:
+            # The store id goes in before the secret is derived: it is part of the
+            # transcript both ends bind the key to.
+            answer = with_store_id(
+                build_answer(
+                    request.body,
+                    self.config.user,
+                    sess_id,
+                    version + 1,
+                    *self.service.local_addr,
+                    key=None if kx is None else kx.public,
+                ),
+                self._store_id,
+            ).encode()
+            if kx is None:
+                assert session is not None
+                secret = session.key
+            else:
+                secret = kx.session_secret(media.key, psk_from_ha1(ha1), request.body, answer)
+        except SdpError as exc:
+            return _refuse(488, exc.reason)
+        except KeyExchangeError as exc:
+            return _refuse(488, str(exc))
+        self._origins[origin_key] = (sess_id, version + 1)
+        dialog = req.dialog
+        if (
+            kx is not None
+            and session is not None
+            and dialog is not None
+            and session.dialog_id == dialog.id
+        ):
+            # A re-key inside the session: the agent sends under the new keys as soon as it
+            # has this answer, which may be before the UA reports the refresh (it waits for
+            # the ACK), so the RUDP side switches now.
+            session.key, session.kx = secret, media.key
+            with contextlib.suppress(StoreError):
+                self.service.connected(uri, (media.addr, media.port), secret)
+        offer = request.body.decode("utf-8", "replace")
+        self._accepted[(request.call_id, from_tag)] = _Accepted(
+            uri, media, offer, secret, kx is not None
+        )
+        return Reply(200, body=answer)
+
+    def _kx_holder(self, kx: bytes) -> str | None:
+        """The user whose live session was agreed with public value ``kx``, if any."""
+        for session in self._sessions.values():
+            if session.kx == kx:
+                return session.uri
+        for accepted in self._accepted.values():
+            if accepted.media.key == kx:
+                return accepted.uri
+        return None
+
+    def _new_sess_id(self) -> int:
+        return int.from_bytes(self._random(6), "big") & 0x7FFFFFFFFFFF
+
+    def _authenticate(self, request: Request, user: str) -> Reply | None:
+        """Digest for ``request`` as ``user``: None when good, else the refusal (401/407
+        challenge, 400 for unreadable credentials, 403 for another user's)."""
+        try:
+            result = self.digest.verify(request, self.clock())
         except AuthHeaderError as exc:
             return _refuse(400, f"bad credentials: {exc.reason}")
         if isinstance(result, AuthChallenge):
             return Reply(result.status, headers=result.headers)
-        if result.username != from_uri.user:
+        if result.username != user:
             self.stats_refused += 1
-            return _refuse(403, f"{result.username} may not act as {uri}")
+            return _refuse(403, f"{result.username} may not act as sip:{user}@...")
+        return None
+
+    def _guard(self, request: Request, dialog: Dialog) -> Reply | None:
+        """Issue 12: an in-dialog request changes nothing until it is authenticated as
+        the session's owner (a BYE or re-INVITE from anyone else gets 401/403 and the
+        session goes on). Requests of dialogs we did not make with an agent pass."""
+        owner = self._owners.get(dialog.id)
+        if owner is None or request.method not in ("BYE", "INVITE", "UPDATE", "INFO"):
+            return None
         try:
-            media = parse_session(request.body, require_key=True)
-            self._version += 1
-            answer = build_answer(
-                request.body,
-                self.config.user,
-                self._sess_id,
-                self._version,
-                *self.service.local_addr,
-            )
-        except SdpError as exc:
-            return _refuse(488, exc.reason)
-        offer = request.body.decode("utf-8", "replace")
-        self._accepted[(request.call_id, from_tag)] = _Accepted(uri, media, offer)
-        return Reply(200, body=answer.encode())
+            owner_user = parse_uri(owner)
+        except SipParseError:
+            return None
+        if not isinstance(owner_user, SipUri) or owner_user.user is None:
+            return None
+        try:
+            from_uri = request.from_.uri
+        except SipParseError as exc:
+            return _refuse(400, exc.reason)
+        if not isinstance(from_uri, SipUri) or from_uri.aor != owner:
+            self.stats_refused += 1
+            return _refuse(403, f"{from_uri} may not act in the session of {owner}")
+        refused = self._authenticate(request, owner_user.user)
+        if refused is None and request.method == "INVITE":
+            self._guarded.add((request.call_id, request.cseq.seq))
+        return refused
 
     # ------------------------------------------------------------------ events
 
@@ -479,9 +775,12 @@ class BrokerSipEndpoint:
         uri, media = accepted.uri, accepted.media
         now = self.clock()
         addr = (media.addr, media.port)
-        assert media.key is not None  # parse_session(require_key=True)
         previous = self._sessions.get(uri)
         same = previous is not None and previous.dialog_id == dialog.id
+        if refreshed and not same:
+            # The refresh of a dialog a newer INVITE already replaced (its ACK came late):
+            # applying it would put the user back on that dialog's keys.
+            return
         record = SessionRecord(
             uri=uri,
             call_id=dialog.call_id,
@@ -491,8 +790,10 @@ class BrokerSipEndpoint:
             route_set=", ".join(dialog.route_set),
             remote_sdp=accepted.offer,
             media_addr=addr_text(addr),
-            session_key=media.key,
-            msisdn=media.msisdn or self._msisdns.get(uri),
+            session_key=accepted.secret,
+            # The operator's record only: a number announced in SDP is the user's claim,
+            # and SMS to it would be paid by the operator (issue 12).
+            msisdn=self._msisdns.get(uri),
             status=SessionStatus.CONNECTED,
             local_cseq=dialog.local_seq,
             remote_cseq=dialog.remote_seq or 0,
@@ -507,9 +808,14 @@ class BrokerSipEndpoint:
                 self._spawn(self._bye_quietly(old))
         self._owners[dialog.id] = uri
         self._sessions[uri] = _Session(
-            uri, dialog.id, dialog.call_id, addr, media.key, record.started_at
+            uri, dialog.id, dialog.call_id, addr, accepted.secret, record.started_at, media.key
         )
-        self.store.sessions.upsert_session(record)
+        try:
+            self.store.sessions.upsert_session(record)
+        except StoreError as exc:
+            # The agent already holds the new keys: the RUDP side must follow even when the
+            # row cannot be written now (it is written again at the next change).
+            log.error("session of %s not stored: %s", uri, exc)
         if refreshed and same and previous is not None:
             self.log.emit(
                 "session_reinvited",
@@ -523,7 +829,47 @@ class BrokerSipEndpoint:
             self.log.emit(
                 "session_started", uri, call_id=dialog.call_id, addr=addr_text(addr), prev_addr=prev
             )
-        self.service.connected(uri, addr, media.key)
+        try:
+            self.service.connected(uri, addr, accepted.secret)
+        except StoreError as exc:  # the link is up; only the status write failed
+            log.error("status of %s not stored: %s", uri, exc)
+        if accepted.new_keys and (uri, dialog.id) not in self._key_checks:
+            # A pending check keeps its deadline: re-keying again and again (as an agent
+            # whose keys never work does) must not postpone the verdict forever.
+            self._key_checks[(uri, dialog.id)] = asyncio.get_running_loop().call_later(
+                self.config.key_confirm_timeout, self._confirm_keys, uri, dialog.id, dialog
+            )
+
+    def _confirm_keys(self, uri: str, dialog_id: DialogId, dialog: Dialog) -> None:
+        """Fail closed: no authentic datagram since the key agreement means the two ends
+        derived different secrets (an SDP rewritten on the path, or another password)."""
+        self._key_checks.pop((uri, dialog_id), None)
+        session = self._sessions.get(uri)
+        if session is None or session.dialog_id != dialog_id:
+            return
+        if self.service.heard_from(uri):
+            return
+        log.warning(
+            "session of %s (Call-ID %s) ended: no authentic RUDP datagram within %.1f s of "
+            "the key agreement; the SDP key exchange was altered on the path or the agent "
+            "derived another key",
+            uri,
+            dialog.call_id,
+            self.config.key_confirm_timeout,
+        )
+        self.log.emit(
+            "session_ended",
+            uri,
+            call_id=dialog.call_id,
+            addr=addr_text(session.media_addr),
+            reason="key mismatch",
+        )
+        self._owners.pop(dialog_id, None)
+        del self._sessions[uri]
+        with contextlib.suppress(StoreError):
+            self.service.disconnected(uri, ended=True)
+        if dialog.state is DialogState.CONFIRMED:
+            self._spawn(self._bye_quietly(dialog))
 
     def _session_down(self, dialog: Dialog, reason: str) -> None:
         uri = self._owners.pop(dialog.id, None)
@@ -533,6 +879,7 @@ class BrokerSipEndpoint:
         if session is None or session.dialog_id != dialog.id:
             return
         del self._sessions[uri]
+        self._origins.pop((dialog.call_id, dialog.remote_tag), None)
         self.log.emit(
             "session_ended",
             uri,
@@ -541,6 +888,23 @@ class BrokerSipEndpoint:
             reason=reason,
         )
         self.service.disconnected(uri, ended=True)
+
+    def kick(self, uri: str) -> bool:
+        """End ``uri``'s session now (``mdeci admin kick``): BYE to the agent, delivery
+        stopped, ``session_ended`` logged with reason ``kicked``. False when it has none."""
+        session = self._sessions.get(uri)
+        dialog = self.ua.dialogs.get(session.dialog_id) if session is not None else None
+        if dialog is None:
+            return False
+        self._session_down(dialog, "kicked")
+        if dialog.state is DialogState.CONFIRMED:
+            self._spawn(self._bye_quietly(dialog))
+        return True
+
+    @property
+    def bound(self) -> bool:
+        """True while the SIP sockets are open (the readiness probe)."""
+        return self._bound
 
     async def _bye_quietly(self, dialog: Dialog) -> None:
         with contextlib.suppress(SipError, OSError):

@@ -3,7 +3,7 @@
 Patterns and filters are compiled once, when a subscription enters the cache (at start
 from the store, then on each ``sub``); ``unsub`` and the sweep take them out. Matching
 never touches the database. A subscription whose ``expires_at`` has passed matches
-nothing and is reported back so the broker removes it (PROTOCOL.md §6: "removed at
+nothing and is reported back so the broker removes it (docs/protocol.md §6: "removed at
 matching time").
 """
 
@@ -75,6 +75,10 @@ class SubscriptionMatcher:
 
     def add(self, compiled: CompiledSubscription) -> None:
         self._subs[compiled.sub.sub_id] = compiled
+
+    def count_of(self, uri: str, now: float) -> int:
+        """Live subscriptions of ``uri`` (for the per-user cap)."""
+        return sum(1 for c in self._subs.values() if c.sub.uri == uri and c.sub.expires_at > now)
 
     def discard(self, sub_id: int) -> CompiledSubscription | None:
         """Remove ``sub_id``; the removed entry or None."""

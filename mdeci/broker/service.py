@@ -2,7 +2,7 @@
 
 Glue only, as ``rudp/aio`` is for its core. One :class:`~rudp.aio.RudpEndpoint` serves
 every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed by the
-session key from SDP) and three kinds of task:
+session secret agreed through SDP, docs/security.md) and three kinds of task:
 
 - a reader: ``peer.receive()`` -> ``Broker.handle_frames`` (what every reader received
   by then, so publishes arriving together share one commit) -> replies sent on the peer;
@@ -31,7 +31,7 @@ from mdeci.broker.core import Broker
 from mdeci.broker.errors import SessionKeyError
 from mdeci.broker.sms import SmsFallback
 from mdeci.errors import FrameError
-from mdeci.frames import Error, encode
+from mdeci.frames import CalendarOk, Error, encode
 from mdeci.store.errors import StoreError
 from mdeci.store.sessions import SessionStatus
 from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
@@ -71,9 +71,23 @@ class BrokerService:
         self._sweeper: asyncio.Task[None] | None = None
         # Frames received and not yet handled, in arrival order (see _read).
         self._inbound: list[tuple[_UserLink, bytes]] = []
-        # Urgent notifications of DISCONNECTED users go by SMS when set (run_broker).
-        self.sms: SmsFallback | None = None
+        # The channel selector and SMS side when set (run_broker; see the sms property).
+        self._sms: SmsFallback | None = None
         broker.listener = self
+
+    @property
+    def sms(self) -> SmsFallback | None:
+        """Channel selection beyond IP (issue 13): told of every queued notification."""
+        return self._sms
+
+    @sms.setter
+    def sms(self, sms: SmsFallback | None) -> None:
+        self._sms = sms
+        if sms is not None:
+            sms.tell = self._tell
+            sms.connected = self.broker.is_connected
+            sms.handle_frame = self._sms_frame
+            sms.sub_class = self._sub_class
 
     @classmethod
     async def open(
@@ -90,6 +104,10 @@ class BrokerService:
     def local_addr(self) -> tuple[str, int]:
         """The media address to put in the broker's SDP answer."""
         return self.endpoint.local_addr
+
+    def peers(self) -> list[tuple[str, RudpPeer]]:
+        """Each user with a live RUDP association, and its peer (for the metrics)."""
+        return [(uri, link.peer) for uri, link in self._users.items()]
 
     def start(self) -> None:
         """Start the periodic subscription sweep (idempotent)."""
@@ -152,6 +170,12 @@ class BrokerService:
         if self.sms is not None and not ended:
             self.sms.kick(uri)
 
+    def heard_from(self, uri: str) -> bool:
+        """True once an authentic datagram came from ``uri``'s current RUDP association
+        (the proof that both ends derived the same session secret)."""
+        link = self._users.get(uri)
+        return link is not None and link.peer.stats.packets_received > 0
+
     def is_connected(self, uri: str) -> bool:
         """True while notifications are being sent to ``uri``."""
         return self.broker.is_connected(uri)
@@ -175,8 +199,38 @@ class BrokerService:
 
     def queued(self, uri: str) -> None:
         self.acked(uri)
-        if self.sms is not None and not self.broker.is_connected(uri):
-            self.sms.kick(uri)
+        if self.sms is not None:
+            connected = self.broker.is_connected(uri)
+            link = self._users.get(uri)
+            if connected and link is not None:
+                conn = link.peer.connection
+                srtt = conn.rto.srtt
+                stats = conn.stats
+                self.sms.observe_ip(
+                    uri,
+                    None if srtt is None else srtt * 1000.0,
+                    stats.data_sent,
+                    stats.retransmissions,
+                )
+            self.sms.kick(uri, connected=connected)
+
+    def _sub_class(self, sub_id: int) -> str | None:
+        """The queue class live subscription ``sub_id`` asked for, if any."""
+        compiled = self.broker.matcher.get(sub_id)
+        return None if compiled is None else compiled.sub.qclass
+
+    def _sms_frame(self, uri: str, data: bytes) -> None:
+        """A ``pub`` or ``ack`` from ``uri``'s phone by SMS: handled as over IP; the
+        answers stay here (an ``error`` is logged by the core's churn events)."""
+        self.broker.handle_frame(uri, data)
+
+    def _tell(self, uri: str, data: bytes) -> bool:
+        """Send a broker-initiated frame (e.g. ``limit``) to ``uri`` if it is CONNECTED."""
+        link = self._users.get(uri)
+        if link is None or not self.broker.is_connected(uri):
+            return False
+        self._spawn_send(link, data)
+        return True
 
     def acked(self, uri: str) -> None:
         link = self._users.get(uri)
@@ -210,6 +264,8 @@ class BrokerService:
             if self._users.get(link.uri) is not link:
                 continue  # dropped meanwhile: as if its reader had been cancelled first
             for frame in frames:
+                if isinstance(frame, CalendarOk) and self.sms is not None:
+                    self.sms.calendar_changed(link.uri)  # decide again with it
                 try:
                     reply = encode(frame)
                 except FrameError as exc:  # e.g. a `subs` listing over the frame limit

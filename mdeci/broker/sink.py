@@ -1,4 +1,4 @@
-"""Where the broker core writes churn events (PROTOCOL.md §8): a small port.
+"""Where the broker core writes churn events (docs/protocol.md §8): a small port.
 
 The core only calls :meth:`ChurnSink.emit`; :class:`ChurnLogSink` plugs in the real
 :class:`mdeci.churnlog.ChurnLog`, :class:`MemorySink` keeps them for tests. Field names are

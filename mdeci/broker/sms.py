@@ -1,6 +1,6 @@
 """SMS fallback of the broker: urgent notifications of DISCONNECTED users go by SMS.
 
-Theory of operation (PROTOCOL.md §7, docs/channels.md "Broker integration")
+Theory of operation (docs/protocol.md §7, docs/channels.md "Broker integration")
 ----------------------------------------------------------------------------
 :class:`SmsFallback` is asked to look at a user (:meth:`SmsFallback.kick`) when
 something was queued for it while its IP channel is not CONNECTED, when its RUDP peer
@@ -37,35 +37,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 
 import cbor2
 
+from mdeci.broker.errors import BrokerError
 from mdeci.broker.sink import ChurnSink
 from mdeci.channels import (
     CachedUsage,
     Channel,
     Hold,
     Kind,
-    Limit,
     NoChannel,
     Outgoing,
     Period,
     SelectorPolicy,
-    Tariff,
+    SendNow,
+    Usage,
     UsageCounter,
+    WeeklyCalendar,
+    period_days,
     record_send,
     select,
 )
+from mdeci.channels.config import ChannelsConfig, IpConfig, LimitConfig, Scope
+from mdeci.channels.limits import first_exceeded
+from mdeci.channels.live import Figures, LiveFigures
 from mdeci.config import BrokerSmsConfig, SmsGatewayKind
 from mdeci.errors import FrameError
-from mdeci.frames import Notify, decode, encode
+from mdeci.frames import Ack, LimitReached, Notify, Pub, decode, encode
 from mdeci.sms import sms_tariff
 from mdeci.sms.config import SmsConfig
-from mdeci.sms.gateway import LinkRunner, SimulatedNetwork, SmsGateway
+from mdeci.sms.gateway import LinkRunner, SmsGateway, network_gateway
 from mdeci.sms.link import BufferAcknowledged, BufferExpired, FrameReceived, LinkEvent, SmsLink
+from mdeci.store.calendars import SqlCalendars
 from mdeci.store.errors import StoreError
 from mdeci.store.queues import QueuedNotification
 from mdeci.store.repo import BrokerStore
@@ -74,39 +83,71 @@ from mdeci.store.usage import SqlUsage, remove_delivered
 
 log = logging.getLogger(__name__)
 
-URGENT = "urgent"
 SMS_CHANNEL = "sms"
+IP_CHANNEL = "ip"
+#: The usage counters' user name for global limits (everybody's SMS together).
+GLOBAL_USER = "*"
+_EPOCH_DATE = date(1970, 1, 1)
 # Urgent rows read per look at a user beyond those already in flight.
 BATCH = 32
 
 
-def sms_policy(config: BrokerSmsConfig, link: SmsConfig | None = None) -> SelectorPolicy:
-    """The selector policy of ``[sms]``: an IP channel and the SMS channel with its limits.
+def sms_channel(config: BrokerSmsConfig, link: SmsConfig | None, figures: Figures) -> Channel:
+    """The SMS channel: ``[sms] price`` per SMS (a frame costs its segments), live L, V."""
+    return Channel(
+        name=SMS_CHANNEL,
+        kind=Kind.SMS,
+        tariff=sms_tariff(config.price, link),
+        energy_mw=config.energy_mw,
+        latency_ms=figures.latency_ms,
+        coverage=figures.coverage,
+    )
 
-    The IP figures are the thesis' MNO data plan's; while IP is DISCONNECTED only SMS is
-    available, so they matter only to a class that may wait (none by default).
-    """
-    limits: list[Limit] = []
+
+def ip_channel(config: IpConfig, figures: Figures) -> Channel:
+    """The IP channel: ``[channels.ip]`` tariff and energy, live L and V."""
+    return Channel(
+        name=IP_CHANNEL,
+        kind=Kind.IP,
+        tariff=config.tariff(),
+        energy_mw=config.energy_mw,
+        latency_ms=figures.latency_ms,
+        coverage=figures.coverage,
+    )
+
+
+def sms_limits(config: BrokerSmsConfig) -> tuple[LimitConfig, ...]:
+    """``[sms]``'s shorthand limits (per user, on SMS) as ``[[channels.limits]]``."""
+    limits: list[LimitConfig] = []
     if config.day_messages is not None:
-        limits.append(Limit(period=Period.DAY, channel=SMS_CHANNEL, messages=config.day_messages))
+        limits.append(LimitConfig(period=Period.DAY, messages=config.day_messages))
     if config.month_messages is not None:
-        limits.append(
-            Limit(period=Period.MONTH, channel=SMS_CHANNEL, messages=config.month_messages)
-        )
+        limits.append(LimitConfig(period=Period.MONTH, messages=config.month_messages))
     if config.month_money is not None:
-        limits.append(Limit(period=Period.MONTH, channel=SMS_CHANNEL, money=config.month_money))
+        limits.append(LimitConfig(period=Period.MONTH, money=config.month_money))
+    return tuple(limits)
+
+
+def sms_policy(
+    config: BrokerSmsConfig,
+    link: SmsConfig | None = None,
+    channels: ChannelsConfig | None = None,
+    *,
+    user: str = "",
+    ip: Figures | None = None,
+    sms: Figures | None = None,
+) -> SelectorPolicy:
+    """``user``'s selector policy: the IP and SMS channels (with these figures, else the
+    configured ones), the classes of ``[channels]`` and the per-user limits of
+    ``[channels]`` and ``[sms]``."""
+    chans = channels if channels is not None else ChannelsConfig()
+    ip_now = ip if ip is not None else Figures(chans.ip.latency_ms, chans.ip.coverage)
+    sms_now = sms if sms is not None else Figures(config.latency_ms, 1.0)
+    extra = tuple(lim.limit() for lim in sms_limits(config))
     return SelectorPolicy(
-        channels=(
-            Channel(name="ip", tariff=Tariff(price=0.0), energy_mw=1500.0, latency_ms=250.0),
-            Channel(
-                name=SMS_CHANNEL,
-                kind=Kind.SMS,
-                tariff=sms_tariff(config.price, link),
-                energy_mw=config.energy_mw,
-                latency_ms=config.latency_ms,
-            ),
-        ),
-        limits=tuple(limits),
+        channels=(ip_channel(chans.ip, ip_now), sms_channel(config, link, sms_now)),
+        classes=chans.classes_of(),
+        limits=chans.limits_for(user) + extra,
     )
 
 
@@ -115,36 +156,28 @@ def link_config(config: BrokerSmsConfig) -> SmsConfig:
     return SmsConfig(
         ack_timeout=config.ack_timeout,
         ack_timeout_max=config.ack_timeout_max,
+        first_part_ack=config.first_part_ack,
         default_ttl=config.ttl,
     )
 
 
 def make_gateway(config: BrokerSmsConfig) -> SmsGateway:
-    """The gateway ``[sms] gateway`` names (the simulated one is a private network)."""
-    if config.gateway is SmsGatewayKind.KANNEL:
-        from mdeci.sms.kannel import KannelConfig, KannelGateway
+    """The gateway ``[sms] gateway`` names.
 
-        return KannelGateway(
-            KannelConfig(
-                sendsms_url=config.kannel_sendsms_url,
-                username=config.kannel_username,
-                password=config.kannel_password,
-                callback_host=config.kannel_callback.host,
-                callback_port=config.kannel_callback.port,
-            )
+    Raises :class:`BrokerError` for ``"simulated"``: that network reaches no phone (tests
+    hand the broker a gateway of their own network); a standalone broker must say how to
+    reach phones (``"kannel"``: docs/sms.md "Loopback with Kannel and fakesmsc").
+    """
+    if config.gateway is SmsGatewayKind.SIMULATED:
+        raise BrokerError(
+            '[sms] gateway = "simulated" reaches no phone outside tests: set gateway = '
+            '"kannel" (docs/sms.md "Loopback with Kannel and fakesmsc") or "smpp", '
+            "or enabled = false"
         )
-    if config.gateway is SmsGatewayKind.SMPP:
-        from mdeci.sms.smpp import SmppConfig, SmppGateway
-
-        return SmppGateway(
-            SmppConfig(
-                host=config.smpp_address.host,
-                port=config.smpp_address.port,
-                system_id=config.smpp_system_id,
-                password=config.smpp_password,
-            )
-        )
-    return SimulatedNetwork().gateway(config.number)
+    gateway = network_gateway(config)
+    if gateway is not None:
+        return gateway
+    raise AssertionError(f"gateway kind {config.gateway} not handled")  # a programming error
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +187,17 @@ class _InFlight:
     published_at: float
 
 
+def _quantum(value: float) -> float:
+    """Two significant figures: live figures move a cached policy only when they move."""
+    return float(f"{value:.2g}")
+
+
 class SmsFallback:
-    """The broker's SMS side; :meth:`start`, then :meth:`close` at the end.
+    """The broker's channel selection and SMS side; :meth:`start`, then :meth:`close`.
 
     ``clock`` is the broker's (epoch seconds: TTLs, limits' calendar periods, latencies);
-    the link's retransmission timers run on the event loop's clock.
+    the link's retransmission timers run on the event loop's clock. ``tell`` (set by the
+    service) sends a frame to a user over IP and says whether it could.
     """
 
     def __init__(
@@ -170,11 +209,12 @@ class SmsFallback:
         clock: Callable[[], float],
         *,
         usage: UsageCounter | None = None,
-        policy: SelectorPolicy | None = None,
+        channels: ChannelsConfig | None = None,
         default_msisdns: dict[str, str] | None = None,
     ) -> None:
         self.store = store
         self.config = config
+        self.channels = channels if channels is not None else ChannelsConfig()
         self.clock = clock
         self.log = log_sink
         # Period sums read once from SQL, then kept exact by record_send (one broker per
@@ -182,19 +222,51 @@ class SmsFallback:
         self.usage: UsageCounter = (
             usage if usage is not None else CachedUsage(SqlUsage(store.engine))
         )
-        cfg = link_config(config)
-        self.policy = policy if policy is not None else sms_policy(config, cfg)
-        self.link = SmsLink(config.number, cfg)
+        self.link_config = link_config(config)
+        self.live = LiveFigures(
+            {
+                IP_CHANNEL: Figures(self.channels.ip.latency_ms, self.channels.ip.coverage),
+                SMS_CHANNEL: Figures(config.latency_ms, 1.0),
+            },
+            alpha=self.channels.alpha,
+        )
+        self._global_limits = self.channels.limits_for("", scope=Scope.GLOBAL)
+        self._policies: dict[str, tuple[tuple[float, ...], SelectorPolicy]] = {}
+        self._free: dict[str, tuple[SelectorPolicy, SelectorPolicy]] = {}
+        self._calendar_store = SqlCalendars(store.engine)
+        self._calendars: dict[str, WeeklyCalendar | None] = {}
+        self.link = SmsLink(config.number, self.link_config)
         self.runner = LinkRunner(self.link, gateway, self._on_event)
+        self.tell: Callable[[str, bytes], bool] | None = None
+        self.connected: Callable[[str], bool] | None = None  # is its IP channel up
         self._defaults = dict(default_msisdns or {})
+        self._uri_by_number = {number: uri for uri, number in self._defaults.items()}
+        # Set by the service: handle a frame from a user as if it came over IP; the class
+        # a live subscription asked for.
+        self.handle_frame: Callable[[str, bytes], None] | None = None
+        self.sub_class: Callable[[int], str | None] | None = None
         self._buffers: dict[int, _InFlight] = {}
         self._by_user: dict[str, dict[int, int]] = {}  # uri -> nseq -> buffer id
-        self._blocked: dict[str, set[int]] = {}  # nseqs already logged as blocked
+        self._noted: dict[str, set[int]] = {}  # nseqs whose hold/refusal was logged
+        self._decided: dict[str, int] = {}  # connected users: highest nseq decided
+        self._told: set[tuple[str, str, float]] = set()  # (uri, limit, period end) told
+        self._untold: dict[str, list[bytes]] = {}  # limit frames waiting for IP
+        self._ip_seen: dict[str, tuple[int, int]] = {}  # RUDP (sent, retransmitted) seen
         self._users_by_number: dict[str, str] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.received: list[tuple[str, bytes]] = []  # MO frames (sender, frame)
         self.errors = 0
         self._started = False
+        # Only the classes that may use SMS are looked at; rows carry only "urgent".
+        urgent = self.channels.class_config(self.channels.urgent_class)
+        self._urgent_sms = urgent is not None and SMS_CHANNEL in urgent.channels
+        # Every row may be of a class that allows SMS unless only the urgent class does
+        # (then urgent rows alone are read, or a named class could never use SMS).
+        self._normal_sms = any(
+            SMS_CHANNEL in c.channels
+            for c in self.channels.classes
+            if c.name != self.channels.urgent_class
+        )
 
     async def start(self) -> None:
         """Start the gateway, then look at every user stored DISCONNECTED."""
@@ -217,18 +289,76 @@ class SmsFallback:
         """nseqs of ``uri`` on their way by SMS (not yet acknowledged or expired)."""
         return tuple(sorted(self._by_user.get(uri, {})))
 
-    def kick(self, uri: str) -> None:
-        """Send ``uri``'s queued urgent notifications by SMS if it is DISCONNECTED."""
+    def policy(self, uri: str) -> SelectorPolicy:
+        """``uri``'s selector policy with its live figures (rebuilt when they move)."""
+        ip, sms = self.live.get(uri, IP_CHANNEL), self.live.get(uri, SMS_CHANNEL)
+        key = (
+            _quantum(ip.latency_ms),
+            _quantum(ip.coverage),
+            _quantum(sms.latency_ms),
+            _quantum(sms.coverage),
+        )
+        cached = self._policies.get(uri)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        policy = sms_policy(
+            self.config,
+            self.link_config,
+            self.channels,
+            user=uri,
+            ip=Figures(key[0], key[1]),
+            sms=Figures(key[2], key[3]),
+        )
+        self._policies[uri] = (key, policy)
+        return policy
+
+    def observe_ip(self, uri: str, rtt_ms: float | None, sent: int, retransmitted: int) -> None:
+        """The user's RUDP figures now: smoothed RTT and its packet counters so far (the
+        share of packets sent since the last call that needed no retransmission is one
+        reliability sample)."""
+        if rtt_ms is not None and rtt_ms > 0:
+            self.live.latency(uri, IP_CHANNEL, rtt_ms)
+        last_sent, last_re = self._ip_seen.get(uri, (0, 0))
+        if sent < last_sent or retransmitted < last_re:
+            last_sent, last_re = 0, 0  # a new RUDP association: counters restarted
+        self._ip_seen[uri] = (sent, retransmitted)
+        new_sent = sent - last_sent
+        if new_sent > 0:
+            lost = min(new_sent, retransmitted - last_re)
+            self.live.delivered(uri, IP_CHANNEL, 1.0 - lost / new_sent, weight=1.0)
+
+    def kick(self, uri: str, *, connected: bool = False) -> None:
+        """Decide for ``uri``'s queued notifications not decided yet (see the module
+        docstring); ``connected``: its IP channel is up."""
         if not self._started:
             return
         try:
-            self._kick(uri)
+            self._kick(uri, connected)
         except StoreError as exc:
             self.errors += 1  # retried at the next kick (publish, disconnection, start)
-            log.warning("sms fallback for %s: %s", uri, exc)
+            log.warning("channel selection for %s: %s", uri, exc)
+
+    def calendar_changed(self, uri: str) -> None:
+        """``uri``'s device sent a new calendar: forget the old one and decide again for
+        what is held or refused."""
+        self._calendars.pop(uri, None)
+        timer = self._timers.pop(uri, None)
+        if timer is not None:
+            timer.cancel()
+        self._noted.pop(uri, None)
+        self._decided.pop(uri, None)
+        self.kick(uri, connected=self.connected is not None and self.connected(uri))
+
+    def calendar(self, uri: str) -> WeeklyCalendar | None:
+        """``uri``'s calendar as its device last sent it (read from SQL once), or None."""
+        if uri not in self._calendars:
+            stored = self._calendar_store.get(uri)
+            self._calendars[uri] = None if stored is None else stored.calendar()
+        return self._calendars[uri]
 
     def ip_back(self, uri: str) -> None:
-        """``uri`` is CONNECTED again: stop its SMS buffers; IP delivers what is queued."""
+        """``uri`` is CONNECTED again: stop its SMS buffers; IP delivers what is queued;
+        tell it the limits it reached meanwhile."""
         timer = self._timers.pop(uri, None)
         if timer is not None:
             timer.cancel()
@@ -236,33 +366,58 @@ class SmsFallback:
         for buffer_id in flying.values():
             self.link.cancel(buffer_id)
             self._buffers.pop(buffer_id, None)
-        self._blocked.pop(uri, None)
+        self._noted.pop(uri, None)
+        self._decided.pop(uri, None)
         if flying and self._started:
             self.runner.poke()
+        untold = self._untold.pop(uri, [])
+        if untold:
+            # After the service marked it CONNECTED (it calls us first).
+            asyncio.get_running_loop().call_soon(self._tell_all, uri, untold)
 
     # ------------------------------------------------------------------ internals
 
     def _msisdn(self, uri: str) -> str | None:
-        session = self.store.sessions.get_session(uri)
-        if session is None or session.status is not SessionStatus.DISCONNECTED:
-            return None
-        return session.msisdn or self._defaults.get(uri)
+        # From the operator's user records only: a device cannot make the broker pay
+        # for SMS to a number of its choosing (the SDP's a=mdeci-msisdn is ignored).
+        return self._defaults.get(uri)
 
-    def _kick(self, uri: str) -> None:
-        msisdn = self._msisdn(uri)
-        if msisdn is None:
-            return
+    def _kick(self, uri: str, connected: bool) -> None:
+        msisdn = self._msisdn(uri) if self._started else None
+        if msisdn is None or not (self._urgent_sms or self._normal_sms):
+            return  # IP only: the IP path delivers in order when it is up
+        if not connected:
+            session = self.store.sessions.get_session(uri)
+            if session is None or session.status is not SessionStatus.DISCONNECTED:
+                return
         self._users_by_number[msisdn] = uri
         flying = self._by_user.setdefault(uri, {})
-        rows = self.store.queues.pending(uri, limit=len(flying) + BATCH, urgent_only=True)
+        after = self._decided.get(uri, 0) if connected else 0
+        rows = self.store.queues.pending(
+            uri, after_nseq=after, limit=len(flying) + BATCH, urgent_only=not self._normal_sms
+        )
         now = self.clock()
         for row in rows:
             if row.nseq not in flying:
-                self._offer(uri, msisdn, row, now)
+                self._offer(uri, msisdn, row, now, connected)
+            if connected:
+                self._decided[uri] = max(self._decided.get(uri, 0), row.nseq)
 
-    def _offer(self, uri: str, msisdn: str, row: QueuedNotification, now: float) -> None:
+    def _qclass(self, row: QueuedNotification) -> str:
+        """The publish's class, else its subscription's, else by ``urgent``."""
+        if row.qclass:
+            return row.qclass
+        if self.sub_class is not None:
+            named = self.sub_class(row.sub_id)
+            if named:
+                return named
+        return self.channels.urgent_class if row.urgent else self.channels.default_class
+
+    def _offer(
+        self, uri: str, msisdn: str, row: QueuedNotification, now: float, connected: bool
+    ) -> None:
         left = row.published_at + self.config.ttl - now
-        if left <= 0:
+        if left <= 0 and not connected:
             remove_delivered(self.store.engine, uri, row.nseq)
             self.log.emit(
                 "notify_dropped", uri, nseq=row.nseq, channel=SMS_CHANNEL, reason="ttl ended"
@@ -271,29 +426,49 @@ class SmsFallback:
         frame = _notify_frame(row)
         if frame is None:
             return  # unsendable rows are the IP path's to report
-        message = Outgoing(user=uri, qclass=URGENT, size=len(frame), first_seen=row.published_at)
-        decision = select(self.policy, message, available={SMS_CHANNEL}, usage=self.usage, now=now)
+        qclass = self._qclass(row)
+        message = Outgoing(user=uri, qclass=qclass, size=len(frame), first_seen=row.published_at)
+        available = {IP_CHANNEL} if connected else set()
+        policy = self.policy(uri)
+        over_global = self._over_global(message, policy, now)
+        if over_global is None:
+            available.add(SMS_CHANNEL)
+        calendar = self.calendar(uri)
+        decision = select(
+            policy, message, available=available, usage=self.usage, now=now, calendar=calendar
+        )
+        if over_global is not None and not isinstance(decision, SendNow | Hold):
+            decision = NoChannel("every channel is blocked", ((SMS_CHANNEL, over_global),))
         if isinstance(decision, Hold):
+            self._note(uri, row.nseq, f"held until {decision.until:.0f} for {decision.waiting_for}")
             self._retry_at(uri, decision.until - now)
             return
         if isinstance(decision, NoChannel):
-            blocked = self._blocked.setdefault(uri, set())
-            if row.nseq not in blocked:
-                blocked.add(row.nseq)
+            for channel, limit in decision.blocked:
+                self._limit_reached(uri, channel, limit, qclass, now)
+            if decision.blocked or not connected:
                 why = "; ".join(f"{ch}: {limit}" for ch, limit in decision.blocked)
-                self.log.emit(
-                    "notify_queued",
-                    uri,
-                    nseq=row.nseq,
-                    channel=SMS_CHANNEL,
-                    reason=f"sms not used ({decision.reason}) {why}".strip(),
-                )
-                log.info("sms for %s nseq %d not sent: %s %s", uri, row.nseq, decision.reason, why)
+                self._note(uri, row.nseq, f"sms not used ({decision.reason}) {why}".strip())
+            return
+        if decision.channel.name != SMS_CHANNEL:
+            # IP it is: the IP path carries every queued notification in order. Was SMS
+            # the better choice, but for a limit? Then that limit is what decided.
+            stopped = self._sms_stopped(uri, message, policy, over_global, connected, now)
+            if stopped is not None:
+                self._limit_reached(uri, SMS_CHANNEL, stopped, qclass, now)
+                self._note(uri, row.nseq, f"sms not used (limit reached) sms: {stopped}")
+            return
+        if left <= 0:
             return
         buffer_id = self.runner.send_frame(msisdn, frame, ttl=left)
         self._buffers[buffer_id] = _InFlight(uri, row.nseq, row.published_at)
         self._by_user.setdefault(uri, {})[row.nseq] = buffer_id
         record_send(self.usage, message, decision, at=now)
+        if self._global_limits:
+            self.usage.add(
+                GLOBAL_USER, SMS_CHANNEL, qclass, now, Usage(1, len(frame), decision.cost)
+            )
+        how = "both: sms beats ip" if connected else "ip down"
         self.log.emit(
             "sms_sent",
             uri,
@@ -301,8 +476,93 @@ class SmsFallback:
             channel=SMS_CHANNEL,
             bytes=len(frame),
             cost=decision.cost,
-            reason=f"to {msisdn}",
+            reason=f"to {msisdn} ({how}, class {qclass})",
         )
+
+    def _sms_stopped(
+        self,
+        uri: str,
+        message: Outgoing,
+        policy: SelectorPolicy,
+        over_global: str | None,
+        connected: bool,
+        now: float,
+    ) -> str | None:
+        """The limit that kept ``message`` off SMS although SMS scores best, or None."""
+        cls, _ = policy.plan(message.qclass)
+        if Kind.SMS not in cls.kinds:
+            return None
+        free = self._free_policy(uri, policy)
+        available = {IP_CHANNEL, SMS_CHANNEL} if connected else {SMS_CHANNEL}
+        best = select(free, message, available=available, usage=self.usage, now=now)
+        if not isinstance(best, SendNow) or best.channel.name != SMS_CHANNEL:
+            return None
+        if over_global is not None:
+            return over_global
+        over = first_exceeded(
+            policy.limits,
+            self.usage,
+            user=uri,
+            channel=SMS_CHANNEL,
+            qclass=message.qclass,
+            extra=Usage(1, message.size, best.cost),
+            now=now,
+        )
+        return None if over is None else over.describe()
+
+    def _free_policy(self, uri: str, policy: SelectorPolicy) -> SelectorPolicy:
+        """``policy`` without its limits (what the cost function alone would choose)."""
+        found = self._free.get(uri)
+        if found is None or found[0] is not policy:
+            found = (policy, dataclasses.replace(policy, limits=()))
+            self._free[uri] = found
+        return found[1]
+
+    def _over_global(self, message: Outgoing, policy: SelectorPolicy, now: float) -> str | None:
+        """The global limit sending ``message`` by SMS would exceed, described, or None."""
+        if not self._global_limits:
+            return None
+        sms = policy.channels[1]
+        extra = Usage(1, message.size, sms.cost(message.size))
+        over = first_exceeded(
+            self._global_limits,
+            self.usage,
+            user=GLOBAL_USER,
+            channel=SMS_CHANNEL,
+            qclass=message.qclass,
+            extra=extra,
+            now=now,
+        )
+        return None if over is None else "global " + over.describe()
+
+    def _note(self, uri: str, nseq: int, reason: str) -> None:
+        noted = self._noted.setdefault(uri, set())
+        if nseq in noted:
+            return
+        noted.add(nseq)
+        self.log.emit("notify_queued", uri, nseq=nseq, channel=SMS_CHANNEL, reason=reason)
+        log.info("notification %d of %s: %s", nseq, uri, reason)
+
+    def _limit_reached(self, uri: str, channel: str, limit: str, qclass: str, now: float) -> None:
+        """Tell the device (once per limit and period) that ``limit`` stops ``channel``."""
+        period = next(
+            (p for p in Period if limit.removeprefix("global ").startswith(p.value)), None
+        )
+        end = period_days(period, now)[1] if period is not None else None
+        until = (end - _EPOCH_DATE).days * 86400.0 if end is not None else now
+        key = (uri, limit, until)
+        if key in self._told:
+            return
+        self._told.add(key)
+        log.warning("limit reached for %s on %s (class %s): %s", uri, channel, qclass, limit)
+        frame = encode(LimitReached(channel=channel, limit=limit, qclass=qclass, until=until))
+        self._tell_all(uri, [frame])
+
+    def _tell_all(self, uri: str, frames: list[bytes]) -> None:
+        for i, frame in enumerate(frames):
+            if self.tell is None or not self.tell(uri, frame):
+                self._untold.setdefault(uri, []).extend(frames[i:])
+                return
 
     def _retry_at(self, uri: str, delay: float) -> None:
         if uri in self._timers:
@@ -311,7 +571,9 @@ class SmsFallback:
 
         def again() -> None:
             self._timers.pop(uri, None)
-            self.kick(uri)
+            self._noted.pop(uri, None)
+            self._decided.pop(uri, None)
+            self.kick(uri, connected=self.connected is not None and self.connected(uri))
 
         self._timers[uri] = loop.call_later(max(0.0, delay), again)
 
@@ -329,6 +591,8 @@ class SmsFallback:
             # Stays queued: IP delivers it again later and the agent's gate refuses it.
             self.errors += 1
         if isinstance(event, BufferAcknowledged):
+            self.live.latency(flight.uri, SMS_CHANNEL, (event.acked_at - event.sent_at) * 1000.0)
+            self.live.delivered(flight.uri, SMS_CHANNEL, 1.0)
             latency = max(0.0, (self.clock() - flight.published_at) * 1000.0)
             self.log.emit(
                 "notify_delivered",
@@ -338,6 +602,7 @@ class SmsFallback:
                 latency_ms=latency,
             )
         elif isinstance(event, BufferExpired):
+            self.live.delivered(flight.uri, SMS_CHANNEL, 0.0)
             self.log.emit(
                 "notify_dropped",
                 flight.uri,
@@ -347,12 +612,21 @@ class SmsFallback:
             )
 
     def _on_mo(self, sender: str, frame: bytes) -> None:
-        uri = self._users_by_number.get(sender, f"tel:{sender}")
+        """A frame from a phone. From a user's number (the operator's records), a ``pub``
+        or ``ack`` is handled as if it came over IP (no answer goes back: SMS costs, and
+        the device resends a publish over IP later under the same ``msg_id``)."""
+        known = self._uri_by_number.get(sender)
+        uri = known if known is not None else f"tel:{sender}"
         self.received.append((sender, frame))
         op = "?"
+        decoded = None
         with contextlib.suppress(FrameError):
-            op = decode(frame).op
+            decoded = decode(frame)
+            op = decoded.op
         self.log.emit("sms_received", uri, channel=SMS_CHANNEL, bytes=len(frame), reason=f"op={op}")
+        if known is None or not isinstance(decoded, Pub | Ack) or self.handle_frame is None:
+            return
+        self.handle_frame(known, frame)
 
 
 def _notify_frame(row: QueuedNotification) -> bytes | None:

@@ -120,7 +120,7 @@ class ClassPolicy:
     """How one queue class (urgent, normal, bulk ...) chooses.
 
     ``kinds`` are the channel kinds the class may use: by default only urgent
-    notifications may go by SMS (PROTOCOL.md §7). ``max_delay`` (seconds, the thesis'
+    notifications may go by SMS (docs/protocol.md §7). ``max_delay`` (seconds, the thesis'
     ``Dmax``) is how long a notification may wait for a better channel; 0 never holds.
     """
 
@@ -136,7 +136,7 @@ class ClassPolicy:
 
 
 def default_classes() -> dict[str, ClassPolicy]:
-    """The three classes of PROTOCOL.md §7 with equal weights; bulk may wait an hour."""
+    """The three classes of docs/protocol.md §7 with equal weights; bulk may wait an hour."""
     return {
         "urgent": ClassPolicy(kinds=frozenset({Kind.IP, Kind.SMS})),
         "normal": ClassPolicy(),

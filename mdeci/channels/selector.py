@@ -24,13 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from math import log
 from typing import Generic, TypeVar
 
 from mdeci.channels.calendar import WeeklyCalendar
-from mdeci.channels.cost import fixed_terms, score_with
+from mdeci.channels.cost import FLOOR, fixed_terms, score_with
 from mdeci.channels.errors import PolicyError, UnknownQueueClass
 from mdeci.channels.limits import CachedUsage, Limit, Usage, UsageCounter, period_of_day
-from mdeci.channels.model import Channel, ClassPolicy, default_classes
+from mdeci.channels.model import Billing, Channel, ClassPolicy, default_classes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +49,16 @@ class SelectorPolicy:
     # Ranked channels per (user, class, size, UTC day), valid while the usage added for
     # the user since stays within their limits' slack (only with a CachedUsage; select).
     _ranked: dict[tuple[str, str, int, int], _Ranking] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    # Questions asked once (a ranking is kept only for one asked again: with every size
+    # new, building and keeping rankings is what the miss path would spend its time on).
+    _asked: set[tuple[str, str, int, int]] = field(
+        default_factory=set, init=False, repr=False, compare=False
+    )
+    # Per (user, class, UTC day): each candidate's room under its limits, whatever the
+    # size (the size-independent half of step 2; see _Rooms).
+    _rooms: dict[tuple[str, str, int], _Rooms] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -74,6 +85,10 @@ class SelectorPolicy:
                     fixed_terms(channel, cls.weights),
                     cls.weights.cost,
                     tuple(lim for lim in self.limits if lim.applies(channel.name, qclass)),
+                    _BILLING_CODE[channel.tariff.billing],
+                    channel.tariff.price,
+                    channel.tariff.unit_bytes,
+                    channel.tariff.overhead_bytes,
                 )
                 for order, channel in enumerate(self.channels)
                 if channel.kind in cls.kinds
@@ -89,6 +104,39 @@ class _Candidate:
     fixed: tuple[float, ...]
     cost_weight: float
     limits: tuple[Limit, ...]
+    # The channel's tariff, for Tariff.cost inlined (same arithmetic, same float).
+    billing: int
+    price: float
+    unit_bytes: int
+    overhead_bytes: int
+
+    def cost(self, size: int) -> float:
+        if self.billing == _FLAT:
+            return self.price * 1.0
+        size += self.overhead_bytes
+        if self.billing == _PER_UNIT:
+            return self.price * float(max(1, -(-size // self.unit_bytes)))
+        return self.price * (size / self.unit_bytes)
+
+
+_FLAT, _PER_UNIT, _PRORATA = 0, 1, 2
+_BILLING_CODE = {Billing.FLAT: _FLAT, Billing.PER_UNIT: _PER_UNIT, Billing.PRORATA: _PRORATA}
+#: Money closer than this to a limit's bound is decided by the exact (slow) test.
+_MARGIN = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class _Rooms:
+    """Per candidate of one (user, class, day): how many more messages, bytes and money
+    its limits allow (the minimum over them; money less a margin), read when ``usage``
+    had added ``base`` for the user. Usage added since, counted against every room, can
+    only make a room smaller by at most that much (counts only grow)."""
+
+    usage: UsageCounter
+    epoch: int
+    base: Usage
+    # Per plan entry: the candidate, its channel's name, its messages, bytes, money rooms.
+    rooms: tuple[tuple[_Candidate, str, float, float, float], ...]
 
 
 #: Rankings kept per policy before the memo is emptied (a few hundred bytes each).
@@ -189,6 +237,17 @@ def select(
             or added.bytes - ranking.base.bytes > ranking.slack_bytes
             or added.money - ranking.base.money > ranking.slack_money
         ):
+            if ranking is None and key not in policy._asked:
+                # First time: answer from the rooms, keep nothing per size.
+                asked = policy._asked
+                if len(asked) >= MAX_RANKINGS:
+                    asked.clear()
+                asked.add(key)
+                fast = _select_fresh(
+                    policy, cls, plan, message, available, usage, added, day, now, calendar
+                )
+                if fast is not None:
+                    return fast
             ranking = _rank(plan, usage, user, size, day, usage.epoch, added)
             memo = policy._ranked
             if len(memo) >= MAX_RANKINGS:
@@ -219,6 +278,114 @@ def select(
     if best is None:
         return ranking.none
     return best[2]
+
+
+def _rooms(
+    plan: tuple[_Candidate, ...], usage: CachedUsage, user: str, day: int, base: Usage
+) -> _Rooms:
+    inf = float("inf")
+    rooms: list[tuple[_Candidate, str, float, float, float]] = []
+    for cand in plan:
+        room_m = room_b = room_c = inf
+        for limit in cand.limits:
+            first, end = period_of_day(limit.period, day)
+            used = usage.usage(user, first, end, channel=limit.channel, qclass=limit.qclass)
+            if limit.messages is not None:
+                room_m = min(room_m, limit.messages - used.messages)
+            if limit.bytes is not None:
+                room_b = min(room_b, limit.bytes - used.bytes)
+            if limit.money is not None:
+                room_c = min(room_c, limit.money - used.money)
+        rooms.append((cand, cand.channel.name, room_m, room_b, room_c))
+    return _Rooms(usage, usage.epoch, base, tuple(rooms))
+
+
+def _store_rooms(policy: SelectorPolicy, key: tuple[str, str, int], rooms: _Rooms) -> _Rooms:
+    if len(policy._rooms) >= MAX_RANKINGS:
+        policy._rooms.clear()
+    policy._rooms[key] = rooms
+    return rooms
+
+
+def _select_fresh(
+    policy: SelectorPolicy,
+    cls: ClassPolicy,
+    plan: tuple[_Candidate, ...],
+    message: Outgoing,
+    available: Collection[str],
+    usage: CachedUsage,
+    added: Usage,
+    day: int,
+    now: float,
+    calendar: WeeklyCalendar | None,
+) -> Decision | None:
+    """select for a size not asked before, from the per-(user, class, day) rooms: no
+    ranking is built or kept. Returns None where only the full computation can answer
+    exactly (a room too close to call, or no channel: NoChannel names the limits)."""
+    user, size = message.user, message.size
+    key = (user, message.qclass, day)
+    rooms = policy._rooms.get(key)
+    if rooms is None or rooms.usage is not usage or rooms.epoch != usage.epoch:
+        rooms = _store_rooms(policy, key, _rooms(plan, usage, user, day, added))
+    keep_all = cls.max_delay > 0 and calendar is not None  # Hold: absent ones' scores
+    while True:
+        base = rooms.base
+        dm = added.messages - base.messages
+        db = added.bytes - base.bytes
+        dc = added.money - base.money
+        best: tuple[float, int, _Candidate, float] | None = None
+        scored: list[tuple[float, int, _Candidate, float]] = []
+        unsure = False
+        for cand, name, room_m, room_b, room_c in rooms.rooms:
+            # Tariff.cost, inlined (same arithmetic, same float): this is the hot loop.
+            billing = cand.billing
+            if billing == _FLAT:
+                cost = cand.price * 1.0
+            elif billing == _PER_UNIT:
+                cost = cand.price * float(
+                    max(1, -(-(size + cand.overhead_bytes) // cand.unit_bytes))
+                )
+            else:
+                cost = cand.price * ((size + cand.overhead_bytes) / cand.unit_bytes)
+            if room_m - dm < 1 or room_b - db < size or room_c - dc < cost + _MARGIN:
+                if dm or db or dc or room_c - cost >= -_MARGIN:
+                    unsure = True  # maybe within its limits after all
+                    break
+                continue  # over a limit, exactly
+            score = 0.0
+            if cand.cost_weight:
+                score += cand.cost_weight * log(cost if cost > FLOOR else FLOOR)
+            for term in cand.fixed:
+                score += term
+            if name in available:
+                if best is None or score < best[0] or (score == best[0] and cand.order < best[1]):
+                    best = (score, cand.order, cand, cost)
+            elif keep_all:  # only absent channels can be waited for
+                scored.append((score, cand.order, cand, cost))
+        if not unsure:
+            break
+        if not (dm or db or dc):
+            return None  # too close to call from the rooms: ask exactly
+        # Usage was added since the rooms were read: read them again, once.
+        rooms = _store_rooms(policy, key, _rooms(plan, usage, user, day, added))
+    if best is None:
+        return None  # NoChannel: the full computation names what blocked each channel
+    if scored:  # only with a calendar and Dmax > 0 (keep_all); only absent channels
+        top = best[0]
+        waits = [e for e in scored if e[0] < top]
+        if len(waits) > 1:
+            waits.sort(key=_fresh_key)
+        better = tuple(e[2].channel.name for e in waits)
+        if better and calendar is not None:
+            p = calendar.any_of(better, message.first_seen)
+            until = message.first_seen + p * cls.max_delay
+            if p > 0 and now < until:
+                return Hold(until, better, p)
+    return SendNow(best[2].channel, best[0], best[3])
+
+
+def _fresh_key(entry: tuple[float, int, _Candidate, float]) -> tuple[float, int]:
+    return entry[0], entry[1]
 
 
 def _rank(

@@ -12,15 +12,19 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from mdeci import oplog
 from mdeci.agent import daemon
+from mdeci.commands import Command
 from mdeci.commands.common import stop_on_signals
 from mdeci.config import load_agent_config
+from mdeci.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", type=Path, default=Path("configs/agent.toml"), help="agent TOML file"
     )
+    oplog.add_arguments(parser)
 
 
 async def _main(config_path: Path) -> int:
@@ -28,10 +32,8 @@ async def _main(config_path: Path) -> int:
     running = await daemon.run_agent(config)
     stop = stop_on_signals()
     try:
-        ua = running.agent.ua
-        assert ua is not None
-        host, port = ua.local_addr
-        print(f"agent {config.aor} api={config.api_socket} sip={host}:{port}", flush=True)
+        sip_addr = running.status().sip_addr
+        print(f"agent {config.aor} api={config.api_socket} sip={sip_addr}", flush=True)
         await stop.wait()
     finally:
         await running.close(clean=True)
@@ -40,9 +42,20 @@ async def _main(config_path: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Raises :class:`~mdeci.errors.ConfigError`, :class:`~mdeci.agent.errors.AgentError`."""
+    _start_logging(args)
     try:
         return asyncio.run(_main(args.config))
     except OSError as exc:
         from mdeci.agent.errors import AgentError
 
         raise AgentError(f"cannot bind: {exc.strerror or exc}") from None
+
+
+def _start_logging(args: argparse.Namespace) -> None:
+    try:
+        oplog.setup_from_args(args)
+    except OSError as exc:
+        raise ConfigError(f"cannot open --log-file {args.log_file}: {exc.strerror}") from None
+
+
+COMMANDS = {"agent": Command("agent", add_arguments, run)}

@@ -2,8 +2,9 @@
 
 Loads the config once, brings the database to the Alembic head (as ``mdeci db upgrade``
 does), starts everything with :func:`mdeci.broker.app.run_broker`, prints one line
-``broker listening sip=HOST:PORT media=HOST:PORT`` once both sockets are bound, and runs
-until SIGINT or SIGTERM. Errors are one line and exit status 2 (``mdeci.cli``).
+``broker listening sip=HOST:PORT media=HOST:PORT [tls=HOST:PORT] [metrics=HOST:PORT]``
+once the sockets are bound, and runs until SIGINT or SIGTERM. Errors are one line and exit
+status 2 (``mdeci.cli``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from mdeci import oplog
 from mdeci.broker import app as broker_app
 from mdeci.broker.endpoint import Address, addr_text
+from mdeci.commands import Command
 from mdeci.commands.common import stop_on_signals
 from mdeci.config import BrokerConfig, HostPort, load_broker_config
 from mdeci.errors import ConfigError
@@ -45,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="override [media] host and port (RUDP; 0 picks a free port)",
     )
+    oplog.add_arguments(parser)
 
 
 async def serve(
@@ -55,12 +59,24 @@ async def serve(
     running = await broker_app.run_broker(config, sip_listen=sip_listen, media_listen=media_listen)
     stop = stop_on_signals()
     try:
+        tls = running.endpoint.ua.tls_addr
+        metrics = f" metrics={addr_text(running.metrics_addr)}" if running.metrics_addr else ""
         print(
             f"broker listening sip={addr_text(running.sip_addr)} "
-            f"media={addr_text(running.media_addr)}",
+            f"media={addr_text(running.media_addr)}"
+            + (f" tls={addr_text(tls)}" if tls is not None else "")
+            + metrics,
             flush=True,
         )
+        oplog.event(
+            "broker_started",
+            sip=addr_text(running.sip_addr),
+            media=addr_text(running.media_addr),
+            metrics=addr_text(running.metrics_addr) if running.metrics_addr else None,
+            store=running.store.engine.url.render_as_string(hide_password=True),
+        )
         await stop.wait()
+        oplog.event("broker_stopping")
     finally:
         await running.close()
     return 0
@@ -69,4 +85,15 @@ async def serve(
 def run(args: argparse.Namespace) -> int:
     """Raises :class:`~mdeci.errors.MdeciError` subclasses (one line, exit 2)."""
     config = load_broker_config(args.config)
+    _start_logging(args)
     return asyncio.run(serve(config, args.listen_sip, args.listen_media))
+
+
+def _start_logging(args: argparse.Namespace) -> None:
+    try:
+        oplog.setup_from_args(args)
+    except OSError as exc:
+        raise ConfigError(f"cannot open --log-file {args.log_file}: {exc.strerror}") from None
+
+
+COMMANDS = {"broker": Command("broker", add_arguments, run)}

@@ -1,6 +1,6 @@
 """Commands that talk to the local agent over its API socket (``docs/agent.md``).
 
-``mdeci sub``, ``unsub``, ``subs``, ``pub``, ``tail``, ``status``. Each finds the agent
+``mdeci sub``, ``unsub``, ``subs``, ``pub``, ``tail``, ``status``, ``move``. Each finds the agent
 by ``--socket PATH`` or by the ``api_socket`` of ``--config FILE`` (default
 ``configs/agent.toml``). Errors are one line and exit 2 (through :mod:`mdeci.cli`).
 """
@@ -8,18 +8,16 @@ by ``--socket PATH`` or by the ``api_socket`` of ``--config FILE`` (default
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import socket
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
-from mdeci.agent.api import ApiClient
 from mdeci.agent.errors import ApiError
+from mdeci.commands import Command
+from mdeci.commands.text import table
 from mdeci.config import load_agent_config
 
 
@@ -40,11 +38,32 @@ def _socket(args: argparse.Namespace) -> Path:
 
 
 def _call(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any]:
-    async def go() -> dict[str, Any]:
-        async with ApiClient(_socket(args)) as client:
-            return await client.call(request)
-
-    return asyncio.run(go())
+    """One request to the agent's API and its answer, the protocol of
+    :class:`mdeci.agent.api.ApiClient` (a JSON object per line) spoken synchronously:
+    importing asyncio would cost a client command a good part of its start-up budget."""
+    path = _socket(args)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            raise ApiError(f"cannot reach the agent at {path}: is `mdeci agent` running?") from None
+        try:
+            sock.sendall((json.dumps(request) + "\n").encode())
+            with sock.makefile("rb") as stream:
+                line = stream.readline()
+        except OSError as exc:
+            raise ApiError(f"agent connection failed: {exc}") from None
+    if not line:
+        raise ApiError("the agent closed the connection")
+    try:
+        answer = json.loads(line)
+    except ValueError as exc:
+        raise ApiError(f"agent connection failed: {exc}") from None
+    if not isinstance(answer, dict):
+        raise ApiError("the agent answered something that is not a JSON object")
+    if not answer.get("ok"):
+        raise ApiError(str(answer.get("error", "the agent refused the request")))
+    return answer
 
 
 def _when(epoch: object) -> str:
@@ -53,8 +72,8 @@ def _when(epoch: object) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _console() -> Console:
-    return Console(file=sys.stdout, width=120)
+def _print(text: str) -> None:
+    sys.stdout.write(text + "\n")
 
 
 # ------------------------------------------------------------------ sub
@@ -99,17 +118,17 @@ def add_subs_arguments(parser: argparse.ArgumentParser) -> None:
 def run_subs(args: argparse.Namespace) -> int:
     answer = _call(args, {"op": "subs"})
     title = "subscriptions" + (" (cached: agent disconnected)" if answer.get("stale") else "")
-    table = Table(title=title)
-    for column in ("sub_id", "subject", "filter", "expires"):
-        table.add_column(column)
+    rows = [["sub_id", "subject", "filter", "expires"]]
     for item in answer.get("items", []):
-        table.add_row(
-            str(item["sub_id"]),
-            str(item["subject"]),
-            str(item["filter"]),
-            _when(item.get("expires_at")),
+        rows.append(
+            [
+                str(item["sub_id"]),
+                str(item["subject"]),
+                str(item["filter"]),
+                _when(item.get("expires_at")),
+            ]
         )
-    _console().print(table)
+    _print(table(rows, title=title))
     return 0
 
 
@@ -158,6 +177,8 @@ def run_pub(args: argparse.Namespace) -> int:
     )
     if answer.get("state") == "published":
         print(f"published {answer['msg_id']} matched={answer.get('matched')}")
+    elif answer.get("state") == "sent":
+        print(f"sent {answer['msg_id']} (no answer from the broker yet; kept until it comes)")
     else:
         print(f"buffered {answer['msg_id']} (sent when the agent reconnects)")
     return 0
@@ -175,6 +196,10 @@ def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tail(args: argparse.Namespace) -> int:
+    import asyncio  # tail streams: the async client (other commands do without asyncio)
+
+    from mdeci.agent.api import ApiClient
+
     async def go() -> None:
         seen = 0
         async with ApiClient(_socket(args)) as client:
@@ -199,15 +224,16 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    """Exit 0 when CONNECTED, 1 otherwise (scripts and health checks rely on it)."""
     status = _call(args, {"op": "status"})["status"]
+    code = 0 if status.get("status") == "CONNECTED" else 1
     if args.json:
         print(json.dumps(status))
-        return 0
-    table = Table(title=f"agent {status['aor']}", show_header=False)
-    table.add_column("field")
-    table.add_column("value")
+        return code
+    rows = []
     for key in (
         "status",
+        "state",
         "node",
         "sip_addr",
         "media_addr",
@@ -219,8 +245,41 @@ def run_status(args: argparse.Namespace) -> int:
         "inbox",
         "listeners",
         "subscriptions",
+        "store_id",
+        "sip_stack",
+        "attempts",
+        "failed_attempts",
+        "alerts",
         "last_error",
     ):
-        table.add_row(key, "-" if status.get(key) is None else str(status.get(key)))
-    _console().print(table)
+        value = status.get(key)
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in sorted(value.items())) or None
+        rows.append([key, "-" if value is None else str(value)])
+    _print(table(rows, title=f"agent {status['aor']}"))
+    return code
+
+
+# ------------------------------------------------------------------ move
+
+
+def add_move_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("address", help="a local address to move to, e.g. 127.0.0.3")
+    _common(parser)
+
+
+def run_move(args: argparse.Namespace) -> int:
+    answer = _call(args, {"op": "move", "address": args.address})
+    _print(f"moved to {answer['sip_addr']} (media {answer['media_addr']})")
     return 0
+
+
+COMMANDS = {
+    "sub": Command("sub", add_sub_arguments, run_sub),
+    "unsub": Command("unsub", add_unsub_arguments, run_unsub),
+    "subs": Command("subs", add_subs_arguments, run_subs),
+    "pub": Command("pub", add_pub_arguments, run_pub),
+    "tail": Command("tail", add_tail_arguments, run_tail),
+    "status": Command("status", add_status_arguments, run_status),
+    "move": Command("move", add_move_arguments, run_move),
+}

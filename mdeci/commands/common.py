@@ -38,7 +38,7 @@ def store_url(args: argparse.Namespace, *, make_data_dir: bool = False) -> str:
     config = load_broker_config(args.config)
     if make_data_dir:
         try:
-            config.data_dir.mkdir(parents=True, exist_ok=True)
+            config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
     return config.store.url

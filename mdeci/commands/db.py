@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from mdeci.commands import Command
 from mdeci.commands.common import add_store_source, store_url
 from mdeci.errors import ConfigError
 from mdeci.store.migrate import upgrade
@@ -28,3 +29,6 @@ def run(args: argparse.Namespace) -> int:
     revision = upgrade(store_url(args, make_data_dir=True))
     print(f"database at revision {revision}")
     return 0
+
+
+COMMANDS = {"db": Command("db", add_arguments, run)}

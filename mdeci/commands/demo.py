@@ -14,6 +14,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from mdeci.commands import Command
 from mdeci.demo import story
 from mdeci.demo.plan import FULL, QUICK
 from mdeci.demo.summary import render
@@ -56,3 +57,6 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(render(summary)), flush=True)
     print(f"churn logs for `mdeci analytics churn`: {summary.logs}", flush=True)
     return 0 if summary.ok else 1
+
+
+COMMANDS = {"demo": Command("demo", add_arguments, run)}

@@ -13,6 +13,7 @@ import re
 from rich.console import Console
 from rich.table import Table
 
+from mdeci.commands import Command
 from mdeci.commands.common import add_store_source, store_url
 from mdeci.errors import ConfigError
 from mdeci.store.usage import spend_report
@@ -55,3 +56,6 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(row.user, row.channel, str(row.messages), str(row.bytes), f"{row.money:.4f}")
     Console().print(table if rows else f"no channel usage recorded in {first:%Y-%m}")
     return 0
+
+
+COMMANDS = {"sms": Command("sms", add_arguments, run)}

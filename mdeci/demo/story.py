@@ -35,7 +35,7 @@ from typing import Any
 from mdeci.agent.daemon import RunningAgent, run_agent
 from mdeci.broker.app import RunningBroker, run_broker
 from mdeci.broker.sink import ChurnLogSink, FieldValue
-from mdeci.churnlog import ChurnLog
+from mdeci.churnlog import ChurnLog, Role
 from mdeci.config import (
     AgentConfig,
     AgentRegistrarConfig,
@@ -242,7 +242,7 @@ class Story:
 
     async def _start(self) -> None:
         config = broker_config(self.out)
-        log = ChurnLog(config.churnlog.path, config.node, time.time)
+        log = ChurnLog(config.churnlog.path, config.node, time.time, role=Role.BROKER)
         try:
             self.broker = await run_broker(
                 config,

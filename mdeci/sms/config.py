@@ -15,7 +15,10 @@ class SmsConfig:
     ack_port: int = 16301
     ref16: bool = False  # 16-bit concatenation references (one octet less per segment)
     key: bytes | None = None  # shared key: HMAC-SHA256/8 tags instead of CRC-32
-    ack_timeout: float = 60.0  # first wait for a buffer's ack; doubles on each expiry
+    # First wait for a buffer's (or its first part's) ack; doubles on each expiry. 200 s:
+    # the thesis' choice over its SMSC delay trace (docs/benchmarks.md "SMS link timers").
+    ack_timeout: float = 200.0
+    first_part_ack: bool = True  # segment 1 acknowledged before the rest is sent
     ack_timeout_max: float = 4 * 3600.0  # the doubling stops here
     default_ttl: float = 24 * 3600.0  # a buffer not acked by then is undeliverable
     reassembly_timeout: float = 4 * 3600.0  # incomplete buffers are dropped after this

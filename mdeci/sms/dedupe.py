@@ -1,11 +1,11 @@
-"""The application-side exactly-once gate over ``nseq`` (PROTOCOL.md §5), pure.
+"""The application-side exactly-once gate over ``nseq`` (docs/protocol.md §5), pure.
 
 The same gate serves notifications arriving over IP and over SMS: a notification goes to
 the application only if the gate accepts its ``nseq``, and the gate accepts a number at
 most once. The caller persists :attr:`NseqGate.highest` and :attr:`NseqGate.recent`
 (after delivering, before acknowledging) and builds the gate from them on restart.
 
-``window = 0`` is the rule PROTOCOL.md states: accept only ``nseq > highest``. That
+``window = 0`` is the rule docs/protocol.md states: accept only ``nseq > highest``. That
 never delivers twice, but over SMS, which reorders (and when urgent notifications go by
 SMS while older ones wait in the broker's queue for IP), it throws away a notification
 that arrives after a higher one. With ``window = W > 0`` the gate also accepts a number

@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mdeci.sms.codec import Sms
 from mdeci.sms.errors import GatewayError
 from mdeci.sms.link import LinkEvent, SmsLink
 from mdeci.sms.smsc import SimulatedSmsc, SmscConfig
+
+if TYPE_CHECKING:
+    from mdeci.config import AgentSmsConfig, BrokerSmsConfig
 
 SmsHandler = Callable[[Sms], None]
 
@@ -159,3 +162,33 @@ class LinkRunner:
         if self._sends:
             await asyncio.gather(*self._sends, return_exceptions=True)
         await self.gateway.close()
+
+
+def network_gateway(config: AgentSmsConfig | BrokerSmsConfig) -> SmsGateway | None:
+    """The gateway to a real SMS network that ``[sms] gateway`` names (Kannel's smsbox or
+    SMPP), for the broker and the device alike; None for ``"simulated"``, a network of the
+    tests' own, which each caller refuses with its own message."""
+    if config.gateway == "kannel":
+        from mdeci.sms.kannel import KannelConfig, KannelGateway
+
+        return KannelGateway(
+            KannelConfig(
+                sendsms_url=config.kannel_sendsms_url,
+                username=config.kannel_username,
+                password=config.kannel_password,
+                callback_host=config.kannel_callback.host,
+                callback_port=config.kannel_callback.port,
+            )
+        )
+    if config.gateway == "smpp":
+        from mdeci.sms.smpp import SmppConfig, SmppGateway
+
+        return SmppGateway(
+            SmppConfig(
+                host=config.smpp_address.host,
+                port=config.smpp_address.port,
+                system_id=config.smpp_system_id,
+                password=config.smpp_password,
+            )
+        )
+    return None

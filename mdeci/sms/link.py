@@ -1,15 +1,22 @@
 """An acknowledged SMS link for frames (sans-IO): buffers, acks, doubling timeouts.
 
 Theory of operation (after the NETBTL-style scheme the thesis describes). A frame is one
-*buffer* (:mod:`mdeci.sms.codec`): all its segments are submitted at once, and the
-receiver acknowledges the whole buffer with one ack entry once it has reassembled it and
-checked its tag. The sender waits ``ack_timeout``; on each expiry it submits every
-segment again and doubles the wait (capped at ``ack_timeout_max``); the receiver drops
-the copies it already holds. When the buffer's TTL ends unacknowledged, the sender
-reports :class:`BufferExpired` ("undeliverable"). A late copy of a completed buffer is
-acknowledged again (the first ack may have been lost) but not delivered again. Acks
-carry the reference, the segment count and the first four octets of the buffer's tag,
-so an ack for an older buffer that used the same reference is not taken for a newer one.
+*buffer* (:mod:`mdeci.sms.codec`). With ``first_part_ack`` (the default) a buffer of
+several segments is sent in two steps: first segment 1 alone, which the receiver
+acknowledges with a *part ack* (an ack entry whose segment count is 0, carrying the tag's
+first octets, which segment 1 holds); only then the rest. So an SMSC path that is slow
+or dead costs one SMS per try, not the whole buffer. The receiver acknowledges the whole
+buffer with one ack entry once it has reassembled it and checked its tag. The sender
+waits ``ack_timeout`` (200 s by default: docs/benchmarks.md "SMS link timers"); on each
+expiry it submits again what the current step needs (segment 1 before its part ack,
+every segment after it) and doubles the wait (capped at ``ack_timeout_max``); the
+receiver drops the copies it already holds. The part ack resets the wait to
+``ack_timeout``: the path was just shown to work. When the buffer's TTL ends
+unacknowledged, the sender reports :class:`BufferExpired` ("undeliverable"). A late
+copy of a completed buffer is acknowledged again (the first ack may have been lost) but
+not delivered again. Acks carry the reference, the segment count and the first four
+octets of the buffer's tag, so an ack for an older buffer that used the same reference
+is not taken for a newer one.
 
 The link is a state machine with no I/O and no clock: the caller passes ``now``, sends
 what :meth:`SmsLink.sms_to_send` returns through a gateway, feeds received SMS to
@@ -97,6 +104,7 @@ class _Pending:
     timeout: float
     next_resend: float
     sms_sent: int = 0
+    first_acked: bool = True  # False while only segment 1 may be sent
 
 
 @dataclass(slots=True)
@@ -166,6 +174,7 @@ class SmsLink:
             deadline=now + ttl,
             timeout=cfg.ack_timeout,
             next_resend=now + cfg.ack_timeout,
+            first_acked=not (cfg.first_part_ack and len(pieces) > 1),
         )
         refs.in_use[(ref, total)] = buffer_id
         self._pending[buffer_id] = pending
@@ -243,15 +252,25 @@ class SmsLink:
 
     # -- internals ------------------------------------------------------------------
 
-    def _submit(self, pending: _Pending) -> None:
-        for udh, body in pending.pieces:
+    def _submit(self, pending: _Pending, *, rest_only: bool = False) -> None:
+        if not pending.first_acked:
+            pieces = pending.pieces[:1]
+        elif rest_only:
+            pieces = pending.pieces[1:]
+        else:
+            pieces = pending.pieces
+        for udh, body in pieces:
             self._out.append(Sms(self.address, pending.peer, udh, body))
-        pending.sms_sent += len(pending.pieces)
+        pending.sms_sent += len(pieces)
 
     def _on_segment(self, sms: Sms, now: float) -> None:
         seg = parse_segment(sms.udh, sms.body)
         outcome = self._reasm.add(sms.sender, seg, now)
         if outcome is None:
+            if seg.seq == 1 and seg.total > 1:
+                # Part ack: segment 1 holds the buffer's tag, whose first octets name it.
+                entry = AckEntry(seg.ref, 0, seg.data[:4])
+                self._acks.setdefault(sms.sender, []).append(entry)
             return
         if isinstance(outcome, Corrupt):
             self.stats.corrupt += 1
@@ -268,6 +287,9 @@ class SmsLink:
         refs = self._peers.get(sender)
         for entry in entries:
             self.stats.acks_received += 1
+            if entry.total == 0:
+                self._on_part_ack(refs, entry, now)
+                continue
             buffer_id = None if refs is None else refs.in_use.get((entry.ref, entry.total))
             pending = None if buffer_id is None else self._pending.get(buffer_id)
             if pending is None or pending.tag4 != entry.tag4:
@@ -279,3 +301,17 @@ class SmsLink:
                     pending.buffer_id, pending.peer, pending.sms_sent, pending.sent_at, now
                 )
             )
+
+    def _on_part_ack(self, refs: _PeerRefs | None, entry: AckEntry, now: float) -> None:
+        """Segment 1 of a buffer got through: send the rest, waiting ``ack_timeout``."""
+        if refs is not None:
+            for (ref, _total), buffer_id in refs.in_use.items():
+                pending = self._pending.get(buffer_id)
+                if ref == entry.ref and pending is not None and pending.tag4 == entry.tag4:
+                    if not pending.first_acked:
+                        pending.first_acked = True
+                        pending.timeout = self.config.ack_timeout
+                        pending.next_resend = now + pending.timeout
+                        self._submit(pending, rest_only=True)
+                    return  # a repeated part ack: the rest is on its way already
+        self.stats.stale_acks += 1

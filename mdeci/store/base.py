@@ -1,15 +1,18 @@
 """Declarative base, naming convention and engine factory shared by every store module.
 
 Every model of the project derives from :class:`Base`, so one ``Base.metadata`` describes
-the whole schema for Alembic (``migrations/env.py``) and for ``alembic check``.
+the whole schema for Alembic (``mdeci/store/migrations/env.py``) and for ``alembic check``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import MetaData, create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase
 
 # Named constraints make migrations reproducible on SQLite and PostgreSQL alike.
@@ -26,12 +29,49 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+# Bounds on how long one database call may block (issue 12): an SQLite lock held by another
+# process, an unreachable PostgreSQL, a statement that hangs. A call past them fails with
+# StoreError, which the callers already survive (500 + Retry-After, a retried batch).
+SQLITE_BUSY_TIMEOUT = 5.0  # seconds (was 30)
+PG_CONNECT_TIMEOUT = 5  # seconds (libpq connect_timeout)
+PG_STATEMENT_TIMEOUT_MS = 5000
+
+
+def secure_sqlite_file(database: str) -> None:
+    """The database holds digest HA1s and session secrets: its folder is created 0700 and
+    the file 0600 (an existing file is narrowed to 0600). SQLite gives its -wal and -shm
+    files the mode of the database file."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    with contextlib.suppress(PermissionError):
+        os.chmod(path, 0o600)
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Create an engine; SQLite gets WAL, a busy timeout and enforced foreign keys."""
+    """Create an engine; SQLite gets WAL, a busy timeout and enforced foreign keys and a
+    private file; PostgreSQL connect and statement timeouts."""
     if url.startswith("sqlite"):
-        kwargs.setdefault("connect_args", {"timeout": 30})
+        kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT})
+    elif url.startswith("postgresql"):
+        # connect_args replace the URL's own query arguments of the same name: keep the
+        # operator's ``options`` (a search_path, say) after ours, so theirs win.
+        given = make_url(url).query.get("options", ())
+        theirs = " ".join((given,) if isinstance(given, str) else given)
+        kwargs.setdefault(
+            "connect_args",
+            {
+                "connect_timeout": PG_CONNECT_TIMEOUT,
+                "options": f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS} {theirs}".strip(),
+            },
+        )
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
+        secure_sqlite_file(engine.url.database or "")
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -50,7 +90,12 @@ def import_all_models() -> None:
     """Import every module that defines models, so ``Base.metadata`` is complete."""
     from importlib import import_module
 
-    for name in ("mdeci.store.models", "mdeci.store.usage"):
+    for name in (
+        "mdeci.store.models",
+        "mdeci.store.usage",
+        "mdeci.store.calendars",
+        "mdeci.store.identity",
+    ):
         try:
             import_module(name)
         except ModuleNotFoundError as exc:

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mdeci.errors import StoreError
 
-# The repository root holds alembic.ini and migrations/ (see ARCHITECTURE.md's layout).
-ROOT = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# The migrations ship inside the package (package data in pyproject.toml), so an installed
+# wheel can upgrade a database from any folder; no alembic.ini is needed.
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic :class:`~alembic.config.Config` for the packaged migrations on ``url``."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["url"] = url
+    return cfg
 
 
 def upgrade(url: str) -> str:
@@ -17,14 +32,11 @@ def upgrade(url: str) -> str:
     not a database URL, the database cannot be reached, or a migration fails.
     """
     from alembic import command
-    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
     shown = _redact(url)
     _check_url(url, shown)
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ROOT / "migrations"))
-    cfg.attributes["url"] = url
+    cfg = alembic_config(url)
     try:
         command.upgrade(cfg, "head")
     except Exception as exc:  # one line for the operator, not a traceback

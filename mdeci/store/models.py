@@ -1,6 +1,6 @@
-"""SQLAlchemy 2.0 typed models of the broker's durable state (PROTOCOL.md section 6).
+"""SQLAlchemy 2.0 typed models of the broker's durable state (docs/protocol.md §6).
 
-Migrations ``migrations/versions/0003.py`` and ``0004.py`` create exactly these tables;
+Migrations ``mdeci/store/migrations/versions/0003.py`` and ``0004.py`` create exactly these tables;
 ``alembic check`` in ``tests/store/test_migrations.py`` fails if the two drift apart. Repositories
 (``users.py``, ``bindings.py``, ``sessions.py``, ``subscriptions.py``, ``queues.py``) are
 the only code that touches them; broker logic gets frozen dataclasses, never these rows.
@@ -97,6 +97,7 @@ class SubscriptionRow(Base):
     filter: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Double)
     expires_at: Mapped[float] = mapped_column(Double, index=True)
+    qclass: Mapped[str | None] = mapped_column(Text, nullable=True)  # issue 13
 
 
 class PublishedRow(Base):
@@ -141,6 +142,7 @@ class QueuedRow(Base):
     payload: Mapped[bytes] = mapped_column(LargeBinary)
     urgent: Mapped[bool] = mapped_column(Boolean)
     published_at: Mapped[float] = mapped_column(Double)
+    qclass: Mapped[str | None] = mapped_column(Text, nullable=True)  # the publish's (issue 13)
 
 
 __all__ = [

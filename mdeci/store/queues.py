@@ -1,4 +1,4 @@
-"""Idempotent publish and per-URI durable notification queues (PROTOCOL.md sections 5, 6).
+"""Idempotent publish and per-URI durable notification queues (docs/protocol.md sections 5, 6).
 
 Theory of operation
 -------------------
@@ -48,18 +48,19 @@ import collections
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 from sqlalchemy import Delete, bindparam, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from mdeci.config import OVERFLOW_POLICIES as OVERFLOW_POLICIES
+from mdeci.config import OverflowPolicyName
 from mdeci.store._sql import reading, relaxed_transaction, transaction
 from mdeci.store.errors import InvalidArgument
 from mdeci.store.models import PublishedRow, QueueCounterRow, QueuedRow
 
-OverflowPolicy = Literal["drop-oldest", "refuse-newest"]
-OVERFLOW_POLICIES: tuple[OverflowPolicy, ...] = get_args(OverflowPolicy)
+# The store's name for the policy (one definition, in mdeci.config).
+OverflowPolicy = OverflowPolicyName
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,9 @@ class PublishRequest:
     urgent: bool
     published_at: float
     targets: Sequence[tuple[str, int]]
+    qclass: str | None = None  # the publish's queue class (issue 13), if it named one
+    # Subscriptions whose class may use SMS: their rows are stored urgent (issue 13).
+    urgent_subs: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,7 @@ class QueuedNotification:
     payload: bytes
     urgent: bool
     published_at: float
+    qclass: str | None = None  # the publish's queue class (issue 13), if it named one
 
 
 _COLUMNS = (
@@ -134,6 +139,7 @@ _COLUMNS = (
     QueuedRow.payload,
     QueuedRow.urgent,
     QueuedRow.published_at,
+    QueuedRow.qclass,
 )
 
 
@@ -324,6 +330,7 @@ class SqlQueueStore:
                         sorted(req.targets, key=lambda t: t[0]),
                         max_depth,
                         policy,
+                        req.urgent_subs,
                         {
                             "publisher_uri": req.publisher_uri,
                             "msg_id": req.msg_id,
@@ -332,6 +339,7 @@ class SqlQueueStore:
                             "payload": req.payload,
                             "urgent": req.urgent,
                             "published_at": req.published_at,
+                            "qclass": req.qclass,
                         },
                     )
                     for req in fresh
@@ -353,6 +361,7 @@ class SqlQueueStore:
         ordered: list[tuple[str, int]],
         max_depth: int,
         policy: OverflowPolicy,
+        urgent_subs: frozenset[int],
         message: dict[str, object],
     ) -> PublishResult:
         """Plan every target against the locked counters, then write the plan with one
@@ -417,9 +426,11 @@ class SqlQueueStore:
                 fresh.append(item)
                 queued.append(item)
             counter.depth = depth
-            rows_out.extend(
-                {"uri": uri, "nseq": item.nseq, "sub_id": item.sub_id, **message} for item in fresh
-            )
+            for item in fresh:
+                row = {"uri": uri, "nseq": item.nseq, "sub_id": item.sub_id, **message}
+                if item.sub_id in urgent_subs:
+                    row["urgent"] = True
+                rows_out.append(row)
         # Written now, so that a later request of the same batch that overflows sees
         # them as the older entries its DELETE may drop; the counters are written once,
         # by publish_many.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from mdeci.store.bindings import SqlBindingStore
+from mdeci.store.identity import SqlStoreIdentity
 from mdeci.store.queues import SqlQueueStore
 from mdeci.store.sessions import SqlSessionStore
 from mdeci.store.subscriptions import SqlSubscriptionStore
@@ -29,3 +30,4 @@ class BrokerStore:
         self.sessions = SqlSessionStore(engine)
         self.subscriptions = SqlSubscriptionStore(engine)
         self.queues = SqlQueueStore(engine)
+        self.identity = SqlStoreIdentity(engine)

@@ -96,7 +96,8 @@ class SqlSessionStore:
         return None if row is None else _record(row)
 
     def set_status(self, uri: str, status: SessionStatus, now: float) -> SessionRecord | None:
-        """Set the status (and ``updated_at = now``); the updated session, or None if none.
+        """Set the status (and ``updated_at = now``; ENDED also clears ``session_key``); the
+        updated session, or None if none.
 
         Raises:
             StoreError: the database failed.
@@ -105,7 +106,13 @@ class SqlSessionStore:
             row = conn.execute(
                 update(SessionRow)
                 .where(SessionRow.uri == uri)
-                .values(status=str(SessionStatus(status)), updated_at=now)
+                .values(
+                    status=str(SessionStatus(status)),
+                    updated_at=now,
+                    # An ended session's secret is of no use to anyone but an attacker
+                    # reading the database: cleared (issue 12).
+                    **({"session_key": b""} if status is SessionStatus.ENDED else {}),
+                )
                 .returning(*_COLUMNS)
             ).one_or_none()
         return None if row is None else _record(row)

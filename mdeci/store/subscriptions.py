@@ -1,4 +1,4 @@
-"""Subscriptions with a TTL (PROTOCOL.md sections 5 and 6).
+"""Subscriptions with a TTL (docs/protocol.md sections 5 and 6).
 
 A subscription is alive while ``now < expires_at``; at ``now == expires_at`` it has
 expired (so a TTL of 0 would never match, which is why ``ttl`` must be positive). Expired
@@ -30,6 +30,7 @@ class Subscription:
     filter: str
     created_at: float
     expires_at: float
+    qclass: str | None = None  # the queue class it asked for (issue 13), if any
 
 
 _COLUMNS = (
@@ -39,6 +40,7 @@ _COLUMNS = (
     SubscriptionRow.filter,
     SubscriptionRow.created_at,
     SubscriptionRow.expires_at,
+    SubscriptionRow.qclass,
 )
 
 
@@ -49,7 +51,7 @@ class SqlSubscriptionStore:
         self._engine = engine
 
     def add_subscription(
-        self, uri: str, subject: str, filter: str, ttl: float, now: float
+        self, uri: str, subject: str, filter: str, ttl: float, now: float, qclass: str | None = None
     ) -> Subscription:
         """Store a subscription of ``uri`` alive until ``now + ttl``; it gets a fresh id.
 
@@ -67,6 +69,7 @@ class SqlSubscriptionStore:
             "filter": filter,
             "created_at": now,
             "expires_at": now + ttl,
+            "qclass": qclass,
         }
         with transaction(self._engine, "add_subscription") as conn:
             row = conn.execute(insert(SubscriptionRow).values(values).returning(*_COLUMNS)).one()

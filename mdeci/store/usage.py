@@ -3,7 +3,7 @@
 One row per (user, channel, queue class, UTC day), incremented with an upsert, so a
 limit's window (a day, a week, a month: whole UTC days) is a sum over a few rows and the
 table stays small. Money is stored as integer nano-units (1e-9 of the currency) so sums
-are exact on SQLite and PostgreSQL alike. Migration: ``migrations/versions/0002.py``.
+are exact on SQLite and PostgreSQL alike. Migration: ``mdeci/store/migrations/versions/0002.py``.
 """
 
 from __future__ import annotations

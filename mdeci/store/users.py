@@ -69,8 +69,17 @@ class SqlUserStore:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def add_user(self, uri: str, realm: str, password: str, *, username: str | None = None) -> User:
-        """Add a user, computing its MD5 and SHA-256 HA1 from the plaintext password.
+    def add_user(
+        self,
+        uri: str,
+        realm: str,
+        password: str,
+        *,
+        username: str | None = None,
+        md5: bool = False,
+    ) -> User:
+        """Add a user, computing its SHA-256 HA1 (and its MD5 HA1 only with ``md5``: an
+        explicit opt-in, an unsalted MD5 of the password is weak) from the password.
 
         ``username`` defaults to the user part of ``uri``.
 
@@ -83,7 +92,7 @@ class SqlUserStore:
         return self.add_user_ha1(
             uri,
             realm,
-            ha1_md5=ha1("MD5", name, realm, password),
+            ha1_md5=ha1("MD5", name, realm, password) if md5 else "",
             ha1_sha256=ha1("SHA-256", name, realm, password),
             username=name,
         )
@@ -121,8 +130,9 @@ class SqlUserStore:
             raise
         return User(uri=uri, username=name, realm=realm)
 
-    def set_password(self, uri: str, password: str) -> bool:
-        """Replace a user's HA1s from a new plaintext password; False if no such user.
+    def set_password(self, uri: str, password: str, *, md5: bool = False) -> bool:
+        """Replace a user's HA1s from a new plaintext password (MD5 only with ``md5``,
+        else cleared); False if no such user.
 
         Raises:
             StoreError: the database failed.
@@ -136,7 +146,7 @@ class SqlUserStore:
                 update(UserRow)
                 .where(UserRow.uri == uri)
                 .values(
-                    ha1_md5=ha1("MD5", user.username, user.realm, password),
+                    ha1_md5=ha1("MD5", user.username, user.realm, password) if md5 else "",
                     ha1_sha256=ha1("SHA-256", user.username, user.realm, password),
                 )
             )
@@ -165,7 +175,8 @@ class SqlUserStore:
         return None if row is None else User(*row)
 
     def get_credentials(self, username: str, realm: str, algorithm: str) -> str | None:
-        """The HA1 hex digest for ``username`` in ``realm``, or None if there is no such user.
+        """The HA1 hex digest for ``username`` in ``realm``, or None if there is no such user
+        (or none is kept for that algorithm: MD5 is stored only on opt-in).
 
         ``algorithm`` is the digest challenge's: ``MD5``, ``SHA-256`` or their ``-sess``
         forms (case-insensitive).
@@ -176,9 +187,10 @@ class SqlUserStore:
         """
         column = UserRow.ha1_md5 if _column(algorithm) == "md5" else UserRow.ha1_sha256
         with reading(self._engine, "get_credentials") as conn:
-            return conn.execute(
+            value = conn.execute(
                 select(column).where(UserRow.username == username, UserRow.realm == realm)
             ).scalar_one_or_none()
+        return value or None  # "" = not kept
 
     def list_users(self) -> list[User]:
         """Every user, ordered by URI.

@@ -1,14 +1,15 @@
 """asyncio adapter for the RUDP core: one UDP socket per endpoint, many peers.
 
-Glue only (STYLE.md): datagrams go into ``RudpConnection.receive_datagram``,
-timers are one ``loop.call_at`` per peer, events become future results,
-exceptions and queue items. The core decides everything.
+Glue only (the core is sans-IO; tests/test_layering.py checks it): datagrams go into
+``RudpConnection.receive_datagram``, timers are one ``loop.call_at`` per peer, events
+become future results, exceptions and queue items. The core decides everything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import socket
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from rudp.connection import (
     MessageAcked,
     MessageFailed,
     MessageReceived,
+    PathResponseReceived,
     PeerDisconnected,
     RudpConnection,
     RudpStats,
@@ -28,6 +30,10 @@ from rudp.connection import (
 from rudp.errors import PacketError, PeerUnreachable, RudpError
 
 DEFAULT_CONFIG = RudpConfig()
+log = logging.getLogger("rudp")
+# A path challenge is sent again (same token) at most this often while the candidate
+# address keeps sending; the core's RTO would be too slow for a first packet.
+CHALLENGE_INTERVAL = 0.05
 # Kernel socket buffers: a window of small datagrams costs ~2 KB each of kernel memory
 # (skb truesize), so Linux's 208 KB default drops a 512-packet burst on loopback.
 SOCKET_BUFFER = 4 << 20
@@ -76,8 +82,18 @@ class RudpPeer:
         self.addr = addr
         self.key = key
         self.connection = RudpConnection(
-            key, endpoint.config, sender_id=int.from_bytes(secrets.token_bytes(4), "big")
+            key,
+            endpoint.config,
+            sender_id=int.from_bytes(secrets.token_bytes(4), "big"),
+            protection=endpoint.protection,
         )
+        # Path validation (docs/rudp.md §2): an address the peer seems to speak from is a
+        # candidate until it echoes our PATH_CHALLENGE token from that same address.
+        self._candidate: tuple[str, int] | None = None
+        self._token = b""
+        self._challenged_at = 0.0
+        self._source: tuple[str, int] | None = None
+        self.path_changes = 0
         self.on_disconnected: Callable[[PeerUnreachable], None] | None = None
         # Called for every authenticated datagram (DATA, ACK or PING): lets the owner see
         # a peer it gave up on talking again, before any message arrives.
@@ -99,6 +115,8 @@ class RudpPeer:
     def set_address(self, addr: tuple[str, int]) -> None:
         """Send to ``addr`` from now on (e.g. after a re-INVITE carried a new media address)."""
         self.addr = addr
+        if self._candidate == addr:
+            self._candidate = None
         self._pump()
 
     def reset(self) -> None:
@@ -125,12 +143,44 @@ class RudpPeer:
         return await self._inbox.get()
 
     def _feed(self, data: bytes, addr: tuple[str, int]) -> None:
+        # Known to every _pump this datagram causes, including one run from on_heard
+        # (a PATH_RESPONSE is only valid from the address that was challenged).
+        self._source = addr
         if self.connection.receive_datagram(data, self._loop.time()):
             if addr != self.addr:
-                self.addr = addr  # authenticated and newest: the peer moved (PROTOCOL.md §4)
+                # Authentic and newest, but a copy with a forged source is too: only an
+                # answered challenge moves the peer (QUIC's path validation, RFC 9000 §8.2).
+                self._challenge(addr)
             if self.on_heard is not None:
                 self.on_heard()
+        self._source = addr
         self._pump()
+        self._source = None
+
+    def _challenge(self, addr: tuple[str, int]) -> None:
+        now = self._loop.time()
+        if addr == self._candidate and now - self._challenged_at < CHALLENGE_INTERVAL:
+            return
+        if addr != self._candidate:
+            self._candidate = addr
+            self._token = secrets.token_bytes(8)
+            log.info("rudp peer %s: validating new path %s (was %s)", self._cid, addr, self.addr)
+        self._challenged_at = now
+        self._endpoint._sendto(self.connection.path_challenge(self._token, now), addr)
+
+    @property
+    def _cid(self) -> str:
+        return f"{self.connection.cid:016x}"
+
+    def _path_response(self, token: bytes) -> None:
+        source = self._source
+        if source is None or source != self._candidate or token != self._token:
+            log.info("rudp peer %s: path response from %s ignored", self._cid, source)
+            return
+        log.info("rudp peer %s: path %s validated; moved from %s", self._cid, source, self.addr)
+        self.addr = source
+        self._candidate = None
+        self.path_changes += 1
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -155,6 +205,8 @@ class RudpPeer:
                 future = self._waiters.pop(event.message_id, None)
                 if future is not None and not future.done():
                     future.set_exception(PeerUnreachable("no ACK after retries", event.data))
+            elif isinstance(event, PathResponseReceived):
+                self._path_response(event.token)
             elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
                 self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
         when = self.connection.get_timer()
@@ -177,8 +229,14 @@ class RudpPeer:
 class RudpEndpoint:
     """One UDP socket serving many RUDP peers, routed by connection id."""
 
-    def __init__(self, config: RudpConfig, socket_buffer: int = SOCKET_BUFFER) -> None:
+    def __init__(
+        self,
+        config: RudpConfig,
+        socket_buffer: int = SOCKET_BUFFER,
+        protection: wire.Protection = wire.Protection.AEAD,
+    ) -> None:
         self.config = config
+        self.protection = protection
         self.socket_buffer = socket_buffer
         self.stats = EndpointStats()
         self._loop = asyncio.get_running_loop()
@@ -198,10 +256,12 @@ class RudpEndpoint:
         config: RudpConfig = DEFAULT_CONFIG,
         *,
         socket_buffer: int = SOCKET_BUFFER,
+        protection: wire.Protection = wire.Protection.AEAD,
     ) -> RudpEndpoint:
         """Bind a UDP socket on host:port (0 = any free port); ``socket_buffer`` sizes its
-        kernel buffers (0 keeps the system default). Raises OSError when binding fails."""
-        endpoint = cls(config, socket_buffer)
+        kernel buffers (0 keeps the system default); ``protection``: AEAD, or the
+        integrity-only reference of the benchmark. Raises OSError when binding fails."""
+        endpoint = cls(config, socket_buffer, protection)
         await endpoint._bind(host, port)
         return endpoint
 

@@ -1,8 +1,18 @@
-"""SIP transports for asyncio (RFC 3261 §18): UDP and TCP on one local address.
+"""SIP transports for asyncio (RFC 3261 §18): UDP, TCP and TLS on one local host.
 
 Glue only: bytes in become ``on_message(data, source, transport)`` calls, bytes out go
-to the right socket. TCP messages are cut by Content-Length (:class:`StreamFramer`);
-a stream that breaks framing is closed (§18.3). Connections are reused per peer.
+to the right socket. Stream messages are cut by Content-Length (:class:`StreamFramer`);
+a stream that breaks framing is closed (§18.3). Connections are reused per peer, for
+requests and responses alike (§18.2.2, and in-dialog requests to the same next hop).
+
+Limits (issue 12): at most ``StreamLimits.max_connections`` accepted connections (more
+are closed at once), a connection idle for ``idle_timeout`` seconds is closed, and a
+stream message body may be at most ``max_body`` bytes (a larger Content-Length closes
+the connection without buffering it). A double CRLF "ping" on a stream gets a single
+CRLF "pong" (RFC 5626 §3.5.1).
+
+TLS (``sips:``, §26.2) listens on its own port with an :class:`ssl.SSLContext` for the
+server side, and connects out with a client context that verifies the peer.
 """
 
 from __future__ import annotations
@@ -10,12 +20,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sip.errors import SipParseError
 from sip.message import StreamFramer
 
 Address = tuple[str, int]
+STREAMS = ("tcp", "tls")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamLimits:
+    """Bounds on TCP/TLS connections (see the module docstring)."""
+
+    max_connections: int = 256
+    idle_timeout: float = 300.0
+    max_body: int = 65536
 
 
 def _family(host: str) -> int:
@@ -37,90 +59,190 @@ class _Udp(asyncio.DatagramProtocol):
         self.owner.errors += 1  # ICMP unreachable etc.: the transaction timers cope
 
 
-class _TcpConn(asyncio.Protocol):
-    def __init__(self, owner: Transports, peer: Address | None = None) -> None:
+class _StreamConn(asyncio.Protocol):
+    def __init__(
+        self, owner: Transports, kind: str, peer: Address | None = None, accepted: bool = False
+    ) -> None:
         self.owner = owner
+        self.kind = kind
         self.peer = peer
-        self.framer = StreamFramer()
+        self.accepted = accepted
+        self.framer = StreamFramer(max_body=owner.limits.max_body)
         self.transport: asyncio.Transport | None = None
+        self._idle: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         if self.peer is None:
             self.peer = _norm(transport.get_extra_info("peername"))
-        self.owner.tcp_conns[self.peer] = self
+        if self.accepted and len(self.owner.accepted) >= self.owner.limits.max_connections:
+            self.owner.refused += 1
+            self.peer = None
+            transport.close()
+            return
+        if self.accepted:
+            self.owner.accepted.add(self)
+        self.owner.conns[(self.kind, self.peer)] = self
+        self._touch()
+
+    def _touch(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        loop = asyncio.get_running_loop()
+        self._idle = loop.call_later(self.owner.limits.idle_timeout, self._expire)
+
+    def _expire(self) -> None:
+        self.owner.idle_closed += 1
+        if self.transport is not None:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        assert self.peer is not None
+        if self.peer is None or self.transport is None:
+            return
+        self._touch()
+        if self.framer.buffered == 0 and data.startswith(b"\r\n\r\n") and not data.strip():
+            # RFC 5626 §3.5.1: a CRLFCRLF ping between messages gets a CRLF pong.
+            self.transport.write(b"\r\n")
+            return
         self.framer.feed(data)
-        try:
-            while (msg := self.framer.next_message()) is not None:
-                self.owner.on_parsed(msg, self.peer, "tcp")
-        except SipParseError:
-            # A stream that lost framing cannot be resynchronised (§18.3): close it.
-            self.owner.malformed += 1
-            if self.transport is not None:
-                self.transport.close()
+        while True:
+            try:
+                msg = self.framer.next_message()
+            except SipParseError as exc:
+                self.owner.malformed += 1
+                if self.framer.broken:
+                    # A stream that lost framing cannot be resynchronised (§18.3).
+                    self.transport.close()
+                    return
+                # A whole message that does not parse: answer it (400) and go on.
+                if self.owner.on_malformed is not None:
+                    self.owner.on_malformed(exc, self.peer, self.kind)
+                continue
+            if msg is None:
+                return
+            self.owner.on_parsed(msg, self.peer, self.kind)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.peer is not None and self.owner.tcp_conns.get(self.peer) is self:
-            del self.owner.tcp_conns[self.peer]
+        if self._idle is not None:
+            self._idle.cancel()
+        self.owner.accepted.discard(self)
+        if self.peer is None:
+            return
+        key = (self.kind, self.peer)
+        if self.owner.conns.get(key) is self:
+            del self.owner.conns[key]
 
 
 class Transports:
-    """UDP socket plus (optionally) a TCP listener on the same host and port."""
+    """A UDP socket plus (optionally) a TCP listener on the same host and port, and a TLS
+    listener on ``tls_port`` when a server context is given."""
 
     def __init__(
         self,
         on_datagram: Callable[[bytes, Address, str], None],
         on_parsed: Callable[[object, Address, str], None],
+        *,
+        on_malformed: Callable[[SipParseError, Address, str], None] | None = None,
+        limits: StreamLimits | None = None,
+        tls_server: ssl.SSLContext | None = None,
+        tls_client: ssl.SSLContext | None = None,
     ) -> None:
         self.on_datagram = on_datagram
         self.on_parsed = on_parsed
+        self.on_malformed = on_malformed
+        self.limits = limits or StreamLimits()
+        self.tls_server = tls_server
+        self.tls_client = tls_client
         self.udp: asyncio.DatagramTransport | None = None
         self.tcp_server: asyncio.Server | None = None
-        self.tcp_conns: dict[Address, _TcpConn] = {}
+        self.tls_listener: asyncio.Server | None = None
+        self.conns: dict[tuple[str, Address], _StreamConn] = {}
         self.local: Address = ("", 0)
+        self.tls_local: Address | None = None
         self.errors = 0
         self.malformed = 0
+        self.accepted: set[_StreamConn] = set()  # accepted stream connections open now
+        self.refused = 0  # accepted connections closed at once (over the limit)
+        self.idle_closed = 0
 
-    async def open(self, host: str, port: int, tcp: bool = True) -> Address:
-        """Bind UDP (and TCP on the same port). Port 0 picks a port free for both."""
+    @property
+    def tcp_conns(self) -> dict[Address, _StreamConn]:
+        """Open TCP connections by peer address."""
+        return {peer: c for (kind, peer), c in self.conns.items() if kind == "tcp"}
+
+    def stream_to(self, dest: Address) -> str | None:
+        """The stream transport of an open connection to ``dest`` (TLS first), or None."""
+        for kind in ("tls", "tcp"):
+            conn = self.conns.get((kind, dest))
+            if conn is not None and conn.transport is not None:
+                return kind
+        return None
+
+    async def open(self, host: str, port: int, tcp: bool = True, tls_port: int = 0) -> Address:
+        """Bind UDP (and TCP on the same port; TLS on ``tls_port`` when configured).
+        Port 0 picks a port free for both UDP and TCP."""
         loop = asyncio.get_running_loop()
+        bound: Address | None = None
         for _ in range(20):
             udp, _proto = await loop.create_datagram_endpoint(
                 lambda: _Udp(self), local_addr=(host, port), family=_family(host)
             )
-            bound = _norm(udp.get_extra_info("sockname"))
+            candidate = _norm(udp.get_extra_info("sockname"))
             if not tcp:
-                self.udp, self.local = udp, bound
-                return bound
+                self.udp, self.local, bound = udp, candidate, candidate
+                break
             try:
                 server = await loop.create_server(
-                    lambda: _TcpConn(self), host=bound[0], port=bound[1], reuse_address=True
+                    lambda: _StreamConn(self, "tcp", accepted=True),
+                    host=candidate[0],
+                    port=candidate[1],
+                    reuse_address=True,
                 )
             except OSError:
                 udp.close()
                 if port:
                     raise
                 continue  # the UDP port's TCP twin was taken: try another
-            self.udp, self.tcp_server, self.local = udp, server, bound
-            return bound
-        raise OSError("no port free for both UDP and TCP")
+            self.udp, self.tcp_server, self.local, bound = udp, server, candidate, candidate
+            break
+        if bound is None:
+            raise OSError("no port free for both UDP and TCP")
+        if self.tls_server is not None:
+            listener = await loop.create_server(
+                lambda: _StreamConn(self, "tls", accepted=True),
+                host=bound[0],
+                port=tls_port,
+                ssl=self.tls_server,
+                reuse_address=True,
+            )
+            self.tls_listener = listener
+            self.tls_local = _norm(listener.sockets[0].getsockname())
+        return bound
 
     async def send(self, data: bytes, dest: Address, transport: str) -> None:
-        """Send one message; over TCP, connect first if there is no connection to ``dest``."""
-        if transport == "tcp":
-            conn = self.tcp_conns.get(dest)
+        """Send one message; over a stream, connect first if there is no connection."""
+        if transport in STREAMS:
+            conn = self.conns.get((transport, dest))
             if conn is None or conn.transport is None or conn.transport.is_closing():
                 loop = asyncio.get_running_loop()
-                _t, conn = await loop.create_connection(
-                    lambda: _TcpConn(self, dest),
-                    host=dest[0],
-                    port=dest[1],
-                    local_addr=(self.local[0], 0),
-                )
+                if transport == "tls":
+                    if self.tls_client is None:
+                        raise OSError("no TLS client context configured")
+                    _t, conn = await loop.create_connection(
+                        lambda: _StreamConn(self, "tls", dest),
+                        host=dest[0],
+                        port=dest[1],
+                        ssl=self.tls_client,
+                        server_hostname=dest[0],
+                    )
+                else:
+                    _t, conn = await loop.create_connection(
+                        lambda: _StreamConn(self, "tcp", dest),
+                        host=dest[0],
+                        port=dest[1],
+                        local_addr=(self.local[0], 0),
+                    )
             assert conn.transport is not None
             conn.transport.write(data)
             return
@@ -128,7 +250,7 @@ class Transports:
             self.udp.sendto(data, dest)
 
     def send_soon(self, data: bytes, dest: Address, transport: str) -> None:
-        """Send without awaiting (UDP at once; TCP on a task)."""
+        """Send without awaiting (UDP at once; streams on a task)."""
         if transport == "udp" and self.udp is not None:
             self.udp.sendto(data, dest)
             return
@@ -144,12 +266,16 @@ class Transports:
         if self.udp is not None:
             self.udp.close()
             self.udp = None
-        for conn in list(self.tcp_conns.values()):
+        for conn in list(self.conns.values()):
             if conn.transport is not None:
                 conn.transport.close()
-        self.tcp_conns.clear()
-        if self.tcp_server is not None:
-            self.tcp_server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.tcp_server.wait_closed(), 1.0)
-            self.tcp_server = None
+        self.conns.clear()
+        self.accepted.clear()
+        for name in ("tcp_server", "tls_listener"):
+            server: asyncio.Server | None = getattr(self, name)
+            if server is not None:
+                server.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 1.0)
+                setattr(self, name, None)
+        self.tls_local = None

@@ -1,14 +1,16 @@
-"""The asyncio SIP user agent: UAC and UAS over UDP and TCP, IPv4 and IPv6.
+"""The asyncio SIP user agent: UAC and UAS over UDP, TCP and TLS, IPv4 and IPv6.
 
-Glue around the sans-IO cores (STYLE.md): datagrams go into
-:class:`sip.transaction.TransactionLayer`, dialogs are :class:`sip.dialog.Dialog`,
-2xx retransmission is :class:`sip.dialog.TwoXxRetransmitter`; this module owns the
-sockets, one ``loop.call_at`` timer, futures for pending requests, the registration
-refresh task and the ``move`` to a new local address.
+Glue around the sans-IO cores: datagrams go into
+:class:`sip.transaction.TransactionLayer`; what the UAS answers is decided by
+:class:`sip.ua.UasCore` (request checks, Allow, 501/405/481, OPTIONS, CANCEL, the
+in-dialog guard, response building); dialogs are :class:`sip.dialog.Dialog`, 2xx
+retransmission is :class:`sip.dialog.TwoXxRetransmitter`. This module owns the sockets
+(:mod:`sip.aio.transport`), one ``loop.call_at`` timer, futures for pending requests,
+the handler tasks, the registration refresh task and the ``move`` to a new local address.
 
-Incoming requests that the UA does not handle itself (ACK, BYE, CANCEL, OPTIONS,
-in-dialog checks) go to the ``handler`` coroutine, which returns a :class:`Reply`.
-Malformed requests with a readable Via get 400 with a Warning; anything else
+Requests the core dispatches go to the ``handler`` coroutine, which returns a
+:class:`Reply`; a 401/407 reply is sent once, statelessly. Malformed requests with
+readable headers get 400 with a Warning, sent to the packet's source; anything else
 unparseable is dropped and counted in :attr:`UserAgent.stats`.
 """
 
@@ -17,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sip.aio.transport import Address, Transports
+from sip.aio.transport import Address, StreamLimits, Transports
 from sip.auth import DigestClient
 from sip.dialog import Dialog, DialogId, DialogState, TwoXxRetransmitter
 from sip.errors import (
@@ -37,57 +40,26 @@ from sip.message import Request, Response, make_response, parse_message, seriali
 from sip.transaction import (
     RequestReceived,
     ResponseReceived,
-    TimerConfig,
     TransactionKey,
     TransactionLayer,
     TransactionTimedOut,
     make_branch,
 )
+from sip.ua import (
+    Answer,
+    Cancelled,
+    Dispatch,
+    Guard,
+    Reply,
+    UaConfig,
+    UasCore,
+    check_request,
+    is_challenge,
+    malformed_response,
+    stateless_response,
+    transport_of,
+)
 from sip.uri import NameAddr, SipUri, format_hostport, parse_uri
-
-ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, REGISTER, UPDATE, INFO, MESSAGE"
-SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class UaConfig:
-    """Settings of one user agent.
-
-    ``aor``: our address-of-record (``sip:alice@example.org``); ``username`` and
-    ``password``: digest credentials (username defaults to the AOR user);
-    ``timers``: T1/T2/T4; ``tcp_threshold``: requests larger than this go over TCP
-    (§18.1.1 says 1300 bytes); ``user_agent``: the User-Agent header.
-    """
-
-    aor: str
-    username: str | None = None
-    password: str | None = None
-    display_name: str | None = None
-    timers: TimerConfig = field(default_factory=TimerConfig)
-    tcp_threshold: int = 1300
-    user_agent: str = "mdeci-sip/0.1"
-    tcp: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What a request handler answers: a status, optional body and extra headers."""
-
-    status: int
-    body: bytes = b""
-    content_type: str = "application/sdp"
-    headers: tuple[tuple[str, str], ...] = ()
-    reason: str | None = None
-
-    # What the UA writes itself from the request (and the body's length): never copied.
-    _OWN_HEADERS = frozenset({"via", "from", "to", "call-id", "cseq", "content-length"})
-
-    @classmethod
-    def from_response(cls, response: Response) -> Reply:
-        """The reply that re-sends a response a sans-IO core built (e.g. the registrar's):
-        its status, reason and headers, less those the UA derives from the request."""
-        headers = tuple((n, v) for n, v in response.headers if n.lower() not in cls._OWN_HEADERS)
-        return cls(response.status, headers=headers, reason=response.reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +138,8 @@ class UaStats:
     malformed: int = 0
     answered_400: int = 0
     stray: int = 0
+    over_cap: int = 0
+    received: dict[str, int] = field(default_factory=dict)  # messages per transport
 
 
 @dataclass(slots=True)
@@ -187,7 +161,7 @@ class _Pending:
 
 
 async def _reject_all(req: IncomingRequest) -> Reply:
-    return Reply(405 if req.request.method != "INVITE" else 488)
+    return Reply(488)
 
 
 class UserAgent:
@@ -200,14 +174,28 @@ class UserAgent:
         *,
         authenticator: Authenticator | None = None,
         random: Callable[[int], bytes] = secrets.token_bytes,
+        guard: Guard | None = None,
     ) -> None:
         self.config = config
         self.handler = handler
         self.authenticator = authenticator
         self.random = random
         self.layer = TransactionLayer(config.timers)
-        self.transports = Transports(self._on_datagram, self._on_parsed)
-        self.dialogs: dict[DialogId, Dialog] = {}
+        self.transports = Transports(
+            self._on_datagram,
+            self._on_parsed,
+            on_malformed=self._answer_malformed,
+            limits=StreamLimits(
+                max_connections=config.max_tcp_connections,
+                idle_timeout=config.tcp_idle_timeout,
+                max_body=config.max_stream_body,
+            ),
+            tls_server=_server_context(config),
+            tls_client=_client_context(config),
+        )
+        self.core = UasCore(config, guard)
+        self._busy: dict[str, int] = {}  # requests from a source host the handler still has
+        self.dialogs: dict[DialogId, Dialog] = self.core.dialogs
         self.events: asyncio.Queue[DialogEvent] = asyncio.Queue()
         self.stats = UaStats()
         self._pending: dict[TransactionKey, _Pending] = {}
@@ -218,6 +206,7 @@ class UserAgent:
         self._registration: _Registration | None = None
         self._closed = False
         self._tcp_peers: set[Address] = set()
+        self._flows: dict[DialogId, tuple[str, Address]] = {}
         uri = parse_uri(config.aor)
         if not isinstance(uri, SipUri) or uri.user is None:
             raise SipError(f"AOR must be sip:user@domain, not {config.aor!r}")
@@ -229,8 +218,19 @@ class UserAgent:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, host: str, port: int = 0) -> Address:
-        """Bind the UDP (and TCP) transports; returns the bound address."""
-        return await self.transports.open(host, port, tcp=self.config.tcp)
+        """Bind the UDP (and TCP, and TLS) transports; returns the bound UDP/TCP address
+        (the TLS one is :attr:`tls_addr`)."""
+        return await self._open(host, port)
+
+    async def _open(self, host: str, port: int) -> Address:
+        return await self.transports.open(
+            host, port, tcp=self.config.tcp, tls_port=self.config.tls_port
+        )
+
+    @property
+    def tls_addr(self) -> Address | None:
+        """The bound TLS (host, port), or None without TLS."""
+        return self.transports.tls_local
 
     @property
     def local_addr(self) -> Address:
@@ -274,28 +274,47 @@ class UserAgent:
         host: str,
         port: int = 0,
         reinvite_body: Callable[[Dialog], bytes] | None = None,
+        *,
+        unregister_old: bool = False,
     ) -> Address:
         """Move to a new local address without losing dialogs.
 
         Closes the old sockets, binds the new ones, REGISTERs the new contact (if
         registered) and re-INVITEs every dialog with a new Contact and the body from
-        ``reinvite_body``. Raises :class:`SipRequestFailed` if a step is refused.
+        ``reinvite_body``. With ``unregister_old`` it then removes the old contact
+        (``;expires=0``, §10.2.2: the registrar keeps one contact per device, not one
+        per address it ever had); last, so that it does not delay the session's restore.
+        Raises :class:`SipRequestFailed` if a step is refused.
         """
-        await self.transports.close()
-        bound = await self.transports.open(host, port, tcp=self.config.tcp)
         reg = self._registration
+        old_contact = self.contact_header(reg.transport) if reg is not None else None
+        await self.transports.close()
+        bound = await self._open(host, port)
         if reg is not None:
             await self.register(reg.registrar, reg.expires, transport=reg.transport)
         if reinvite_body is not None:
             for dialog in list(self.dialogs.values()):
                 if dialog.state is DialogState.CONFIRMED:
                     await self.reinvite(dialog, reinvite_body(dialog))
+        if (
+            unregister_old
+            and reg is not None
+            and old_contact is not None
+            and old_contact != self.contact_header(reg.transport)
+        ):
+            await self.register(
+                reg.registrar, reg.expires, transport=reg.transport, remove=old_contact
+            )
         return bound
 
     # ------------------------------------------------------------ building requests
 
+    def _local_for(self, transport: str) -> Address:
+        tls = self.transports.tls_local
+        return tls if transport == "tls" and tls is not None else self.local_addr
+
     def _via(self, transport: str) -> str:
-        host, port = self.local_addr
+        host, port = self._local_for(transport)
         branch = make_branch(self.random)
         return f"SIP/2.0/{transport.upper()} {format_hostport(host, port)};branch={branch};rport"
 
@@ -308,7 +327,11 @@ class UserAgent:
         return f"{self.random(12).hex()}@{self.local_addr[0]}"
 
     def contact_header(self, transport: str = "udp") -> str:
-        """The Contact header value for our current address."""
+        """The Contact header value for our current address, naming the transport that
+        requests to us must use (§8.1.1.8; ``sips:`` at the TLS port for TLS, §26.2)."""
+        if transport == "tls":
+            host, port = self._local_for("tls")
+            return f"<sips:{self.aor_uri.user}@{format_hostport(host, port)}>"
         suffix = ";transport=tcp" if transport == "tcp" else ""
         return f"<{self.contact_uri}{suffix}>"
 
@@ -397,11 +420,18 @@ class UserAgent:
             self._pending.pop(txn.key, None)
 
     async def register(
-        self, registrar: Address, expires: int = 600, *, transport: str = "udp"
+        self,
+        registrar: Address,
+        expires: int = 600,
+        *,
+        transport: str = "udp",
+        remove: str | None = None,
     ) -> Response:
         """REGISTER our contact (§10.2) and keep it refreshed before it expires.
 
-        ``expires=0`` removes it. Raises :class:`SipRequestFailed` on a final non-2xx.
+        ``expires=0`` removes it; ``remove`` (a Contact value, e.g. our address before a
+        move) is removed in the same request. Raises :class:`SipRequestFailed` on a
+        final non-2xx.
         """
         reg = self._registration
         if reg is None or reg.registrar != registrar:
@@ -415,7 +445,8 @@ class UserAgent:
             to=f"<{self.config.aor}>",
             call_id=reg.call_id,
             cseq=reg.cseq,
-            extra=[("Expires", str(expires))],
+            extra=[("Expires", str(expires))]
+            + ([("Contact", f"{remove};expires=0")] if remove and expires else []),
             transport=transport,
         )
         response = await self.request(request, registrar, transport)
@@ -503,13 +534,32 @@ class UserAgent:
     def _dialog_dest(dialog: Dialog) -> Address:
         """The first route's address, else the remote target's (§12.2.1.1, §8.1.2)."""
         uri = dialog.next_hop()
-        return (uri.host.strip("[]"), uri.port or 5060)
+        default = 5061 if transport_of(uri) == "tls" else 5060
+        return (uri.host.strip("[]"), uri.port or default)
+
+    def _flow(self, dialog: Dialog) -> tuple[str, Address] | None:
+        """The open connection the peer reached us over, for a dialog without a route
+        set (with one, the first route is a proxy we can connect to)."""
+        flow = self._flows.get(dialog.id)
+        if flow is None or dialog.route_set:
+            return None
+        return flow if self.transports.stream_to(flow[1]) == flow[0] else None
+
+    @staticmethod
+    def dialog_transport(dialog: Dialog) -> str:
+        """The transport of the dialog's next hop (its first route, else the remote
+        target): ``transport=tcp`` means TCP, ``sips:`` or ``transport=tls`` TLS."""
+        try:
+            return transport_of(dialog.next_hop())
+        except DialogError:
+            return "udp"
 
     def _send_ack(self, dialog: Dialog, response: Response, transport: str) -> None:
         # §13.2.2.4: the ACK for a 2xx is built by the UAC core, not the transaction,
         # with the INVITE's CSeq number and a new branch.
         ack = dialog.create_request("ACK", via=self._via(transport), cseq=response.cseq.seq)
-        target = self._dialog_dest(dialog)
+        flow = self._flow(dialog)
+        target = flow[1] if flow is not None else self._dialog_dest(dialog)
         wire = serialize(ack)
         self._acks[dialog.id] = (wire, target, transport)
         self.transports.send_soon(wire, target, transport)
@@ -520,10 +570,13 @@ class UserAgent:
         method: str,
         body: bytes = b"",
         *,
-        transport: str = "udp",
+        transport: str | None = None,
         extra: list[tuple[str, str]] | None = None,
     ) -> Response:
-        """Send a request within ``dialog`` to its remote target or first route."""
+        """Send a request within ``dialog`` to its remote target or first route, over
+        the transport that URI names (:meth:`dialog_transport`) unless ``transport``."""
+        flow = self._flow(dialog) if transport is None else None
+        transport = transport or (flow[0] if flow else self.dialog_transport(dialog))
         request = dialog.create_request(
             method,
             via=self._via(transport),
@@ -532,20 +585,24 @@ class UserAgent:
             extra=[("User-Agent", self.config.user_agent), *(extra or [])],
         )
         try:
-            dest = self._dialog_dest(dialog)
+            dest = flow[1] if flow else self._dialog_dest(dialog)
         except DialogError as exc:
             raise SipRequestFailed(exc.status, exc.reason) from None
         try:
-            response = await self.request(request, dest, transport)
+            sent, response = await self.exchange(request, dest, transport)
         finally:
             if method == "INVITE":
                 dialog.invite_out = False
-        dialog.receive_response(request, response)
+        # An authenticated retry used the next CSeq number: the dialog's count follows.
+        dialog.local_seq = max(dialog.local_seq, sent.cseq.seq)
+        dialog.receive_response(sent, response)
         if method == "INVITE" and 200 <= response.status < 300:
             self._send_ack(dialog, response, transport)
         return response
 
-    async def reinvite(self, dialog: Dialog, body: bytes, *, transport: str = "udp") -> Response:
+    async def reinvite(
+        self, dialog: Dialog, body: bytes, *, transport: str | None = None
+    ) -> Response:
         """Re-INVITE (target refresh with a new Contact and body, §14.1).
 
         Raises :class:`SipRequestFailed` on a final non-2xx (491 on glare).
@@ -556,7 +613,7 @@ class UserAgent:
         self.events.put_nowait(DialogRefreshed(dialog, response.body))
         return response
 
-    async def bye(self, dialog: Dialog, *, transport: str = "udp") -> Response:
+    async def bye(self, dialog: Dialog, *, transport: str | None = None) -> Response:
         """End the dialog with BYE (§15.1)."""
         response = await self.in_dialog(dialog, "BYE", transport=transport)
         dialog.terminate()
@@ -567,6 +624,7 @@ class UserAgent:
         self.dialogs.pop(dialog.id, None)
         self._retransmitters.pop(dialog.id, None)
         self._acks.pop(dialog.id, None)
+        self._flows.pop(dialog.id, None)
         self.events.put_nowait(DialogEnded(dialog, reason))
 
     # ------------------------------------------------------------ input
@@ -583,60 +641,47 @@ class UserAgent:
         self._on_parsed(msg, source, transport)
 
     def _answer_malformed(self, exc: SipParseError, source: Address, transport: str) -> None:
-        # §8.2 / §21.4.1: a request we can route a response for gets 400 saying why.
-        partial = exc.message
-        if not isinstance(partial, Request) or partial.method == "ACK":
+        # §8.2 / §21.4.1: a request we can build a response for gets 400 saying why. It
+        # goes to the packet's source, never to its Via (issue 12: no reflection).
+        response = malformed_response(exc, self.new_tag())
+        if response is None:
             return
-        try:
-            partial.top_via  # noqa: B018  (raises when unreadable)
-            response = make_response(partial, 400, f"Bad Request ({exc.reason})"[:120])
-        except (SipParseError, ValueError):
-            return
-        with contextlib.suppress(ValueError):
-            response.headers.add("Warning", f'399 mdeci "{exc}"'.replace("\r", " ")[:200])
         self.stats.answered_400 += 1
-        with contextlib.suppress(SipParseError):
-            dest = source if transport != "udp" else response.top_via.response_address()
-            if transport == "udp" and response.top_via.rport is not None:
-                dest = source
-            self.transports.send_soon(serialize(response), dest, transport)
+        self.transports.send_soon(serialize(response), source, transport)
 
     def _on_parsed(self, msg: object, source: Address, transport: str) -> None:
         if not isinstance(msg, Request | Response):
             return
+        self.stats.received[transport] = self.stats.received.get(transport, 0) + 1
         now = asyncio.get_running_loop().time()
         if isinstance(msg, Request) and msg.method != "ACK":
-            problem = self._check_request(msg)
+            problem = check_request(msg, transport)
             if problem is not None:
-                self.stats.answered_400 += 1
+                if problem[0] == 400:
+                    self.stats.answered_400 += 1
                 self._reply_stateless(msg, problem, source, transport)
+                return
+            if self._busy.get(
+                source[0], 0
+            ) >= self.config.max_open_per_source and not self.layer.is_retransmission(msg):
+                # Issue 12: a cap on what one source can make us hold.
+                self.stats.over_cap += 1
+                self._reply_stateless(msg, (503, "too many open requests"), source, transport)
                 return
         self.layer.receive(msg, source, now, reliable=transport != "udp")
         self._pump(transport)
-
-    def _check_request(self, msg: Request) -> tuple[int, str] | None:
-        """Requests we refuse before creating a transaction."""
-        try:
-            msg.cseq  # noqa: B018
-            msg.from_  # noqa: B018
-            msg.to  # noqa: B018
-            msg.top_via  # noqa: B018
-        except SipParseError as exc:
-            return (400, exc.reason)
-        if msg.cseq.method != msg.method:
-            return (400, "CSeq method does not match the request")
-        return None
 
     def _reply_stateless(
         self, msg: Request, problem: tuple[int, str], source: Address, transport: str
     ) -> None:
         status, why = problem
-        try:
-            response = make_response(msg, status)
-            response.headers.add("Warning", f'399 mdeci "{why}"'.replace('"', "'")[:200])
-            self.transports.send_soon(serialize(response), source, transport)
-        except (SipParseError, ValueError):
+        response = stateless_response(msg, status, why, self.new_tag())
+        if response is None:
             self.stats.malformed += 1
+            return
+        if status == 503:
+            response.headers.add("Retry-After", "5")
+        self.transports.send_soon(serialize(response), source, transport)
 
     def _pump(self, transport: str = "udp") -> None:
         """Move the core's outputs to the wire and its events to their owners."""
@@ -654,9 +699,12 @@ class UserAgent:
         self._arm()
 
     def _transport_for(self, dest: Address, default: str) -> str:
-        # A peer we talk to over TCP (a connection exists or we chose TCP for it) gets
-        # the transaction's retransmissions and responses over TCP too.
-        if dest in self.transports.tcp_conns or dest in self._tcp_peers:
+        # A peer we talk to over a stream (a connection exists or we chose TCP for it)
+        # gets the transaction's retransmissions and responses over that stream too.
+        stream = self.transports.stream_to(dest)
+        if stream is not None:
+            return stream
+        if dest in self._tcp_peers:
             return "tcp"
         return default
 
@@ -701,9 +749,7 @@ class UserAgent:
             self.stats.stray += 1
 
     def _find_dialog(self, msg: Request) -> Dialog | None:
-        from_tag = msg.from_.tag or ""
-        to_tag = msg.to.tag or ""
-        return self.dialogs.get((msg.call_id, to_tag, from_tag))
+        return self.core.find_dialog(msg)
 
     def _on_request(self, event: RequestReceived, transport: str) -> None:
         msg = event.request
@@ -715,71 +761,71 @@ class UserAgent:
                     retransmitter.ack_received()
                     self.events.put_nowait(DialogConfirmed(dialog))
             return
-        task = asyncio.get_running_loop().create_task(self._serve(event, transport))
+        invite_exists = False
+        if msg.method == "CANCEL":
+            branch, sent_by, _ = event.key or ("", "", "")
+            invite_exists = (branch, sent_by, "INVITE") in self.layer.servers
+        try:
+            decision = self.core.decide(msg, invite_exists)
+        except SipParseError as exc:
+            self._respond(msg, Reply(400, reason=f"Bad Request ({exc.reason})"[:120]))
+            return
+        if isinstance(decision, Answer):
+            if is_challenge(decision.reply):
+                self._challenge(msg, decision.reply, event.source, transport)
+                return
+            self._respond(msg, decision.reply, decision.dialog)
+            if decision.end is not None and decision.dialog is not None:
+                self._forget(decision.dialog, decision.end)
+            return
+        if isinstance(decision, Cancelled):
+            # §9.2: 200 for the CANCEL, then 487 for the INVITE it cancels.
+            self._respond(msg, Reply(200))
+            self._respond(decision.invite, Reply(487), decision.dialog)
+            if decision.dialog is not None:
+                decision.dialog.answered_invite()
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._serve(msg, decision, event.source, transport)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, event: RequestReceived, transport: str) -> None:
-        msg = event.request
+    async def _serve(
+        self, msg: Request, dispatch: Dispatch, source: Address, transport: str
+    ) -> None:
+        host = source[0]
+        self._busy[host] = self._busy.get(host, 0) + 1
         try:
-            await self._serve_request(msg, event.source, transport)
+            reply: Reply | None = await self.handler(
+                IncomingRequest(msg, source, transport, dispatch.dialog)
+            )
         except Exception as exc:
-            self._respond(msg, Reply(500, reason=f"Server Internal Error ({type(exc).__name__})"))
+            reply = Reply(500, reason=f"Server Internal Error ({type(exc).__name__})")
+        finally:
+            left = self._busy.pop(host, 1) - 1
+            if left > 0:
+                self._busy[host] = left
+        assert reply is not None
+        reply = self.core.after_handler(msg, reply, dispatch)
+        if reply is None:
+            return  # a CANCEL answered it already
+        if is_challenge(reply):
+            self._challenge(msg, reply, source, transport)
+            return
+        if msg.method != "INVITE":
+            self._respond(msg, reply, dispatch.dialog)
+            return
+        self._answer_invite(msg, reply, dispatch.dialog, source, transport)
 
-    async def _serve_request(self, msg: Request, source: Address, transport: str) -> None:
-        method = msg.method
-        unsupported = [
-            ext.strip()
-            for value in msg.headers.get_all("Require")
-            for ext in value.split(",")
-            if ext.strip() and ext.strip() not in SUPPORTED_EXTENSIONS
-        ]
-        if unsupported:
-            # §8.2.2.3: 420 listing what we do not support.
-            self._respond(msg, Reply(420, headers=(("Unsupported", ", ".join(unsupported)),)))
-            return
-        if method == "CANCEL":
-            # We answer INVITEs at once, so there is never anything left to cancel (§9.2).
-            self._respond(msg, Reply(481))
-            return
-        to_tag = msg.to.tag
-        dialog = self._find_dialog(msg) if to_tag else None
-        if to_tag and dialog is None:
-            self._respond(msg, Reply(481))  # §12.2.2: no such dialog
-            return
-        previous_target = dialog.remote_target if dialog is not None else None
-        if dialog is not None:
-            try:
-                dialog.receive_request(msg)
-            except DialogError as exc:
-                extra = (("Retry-After", "1"),) if exc.status == 500 and method == "INVITE" else ()
-                self._respond(msg, Reply(exc.status, headers=extra, reason=None), dialog)
-                return
-            if method == "BYE":
-                self._respond(msg, Reply(200), dialog)
-                self._forget(dialog, "bye received")
-                return
-        if method == "OPTIONS" and dialog is None:
-            self._respond(msg, Reply(200, headers=(("Allow", ALLOW),)))
-            return
-        if (
-            method == "INVITE"
-            and msg.body
-            and not ((msg.headers.get("Content-Type") or "").lower().startswith("application/sdp"))
-        ):
-            self._respond(msg, Reply(415, headers=(("Accept", "application/sdp"),)), dialog)
-            if dialog is not None:
-                dialog.answered_invite()
-            return
-        reply = await self.handler(IncomingRequest(msg, source, transport, dialog))
-        if dialog is not None and previous_target is not None and reply.status >= 300:
-            # A refused target refresh leaves the dialog where it was (§12.2.2 applies a
-            # refresh only with the request that succeeds).
-            dialog.remote_target = previous_target
-        if method != "INVITE":
-            self._respond(msg, reply, dialog)
-            return
-        self._answer_invite(msg, reply, dialog, source, transport)
+    def _challenge(self, msg: Request, reply: Reply, source: Address, transport: str) -> None:
+        response = self.core.build_response(msg, reply, tag=self.new_tag())
+        dest = source if transport != "udp" else response.top_via.response_address()
+        if transport == "udp" and response.top_via.rport is not None:
+            dest = source
+        with contextlib.suppress(TransactionError):
+            self.layer.respond_statelessly(response, dest)
+        self._pump(transport)
 
     def _answer_invite(
         self,
@@ -789,8 +835,6 @@ class UserAgent:
         source: Address,
         transport: str,
     ) -> None:
-        if dialog is not None:
-            dialog.answered_invite()
         if reply.status >= 300 or reply.status < 200:
             self._respond(msg, reply, dialog)
             return
@@ -805,6 +849,13 @@ class UserAgent:
         response = self._respond(msg, reply, dialog, contact=True)
         if response is None:
             return
+        if transport != "udp":
+            # The peer's connection is the dialog's flow: our in-dialog requests go back
+            # over it (a device behind NAT or without a listener cannot be reached at its
+            # Contact's port; RFC 5626 §5.3 / RFC 3261 §18.2.2 reuse).
+            self._flows[dialog.id] = (transport, source)
+        else:
+            self._flows.pop(dialog.id, None)
         now = asyncio.get_running_loop().time()
         # §13.3.1.4: the UAS core re-sends the 2xx until the ACK (UDP only).
         if transport == "udp":
@@ -838,25 +889,51 @@ class UserAgent:
         self, msg: Request, reply: Reply, dialog: Dialog | None = None, *, contact: bool = False
     ) -> Response | None:
         tag = dialog.local_tag if dialog is not None else self.new_tag()
-        response = make_response(msg, reply.status, reply.reason, to_tag=tag)
-        if contact or (msg.method in ("INVITE", "UPDATE") and 200 <= reply.status < 300):
-            transport = msg.top_via.transport.lower()
-            response.headers.add("Contact", self.contact_header(transport))
-        if msg.method == "INVITE" and 100 < reply.status < 300:
-            # §12.1.1: a dialog-creating response copies the request's Record-Route.
-            for value in msg.headers.get_raw("Record-Route"):
-                response.headers.add("Record-Route", value)
-        if reply.status == 405:
-            response.headers.add("Allow", ALLOW)
-        for name, value in reply.headers:
-            response.headers.add(name, value)
-        response.headers.add("Server", self.config.user_agent)
-        if reply.body:
-            response.headers.add("Content-Type", reply.content_type)
-            response.body = reply.body
+        try:
+            via_transport = msg.top_via.transport.lower()
+        except SipParseError:
+            return None
+        response = self.core.build_response(
+            msg, reply, tag=tag, contact=self.contact_header(via_transport)
+        )
         try:
             self.layer.send_response(response, asyncio.get_running_loop().time())
         except TransactionError:
             return None
         self._pump()
         return response
+
+
+def _server_context(config: UaConfig) -> ssl.SSLContext | None:
+    """The TLS server context from ``tls_cert``/``tls_key`` (None: no TLS listener)."""
+    if config.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
+
+
+def _client_context(config: UaConfig) -> ssl.SSLContext:
+    """The TLS client context: verifies the peer's certificate and name (§26.2.1)."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+__all__ = [
+    "Authenticator",
+    "DialogConfirmed",
+    "DialogEnded",
+    "DialogEvent",
+    "DialogRefreshed",
+    "DialogStarted",
+    "DigestAuthenticator",
+    "Guard",
+    "Handler",
+    "IncomingRequest",
+    "Reply",
+    "UaConfig",
+    "UaStats",
+    "UserAgent",
+]

@@ -89,7 +89,9 @@ async def serve(args: argparse.Namespace) -> int:
         auth=auth,
     )
     service = RegistrarService(registrar, args.quiet)
-    ua = UserAgent(UaConfig(aor=f"sip:registrar@{args.domain}"), service)
+    ua = UserAgent(
+        UaConfig(aor=f"sip:registrar@{args.domain}", methods=frozenset({"REGISTER"})), service
+    )
     bound = await ua.start(host, port)
     print(f"registrar listening on {bound[0]}:{bound[1]} (udp, tcp)", flush=True)
     stop = stop_on_signals()

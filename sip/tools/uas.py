@@ -48,15 +48,19 @@ def describe(event: DialogEvent) -> str:
 class Answerer:
     """Answers offers with our SDP (RFC 3264) on a fixed media port; 488 if unusable."""
 
-    def __init__(self, user: str, addr: str, media_port: int) -> None:
+    def __init__(self, user: str, addr: str, media_port: int, delay: float = 0.0) -> None:
         self.user, self.addr, self.media_port = user, addr, media_port
+        self.delay = delay
         self.sess_id = secrets.randbelow(2**31)
         self.version = 0
 
     async def __call__(self, req: IncomingRequest) -> Reply:
         request = req.request
         if request.method != "INVITE":
-            return Reply(200 if request.method in ("OPTIONS", "INFO", "UPDATE") else 405)
+            return Reply(405)  # the UA core answers OPTIONS, BYE, CANCEL itself
+        if self.delay:
+            # An answer that takes time (a user deciding, a slow store): CANCEL can reach it.
+            await asyncio.sleep(self.delay)
         try:
             offer = parse_session(request.body)
             self.version += 1
@@ -76,7 +80,7 @@ class Answerer:
 
 async def serve(args: argparse.Namespace) -> int:
     host, port = args.listen
-    answerer = Answerer(args.user, host, args.media_port)
+    answerer = Answerer(args.user, host, args.media_port, args.answer_delay)
     ua = UserAgent(UaConfig(aor=f"sip:{args.user}@{args.domain}"), answerer)
     bound = await ua.start(host, port)
     print(f"uas listening on {bound[0]}:{bound[1]} (udp, tcp)", flush=True)
@@ -100,3 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--domain", default="example.org")
     parser.add_argument("--user", default="broker", help="our user part (default broker)")
     parser.add_argument("--media-port", type=int, default=40000, help="RUDP port to answer")
+    parser.add_argument(
+        "--answer-delay",
+        type=float,
+        default=0.0,
+        help="seconds to wait before answering an INVITE (default 0)",
+    )

@@ -30,6 +30,7 @@ from sip.sdp import build_answer, parse_session
 from sip.transaction import TimerConfig
 from sip.uri import SipUri
 from tests.broker.conftest import add_session
+from tests.keyx import OfferKeys
 
 BROKER_AOR = "sip:broker@localhost"
 BROKER_HOST = "127.0.0.1"
@@ -48,11 +49,15 @@ class FarEnd:
         self.service: BrokerService | None = None
         self.ua: UserAgent | None = None
         self.version = 0
+        self.secrets: dict[str, tuple[bytes, bytes]] = {}  # aor -> (agent public, secret)
 
     async def start(self) -> FarEnd:
         self.service = await BrokerService.open(self.broker, BROKER_HOST, 0, FAST_RUDP)
         self.service.start()
-        self.ua = UserAgent(UaConfig(aor=BROKER_AOR, timers=FAST_SIP), self.handle)
+        self.ua = UserAgent(
+            UaConfig(aor=BROKER_AOR, timers=FAST_SIP, methods=frozenset({"INVITE", "REGISTER"})),
+            self.handle,
+        )
         _, self.sip_port = await self.ua.start(BROKER_HOST, self.sip_port)
         return self
 
@@ -73,16 +78,27 @@ class FarEnd:
             offer = parse_session(request.body, require_key=True)
             self.version += 1
             host, port = self.service.local_addr
-            answer = build_answer(request.body, "broker", 1, self.version, host, port)
         except SdpError:
             return Reply(488)
         uri = request.from_.uri
-        assert isinstance(uri, SipUri)
+        assert isinstance(uri, SipUri) and uri.user is not None and offer.key is not None
         aor = f"sip:{uri.user}@{uri.host}"
+        # The broker's side of the key schedule; keys kept while the agent offers the
+        # same public value (a move), as the real broker does.
+        kept = self.secrets.get(aor)
+        if kept is not None and kept[0] == offer.key:
+            answer = build_answer(request.body, "broker", 1, self.version, host, port).encode()
+            secret = kept[1]
+        else:
+            keys = OfferKeys(uri.user, uri.host, f"{uri.user}-secret")
+            answer = build_answer(
+                request.body, "broker", 1, self.version, host, port, key=keys.public
+            ).encode()
+            secret = keys.secret(offer.key, request.body, answer)
+            self.secrets[aor] = (offer.key, secret)
         add_session(self.service.broker.store, aor)
-        assert offer.key is not None
-        self.service.connected(aor, (offer.addr, offer.port), offer.key)
-        return Reply(200, body=answer.encode())
+        self.service.connected(aor, (offer.addr, offer.port), secret)
+        return Reply(200, body=answer)
 
 
 def agent_config(state: Path, user: str, host: str, far: FarEnd | int) -> AgentConfig:

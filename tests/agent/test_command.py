@@ -13,7 +13,9 @@ from tests.agent.farend import GUARD
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def test_agent_command_runs_until_sigterm(tmp_path: Path) -> None:
+async def spawn_agent(tmp_path: Path) -> asyncio.subprocess.Process:
+    """``python -m mdeci agent`` on a config in ``tmp_path`` whose registrar and broker
+    never answer (port 9): the daemon starts, binds and keeps trying."""
     config = tmp_path / "agent.toml"
     config.write_text(
         'aor = "sip:alice@localhost"\npassword = "x"\nstate_dir = "state"\n'
@@ -21,7 +23,7 @@ async def test_agent_command_runs_until_sigterm(tmp_path: Path) -> None:
         '[sip]\nhost = "127.0.0.2"\nport = 0\n[media]\nhost = "127.0.0.2"\n'
         '[ip_monitor]\nmode = "poll"\npoll_interval = 600.0\n'
     )
-    proc = await asyncio.create_subprocess_exec(
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "mdeci",
@@ -32,6 +34,10 @@ async def test_agent_command_runs_until_sigterm(tmp_path: Path) -> None:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def test_agent_command_runs_until_sigterm(tmp_path: Path) -> None:
+    proc = await spawn_agent(tmp_path)
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), GUARD)).decode()

@@ -137,7 +137,7 @@ async def test_restart_never_hands_over_twice(
 
         alice = await start_agent(tmp_path, "alice", "127.0.0.2", far)
         await alice.wait_event("notify_delivered", nseq=3)
-        assert [e["nseq"] for e in alice.events if e["event"] == "notify_delivered"] == [3]
+        assert [e["nseq"] for e in alice.recent_events if e["event"] == "notify_delivered"] == [3]
         assert [r["nseq"] for r in alice.delivered_since(0)] == [1, 2, 3]
         assert alice.status().highest_nseq == 3
     finally:

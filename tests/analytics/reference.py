@@ -34,7 +34,18 @@ EVENTS = {
     "subscription_removed",
     "subscription_expired",
 }
-STRINGS = ("ts", "node", "event", "uri", "call_id", "addr", "prev_addr", "channel", "reason")
+STRINGS = (
+    "ts",
+    "node",
+    "role",
+    "event",
+    "uri",
+    "call_id",
+    "addr",
+    "prev_addr",
+    "channel",
+    "reason",
+)
 INTS = ("queue_depth", "nseq", "bytes")
 FLOATS = ("latency_ms", "cost")
 ORDER = ("ts", "node", "event", "uri", "call_id", "addr", "prev_addr", "channel")
@@ -47,6 +58,8 @@ class Event:
     uri: str
     latency_ms: float | None
     cost: float | None
+    fact: bool = True  # the line of the event's authoritative role (or of no role)
+    restore: float | None = None  # latency_ms of an agent's (or role-less) media_connected
 
 
 @dataclass
@@ -108,6 +121,9 @@ def read(directory: Path) -> Parsed:
             seen.add(key)
             lat = r.get("latency_ms")
             cost = r.get("cost")
+            role = r.get("role")
+            owner = "agent" if r["event"] == "ip_changed" else "broker"
+            device = role in (None, "agent") and r["event"] == "media_connected"
             out.events.append(
                 Event(
                     r["_ms"],
@@ -115,6 +131,8 @@ def read(directory: Path) -> Parsed:
                     r["uri"],
                     None if lat is None else float(lat),
                     None if cost is None else float(cost),
+                    fact=role is None or role == owner,
+                    restore=float(lat) if device and lat is not None else None,
                 )
             )
     return out
@@ -133,31 +151,35 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def episodes(events: list[Event], since: int, until: int) -> list[tuple[str, int, int, int]]:
     """(uri, true start, clipped start, clipped duration) of the episodes in the window."""
+    # (time, order at the same instant, kind): a session end, a disconnect, a connect.
     media: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    kinds = {"session_ended": 0, "media_disconnected": 1, "media_connected": 2}
     for e in events:
-        if e.event == "media_disconnected":
-            media[e.uri].append((e.ts_ms, 0))
-        elif e.event == "media_connected":
-            media[e.uri].append((e.ts_ms, 1))
+        if e.fact and e.event in kinds:
+            media[e.uri].append((e.ts_ms, kinds[e.event]))
     out = []
     for uri, items in media.items():
         items.sort()
         start: int | None = None
+        state = "none"  # none | up | down | ended
         spans: list[tuple[int, int]] = []
         for t, kind in items:
-            if kind == 0 and start is None:
-                start = t
-            elif kind == 1 and start is not None:
+            if kind == 1:
+                if state in ("none", "up"):
+                    start, state = t, "down"
+                continue
+            if start is not None:
                 spans.append((start, t))
                 start = None
+            state = "ended" if kind == 0 else "up"
         if start is not None:
             spans.append((start, until))  # open: ends at the window's end
-        for s, e in spans:
+        for s, end in spans:
             if s >= until:
                 continue
-            if s < since and e <= since:
+            if s < since and end <= since:
                 continue
-            lo, hi = max(s, since), min(e, until)
+            lo, hi = max(s, since), min(end, until)
             out.append((uri, s, lo, hi - lo))
     return out
 
@@ -195,14 +217,16 @@ def per_user(parsed: Parsed, since: int, until: int) -> dict[str, dict[str, Any]
         "sms_sent": "sms_count",
     }
     for e in parsed.events:
-        if not since <= e.ts_ms < until:
+        if not since <= e.ts_ms < until or not (e.fact or e.restore is not None):
             continue
         r = row(e.uri)
+        if e.restore is not None:
+            r["_lat"].append(e.restore)
+        if not e.fact:
+            continue
         r["events"] += 1
         if e.event in names:
             r[names[e.event]] += 1
-        if e.event == "media_connected" and e.latency_ms is not None:
-            r["_lat"].append(e.latency_ms)
         if e.event == "sms_sent" and e.cost is not None:
             r["sms_cost"] += e.cost
     for uri, _start, _lo, dur in episodes(parsed.events, since, until):
@@ -243,7 +267,7 @@ def per_hour(parsed: Parsed, since: int, until: int) -> dict[int, dict[str, Any]
     )
     hour = 3_600_000
     for e in parsed.events:
-        if not since <= e.ts_ms < until:
+        if not since <= e.ts_ms < until or not e.fact:
             continue
         h = hours[e.ts_ms // hour * hour]
         h["_users"].add(e.uri)

@@ -121,7 +121,7 @@ def test_generate_churn_report_in_a_fresh_process_on_the_given_master(tmp_path: 
         assert list((tmp_path / "out" / "csv" / table).glob("*.csv")), table
     report = mdeci("report", "--input", str(tmp_path / "out"), "--output", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr
-    assert (tmp_path / "r.html").read_text().count('<svg class="chart"') == 6
+    assert (tmp_path / "r.html").read_text().count('<svg class="chart"') == 9
 
 
 def test_spark_submit_driver_file_parses_like_the_cli(
@@ -132,3 +132,37 @@ def test_spark_submit_driver_file_parses_like_the_cli(
     argv = ["churn", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")]
     assert submit.main(argv) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_skipping_line_names_each_skipped_file_once_and_counts_the_rest(tmp_path: Path) -> None:
+    from analytics.churn import find_inputs
+    from analytics.cli import skipping_line
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "churn.log").write_text('{"ts":"2024-05-06T10:00:00Z","event":"x"}\n')
+    for d in ("a", "b"):  # the same name in two folders: two files, two names
+        (tmp_path / d / "README").write_text("not a log\n")
+    for i in range(6):
+        (tmp_path / "b" / f"img{i}.png").write_bytes(b"\x89PNG")
+    inputs = find_inputs(str(tmp_path))
+    text = skipping_line(inputs.skipped, str(tmp_path))
+    assert text.startswith("skipping 8 file(s) that are not churn logs: a/README, b/README, ")
+    shown = text.split(": ", 1)[1].split(" and ")[0].split(", ")
+    assert len(shown) == len(set(shown)) == 5
+    assert text.endswith(" and 3 more")  # 5 named + 3 more = 8
+
+
+def test_the_analytics_authority_table_is_the_writers() -> None:
+    from analytics import schema as S
+    from mdeci.churnlog import AUTHORITY
+
+    assert {str(e): str(r) for e, r in AUTHORITY.items()} == S.AUTHORITY
+
+
+def test_watch_refuses_a_missing_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _one_line_error(
+        capsys,
+        ["analytics", "watch", "--input", str(tmp_path / "nope"), "--output", str(tmp_path)],
+        "is not a directory",
+    )

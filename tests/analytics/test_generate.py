@@ -7,6 +7,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,11 @@ from analytics.generate import MODELS, GeneratorConfig, generate
 from analytics.schema import EVENTS, FIELD_NAMES
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-CLEAN = {"duplicate_fraction": 0.0, "reorder_fraction": 0.0, "malformed_fraction": 0.0}
+CLEAN: dict[str, Any] = {
+    "duplicate_fraction": 0.0,
+    "reorder_fraction": 0.0,
+    "malformed_fraction": 0.0,
+}
 
 
 def _lines(directory: Path) -> list[str]:

@@ -53,7 +53,7 @@ def test_report_is_self_contained(report: Path) -> None:
     # No external fetches: nothing to load from a network the admin may not have.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "<script src" not in page
-    assert page.count('<svg class="chart"') == 6
+    assert page.count('<svg class="chart"') == 9
     assert "churn &lt;test&gt; &amp; co" in page  # titles are escaped
 
 
@@ -65,8 +65,9 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
     body = re.search(r"<body([^>]*)>", dom.stdout)
     assert body is not None
     attrs = dict(re.findall(r'data-(\w+)="([^"]*)"', body.group(1)))
-    # The page's own check ran: no script errors, six charts, each with marks and a size.
-    assert attrs == {"charts": "6", "drawn": "6", "errors": "0"}, attrs
+    # The page's own check ran: no script errors, nine charts, each with marks and a size.
+    assert (attrs["charts"], attrs["drawn"], attrs["errors"]) == ("9", "9", "0"), attrs
+    assert attrs["empty"] == "", attrs  # every section has content on the generated log
     assert "Uncaught" not in dom.stderr and "SyntaxError" not in dom.stderr
 
     shot = tmp_path / "report.png"
@@ -88,3 +89,59 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
 def test_report_of_a_folder_that_is_not_churn_output(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not the output of"):
         write_report(tmp_path, tmp_path / "r.html")
+
+
+def test_cdf_axis_runs_past_p99_and_marks_the_percentiles() -> None:
+    import re as _re
+
+    from analytics.report import cdf_chart
+
+    buckets = [
+        {"bucket_lo_ms": 500.0, "bucket_hi_ms": 750.0, "cumulative_fraction": 0.5},
+        {"bucket_lo_ms": 750.0, "bucket_hi_ms": 1000.0, "cumulative_fraction": 0.9},
+        {"bucket_lo_ms": 3000.0, "bucket_hi_ms": 5000.0, "cumulative_fraction": 1.0},
+    ]
+    svg = cdf_chart(buckets, "cdf", (("p50", 740.0), ("p95", 3100.0), ("p99", 4800.0)))
+    ticks = _re.findall(r'font-size="9">([^<]+)</text>', svg)
+    assert ticks[-1] in ("5 s", "10 s"), ticks  # the axis no longer stops at 1 s
+    assert "p99 5 s" in svg and "p95 3 s" in svg  # labelled percentile lines
+    assert "restore latency (log scale" in svg and "fraction of restores" in svg  # units
+
+
+def test_time_disconnected_is_a_duration_not_zero_hours() -> None:
+    from analytics.report import render
+
+    tables: dict[str, list[dict[str, object]]] = {
+        name: []
+        for name in (
+            "per_hour",
+            "episodes",
+            "transitions",
+            "restore_latency",
+            "storms",
+            "flapping",
+            "recommendations",
+        )
+    }
+    tables["summary"] = [{"metric": "disconnected_hours", "value": 0.0}]
+    tables["per_user"] = [
+        {
+            "uri": "sip:a@x",
+            "events": 1,
+            "address_changes": 0,
+            "handovers": 0,
+            "disconnections": 1,
+            "disconnected_ms": 1520,
+            "restore_p50_ms": None,
+            "restore_p95_ms": None,
+            "notify_queued": 0,
+            "notify_delivered": 0,
+            "notify_dropped": 0,
+            "sms_count": 0,
+            "sms_cost": 0.0,
+            "churn_score": 2.0,
+        }
+    ]
+    page = render(tables)
+    assert "<b>2 s</b><span>time disconnected</span>" in page
+    assert "hours disconnected" not in page

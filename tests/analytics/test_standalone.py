@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from tests.analytics.logs import line
+from tests.analytics.test_watch import expected, minute_lines, storm_lines, user
 from tests.peers import free_port, require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +136,7 @@ def test_listening_reads_this_process_sockets() -> None:
 # --- the cluster ------------------------------------------------------------------------
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+def _stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None) -> None:
     """Stop one of our JVMs by its PID: SIGTERM runs Spark's shutdown hooks (the worker
     kills its executors), SIGKILL only if that hangs."""
     if proc is None or proc.poll() is not None:
@@ -155,6 +158,7 @@ def _tail(path: Path, n: int = 30) -> str:
 
 @pytest.mark.peer("spark")
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two cluster JVMs, then churn and watch drivers, on 2 shared cores
 def test_churn_on_a_standalone_master_and_worker(tmp_path: Path) -> None:
     require_binary("java", "apt-get install openjdk-17-jre-headless")
     spark_home = _spark_home()
@@ -218,6 +222,8 @@ def test_churn_on_a_standalone_master_and_worker(tmp_path: Path) -> None:
     master: subprocess.Popen[bytes] | None = None
     worker: subprocess.Popen[bytes] | None = None
     churn: subprocess.Popen[bytes] | None = None
+    watch: subprocess.Popen[str] | None = None
+    watch_log = tmp_path / "watch.log"
     master_log, worker_log, churn_log = (
         tmp_path / f"{n}.log" for n in ("master", "worker", "churn")
     )
@@ -278,7 +284,37 @@ def test_churn_on_a_standalone_master_and_worker(tmp_path: Path) -> None:
         _wait_for("churn on the cluster", done, lambda: True, JOB_S)
         marks["churn done"] = time.monotonic() - begun
         assert churn.returncode == 0, _tail(churn_log, 40)
+
+        # The live query on the same cluster: two files in the folder (minutes 0 and 1,
+        # a storm in 1; and a line ten minutes on, so the watermark passes both). It is
+        # stopped (SIGINT, by PID) once it has printed both minutes.
+        live_in, live_out = tmp_path / "live-logs", tmp_path / "live"
+        live_in.mkdir()
+        first = minute_lines(0) + minute_lines(1) + storm_lines(1)
+        (live_in / "churn.log.1").write_text("\n".join(first) + "\n")
+        ahead = line(600, "registered", user(0), role="broker")
+        (live_in / "churn.log.2").write_text(ahead + "\n")
+        watch_args = ["--input", str(live_in), "--output", str(live_out), "--master", url]
+        watch_args += ["--watermark", "60 seconds", "--trigger", "1", "--for", str(JOB_S)]
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "mdeci", "analytics", "watch", *watch_args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=watch_log.open("wb"),
+            text=True,
+        )
+        assert watch.stdout is not None
+        printed = []
+        for text in watch.stdout:  # one line per final minute: the event we wait for
+            printed.append(text.strip())
+            if len(printed) == 2:
+                watch.send_signal(signal.SIGINT)
+        watch.wait(timeout=60)
+        marks["watch done"] = time.monotonic() - begun
+        assert watch.returncode == 0, _tail(watch_log, 40)
     finally:
+        _stop(watch)
         _stop(churn)
         _stop(worker)
         _stop(master)
@@ -290,8 +326,10 @@ def test_churn_on_a_standalone_master_and_worker(tmp_path: Path) -> None:
     assert {port, master_ui, worker_ui, worker_port} <= {p for _, p in seen}
     assert executor_seen, "the worker never launched an executor"
     # The tasks ran in the worker's executor: it left the app's folder and its stderr.
-    apps = list((tmp_path / "work").glob("app-*/0/stderr"))
-    assert len(apps) == 1 and "Successfully registered with driver" in apps[0].read_text()
+    # Two apps: churn, then watch (app ids sort by start time).
+    apps = sorted((tmp_path / "work").glob("app-*/0/stderr"))
+    assert len(apps) == 2
+    assert all("Successfully registered with driver" in a.read_text() for a in apps)
 
     import pyarrow.parquet as pq
 
@@ -303,7 +341,11 @@ def test_churn_on_a_standalone_master_and_worker(tmp_path: Path) -> None:
     assert summary["users"] == USERS
     per_user = pq.read_table(tables / "per_user").to_pylist()
     assert len(per_user) == USERS
-    assert sum(r["events"] for r in per_user) == summary["events_in_window"] == gen.events
+    # Each agent copy of a broker fact (a restore's media_connected, a session end) is a
+    # line of the log and an event, but not counted per user.
+    copies = summary["other_role_copies"]
+    assert copies > 0
+    assert sum(r["events"] for r in per_user) == summary["events_in_window"] == gen.events - copies
     assert sum(r["disconnections"] for r in per_user) == summary["disconnections"] > 0
     episodes = pq.read_table(tables / "episodes")
     assert episodes.num_rows == summary["disconnections"]
@@ -314,3 +356,15 @@ def test_churn_on_a_standalone_master_and_worker(tmp_path: Path) -> None:
         assert list((tables / table).glob("*.parquet")), table
     assert pq.read_table(tables / "recommendations").num_rows > 0
     print(f"churn on {url}: {gen.events} events; {marks}; listening: {sorted(seen)}")
+
+    # The live minutes equal the independent count of tests/analytics/test_watch.py.
+    want = expected([first], late=set())
+    assert len(printed) == 2 and "STORM: 12 users reconnected" in printed[1], printed
+    minutes = sorted(pq.read_table(live_out / "minutes").to_pylist(), key=lambda r: r["minute"])
+    assert len(minutes) == 2
+    for minute, row in enumerate(minutes):
+        assert row["handovers"] == want[minute]["handovers"]
+        assert row["disconnections"] == want[minute]["disconnections"]
+        assert row["restores"] == len(want[minute]["lat"])
+        assert row["storm"] == (minute == 1)
+    assert pq.read_table(live_out / "alerts").num_rows == 1

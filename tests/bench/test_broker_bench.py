@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -40,6 +39,7 @@ from rudp.aio import RudpEndpoint, RudpPeer
 from sip.aio.ua import UaConfig, UserAgent
 from sip.dialog import Dialog
 from sip.sdp import build_offer, parse_session
+from tests.keyx import OfferKeys
 from tests.peers import pg_url, require_binary
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(900)]
@@ -148,7 +148,7 @@ class LightAgent:
         self.ua = ua
         self.rudp = rudp
         self.own_rudp = own_rudp
-        self.key = secrets.token_bytes(32)
+        self.key = b""  # the RUDP session secret of the current session
         self.version = 0
         self.dialog: Dialog | None = None
         self.peer: RudpPeer | None = None
@@ -174,9 +174,14 @@ class LightAgent:
         if register:
             await self.ua.register(sip, 3600)
         self.version += 1
-        offer = build_offer(self.user, 1, self.version, HOST, self.rudp.local_addr[1], self.key)
-        self.dialog, response = await self.ua.invite(BROKER, sip, offer.encode())
+        keys = OfferKeys(self.user, DOMAIN, password(self.user))
+        offer = build_offer(
+            self.user, 1, self.version, HOST, self.rudp.local_addr[1], keys.public
+        ).encode()
+        self.dialog, response = await self.ua.invite(BROKER, sip, offer)
         media = parse_session(response.body)
+        assert media.key is not None
+        self.key = keys.secret(media.key, offer, response.body)
         self.peer = self.rudp.peer(self.key, (media.addr, media.port))
         if read:
             self._reader = asyncio.create_task(self._read(self.peer))
@@ -189,7 +194,7 @@ class LightAgent:
         await self._stop_reader()
         self.rudp.remove_peer(self.key)
         self.peer = None
-        self.key = secrets.token_bytes(32)
+        self.key = b""
 
     async def _stop_reader(self) -> None:
         if self._reader is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -101,8 +102,8 @@ def sink() -> WaitingSink:
     return WaitingSink()
 
 
-def make_broker(store: BrokerStore, clock: FakeClock, sink: MemorySink, **config: object) -> Broker:
-    return Broker(store, BrokerCoreConfig(**config), clock, sink)  # type: ignore[arg-type]
+def make_broker(store: BrokerStore, clock: FakeClock, sink: MemorySink, **config: Any) -> Broker:
+    return Broker(store, BrokerCoreConfig(**config), clock, sink)
 
 
 def add_session(store: BrokerStore, uri: str, now: float = T0) -> None:

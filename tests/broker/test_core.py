@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from mdeci.broker import Broker, BrokerCoreConfig, ChurnLogSink, MemorySink
 from mdeci.churnlog import ChurnLog
+from mdeci.config import QueueConfig, SubscriptionConfig
 from mdeci.errors import ConfigError
 from mdeci.frames import (
     Ack,
@@ -44,7 +45,7 @@ def one(frames: list[Frame]) -> Frame:
     return frames[0]
 
 
-def subscribe(broker: Broker, uri: str, subject: str, filter: str = "", **kw: int) -> SubOk:
+def subscribe(broker: Broker, uri: str, subject: str, filter: str = "", **kw: Any) -> SubOk:
     reply = one(broker.handle_frame(uri, encode(Sub(req=1, subject=subject, filter=filter, **kw))))
     assert isinstance(reply, SubOk), reply
     return reply
@@ -78,7 +79,9 @@ def notifies(broker: Broker, uri: str) -> list[Notify]:
 def test_sub_stores_and_answers_with_default_and_clamped_ttl(
     store: BrokerStore, clock: FakeClock, sink: MemorySink
 ) -> None:
-    broker = make_broker(store, clock, sink, default_ttl=100.0, max_ttl=1000.0)
+    broker = make_broker(
+        store, clock, sink, subscriptions=SubscriptionConfig(default_ttl=100.0, max_ttl=1000.0)
+    )
     default = subscribe(broker, ALICE, "quotes.*.PETR4", "Price < 25")
     assert default.expires_at == T0 + 100.0
     clamped = subscribe(broker, ALICE, "quotes.#", ttl=5000)
@@ -223,7 +226,7 @@ def test_ack_removes_queued_notifications(store: BrokerStore, clock: FakeClock) 
 def test_acks_are_coalesced_into_one_store_delete_per_wake(
     store: BrokerStore, clock: FakeClock
 ) -> None:
-    broker = make_broker(store, clock, MemorySink(), window=8)
+    broker = make_broker(store, clock, MemorySink(), queue=QueueConfig(window=8))
     add_session(store, ALICE)
     subscribe(broker, ALICE, "a")
     for n in range(8):
@@ -255,7 +258,7 @@ def test_held_ack_is_applied_before_a_publish_counts_overflow(
     store: BrokerStore, clock: FakeClock
 ) -> None:
     sink = MemorySink()
-    broker = make_broker(store, clock, sink, max_queue_depth=2)
+    broker = make_broker(store, clock, sink, queue=QueueConfig(max_per_uri=2))
     add_session(store, ALICE)
     subscribe(broker, ALICE, "a")
     publish(broker, "m0", "a")
@@ -383,7 +386,7 @@ def test_matcher_is_loaded_from_the_store_at_start(store: BrokerStore, clock: Fa
 def test_take_batch_respects_order_window_and_acks(
     store: BrokerStore, clock: FakeClock, sink: MemorySink
 ) -> None:
-    broker = make_broker(store, clock, sink, window=3)
+    broker = make_broker(store, clock, sink, queue=QueueConfig(window=3))
     add_session(store, ALICE)
     subscribe(broker, ALICE, "a")
     for n in range(5):
@@ -426,7 +429,7 @@ def test_ack_after_a_reconnection_logs_what_an_earlier_connection_sent(
     arrives after ``mark_connected``, before they are taken again. They are acked in the
     store, so never taken again; each must still be logged ``notify_delivered`` once
     (the 100-move handover test waited forever for the missing ones)."""
-    broker = make_broker(store, clock, sink, window=4)
+    broker = make_broker(store, clock, sink, queue=QueueConfig(window=4))
     add_session(store, ALICE)
     subscribe(broker, ALICE, "a")
     for n in range(6):
@@ -449,7 +452,7 @@ def test_ack_after_a_reconnection_logs_what_an_earlier_connection_sent(
 
 def test_overflow_drops_are_reported_in_missed_once(store: BrokerStore, clock: FakeClock) -> None:
     sink = WaitingSink()
-    broker = make_broker(store, clock, sink, max_queue_depth=2)
+    broker = make_broker(store, clock, sink, queue=QueueConfig(max_per_uri=2))
     subscribe(broker, ALICE, "a")
     for n in range(5):
         publish(broker, f"m{n}", "a")
@@ -465,16 +468,17 @@ def test_overflow_drops_are_reported_in_missed_once(store: BrokerStore, clock: F
 
 
 def test_config_is_validated() -> None:
-    for bad in (
+    for bad_subs in (
         {"default_ttl": 0},
         {"default_ttl": 10.0, "max_ttl": 5.0},
-        {"window": 0},
-        {"max_queue_depth": True},
-        {"overflow_policy": "drop-all"},
         {"sweep_interval": float("inf")},
     ):
         with pytest.raises(ConfigError):
-            BrokerCoreConfig(**bad)  # type: ignore[arg-type]
+            SubscriptionConfig(**bad_subs)
+    for bad_queue in ({"window": 0}, {"max_per_uri": True}, {"overflow": "drop-all"}):
+        with pytest.raises(ConfigError):
+            QueueConfig(**bad_queue)
+    assert BrokerCoreConfig(queue=QueueConfig(window=5)).window == 5
 
 
 def test_a_database_failure_is_answered_with_500(store: BrokerStore, clock: FakeClock) -> None:
@@ -568,7 +572,7 @@ def test_a_failed_group_commit_answers_each_publish_with_500(
 
 
 def test_a_backlog_is_refilled_by_half_windows(store: BrokerStore, clock: FakeClock) -> None:
-    broker = make_broker(store, clock, MemorySink(), window=4)
+    broker = make_broker(store, clock, MemorySink(), queue=QueueConfig(window=4))
     add_session(store, ALICE)
     subscribe(broker, ALICE, "a")
     for n in range(7):

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from mdeci.broker import Broker, BrokerService, SessionKeyError
+from mdeci.config import QueueConfig, SubscriptionConfig
 from mdeci.frames import Ack, Error, Frame, Notify, Pub, PubOk, Sub, SubOk, decode, encode
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
@@ -72,7 +73,7 @@ class Agent:
 async def service(
     store: BrokerStore, clock: FakeClock, sink: WaitingSink
 ) -> AsyncIterator[BrokerService]:
-    broker = make_broker(store, clock, sink, window=4)
+    broker = make_broker(store, clock, sink, queue=QueueConfig(window=4))
     svc = await BrokerService.open(broker, HOST, 0, FAST)
     svc.start()
     try:
@@ -240,7 +241,7 @@ async def test_bye_stops_delivery_and_keeps_the_queue(
 async def test_periodic_sweep_expires_subscriptions(
     store: BrokerStore, clock: FakeClock, sink: WaitingSink
 ) -> None:
-    broker = make_broker(store, clock, sink, sweep_interval=0.01)
+    broker = make_broker(store, clock, sink, subscriptions=SubscriptionConfig(sweep_interval=0.01))
     [ok] = broker.handle(ALICE, Sub(req=1, subject="news.rio", ttl=5))
     assert isinstance(ok, SubOk)
     service = await BrokerService.open(broker, HOST, 0, FAST)

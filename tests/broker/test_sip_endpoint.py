@@ -31,6 +31,7 @@ from sip.tools.registrar import RegistrarService
 from sip.transaction import TimerConfig
 from tests.broker.conftest import FakeClock, WaitingSink
 from tests.broker.test_service import FAST, GUARD, Agent
+from tests.keyx import OfferKeys
 
 DOMAIN = "example.org"
 BROKER = f"sip:broker@{DOMAIN}"
@@ -103,9 +104,10 @@ class Device:
     user: str
     ua: UserAgent
     rudp: RudpEndpoint
-    key: bytes
+    keys: OfferKeys
     host: str
     version: int = 1
+    key: bytes = b""  # the RUDP session secret, once the INVITE is answered
     dialog: Dialog | None = None
     agent: Agent | None = None
 
@@ -123,17 +125,21 @@ class Device:
         )
         await ua.start(host, 0)
         rudp = await RudpEndpoint.open(host, 0, config=FAST)
-        return cls(user, ua, rudp, secrets.token_bytes(32), host)
+        keys = OfferKeys(user, DOMAIN, PASSWORDS.get(user, "") if password is None else password)
+        return cls(user, ua, rudp, keys, host)
 
     def offer(self) -> bytes:
         port = self.rudp.local_addr[1]
-        return build_offer(self.user, 1, self.version, self.host, port, self.key).encode()
+        return build_offer(self.user, 1, self.version, self.host, port, self.keys.public).encode()
 
     async def call(self, broker: RunningBroker) -> Response:
+        offer = self.offer()
         self.dialog, response = await asyncio.wait_for(
-            self.ua.invite(BROKER, broker.sip_addr, self.offer()), GUARD
+            self.ua.invite(BROKER, broker.sip_addr, offer), GUARD
         )
         media = parse_session(response.body)
+        assert media.key is not None
+        self.key = self.keys.secret(media.key, offer, response.body)
         self.agent = Agent(self.rudp, self.rudp.peer(self.key, (media.addr, media.port)), self.key)
         return response
 
@@ -194,7 +200,9 @@ async def test_register_call_publish_move_bye(
     response = await alice.call(running)
     answer = parse_session(response.body)
     assert (answer.addr, answer.port) == running.media_addr
-    assert answer.key is None
+    # The answer carries the broker's X25519 public value, never a key.
+    assert answer.key is not None and answer.key != alice.keys.public
+    assert alice.key not in response.body and alice.key.hex().encode() not in response.body
     started = await sink.wait_for("session_started", ALICE)
     await sink.wait_for("media_connected", ALICE)
     assert alice.dialog is not None
@@ -332,7 +340,7 @@ async def test_offer_without_our_line_gets_488(
     assert "MDECI-RUDP" in (response.headers.get("Warning") or "")
     # An offer with our line but no key is refused too.
     nokey = build_offer("alice", 1, 1, "127.0.0.2", 4000, b"k" * 32).replace(
-        "a=mdeci-key:", "a=x-key:"
+        "a=mdeci-kx:", "a=x-key:"
     )
     request = alice.ua.build_request("INVITE", BROKER, to=f"<{BROKER}>", body=nokey.encode())
     response = await asyncio.wait_for(alice.ua.request(request, running.sip_addr), GUARD)
@@ -448,7 +456,10 @@ async def test_external_registrar_mode(
         secrets.token_bytes,
         auth=DigestServer(DigestConfig(realm=DOMAIN), creds, secrets.token_bytes),
     )
-    home = UserAgent(UaConfig(aor=f"sip:registrar@{DOMAIN}"), RegistrarService(registrar, True))
+    home = UserAgent(
+        UaConfig(aor=f"sip:registrar@{DOMAIN}", methods=frozenset({"REGISTER"})),
+        RegistrarService(registrar, True),
+    )
     home_addr = await home.start("127.0.0.1", 0)
     loop = asyncio.get_running_loop()
     config = broker_config(tmp_path)

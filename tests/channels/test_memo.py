@@ -80,7 +80,36 @@ def test_a_repeated_question_is_answered_from_the_memo() -> None:
     inner = MemoryUsage()
     cached = CachedUsage(inner)
     msg = Outgoing(user="sip:a@x", qclass="urgent", size=100, first_seen=T0)
-    first = select(policy, msg, available={"sms"}, usage=cached, now=T0)
+    first = select(policy, msg, available={"sms"}, usage=cached, now=T0)  # from the rooms
     misses = cached.misses
-    assert select(policy, msg, available={"sms"}, usage=cached, now=T0) is first
+    second = select(policy, msg, available={"sms"}, usage=cached, now=T0)  # kept now
+    assert second == first
+    assert select(policy, msg, available={"sms"}, usage=cached, now=T0) is second
     assert cached.misses == misses  # no counter was read again
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_size_new_decisions_equal_fresh_ones(seed: int) -> None:
+    """The first-ask path (rooms per user, class and day; no ranking kept) near limits:
+    sizes around the bytes limit's room, money close to the bound."""
+    rng = random.Random(100 + seed)
+    memo_policy, fresh_policy = _policy(), _policy()
+    cached, plain = CachedUsage(MemoryUsage()), MemoryUsage()
+    now = T0
+    for step in range(600):
+        now += rng.choice((1.0, 60.0, 3600.0, 6 * 3600.0))
+        msg = Outgoing(
+            user=rng.choice(("sip:a@x", "sip:b@x")),
+            qclass=rng.choice(tuple(CLASSES)),
+            size=rng.randint(1, 3000) if rng.random() < 0.7 else rng.randint(1, 40),
+            first_seen=now - rng.choice((0.0, 100.0, 1000.0)),
+        )
+        available = rng.choice(({"mno", "sms"}, {"sms"}, {"wifi", "mno", "sms"}, set()))
+        got = select(memo_policy, msg, available=available, usage=cached, now=now, calendar=CAL)
+        want = select(fresh_policy, msg, available=available, usage=plain, now=now, calendar=CAL)
+        assert got == want, f"step {step}"
+        if isinstance(got, SendNow) and rng.random() < 0.8:
+            record_send(cached, msg, got, at=now)
+            record_send(plain, msg, got, at=now)
+        if step == 300:
+            cached.clear()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import signal
 import sys
 import uuid
@@ -42,6 +41,7 @@ from sip.dialog import Dialog
 from sip.message import Response
 from sip.sdp import build_offer, parse_session
 from sip.transaction import TimerConfig
+from tests.keyx import OfferKeys
 from tests.store.conftest import BROKER_TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -353,8 +353,9 @@ class Device:
     user: str
     ua: UserAgent
     rudp: RudpEndpoint
-    key: bytes
+    keys: OfferKeys
     host: str
+    key: bytes = b""  # the RUDP session secret, once the INVITE is answered
     dialog: Dialog | None = None
     peer: RudpPeer | None = None
     frames: asyncio.Queue[Frame] = field(default_factory=asyncio.Queue)
@@ -376,18 +377,22 @@ class Device:
         )
         await ua.start(host, 0)
         rudp = await RudpEndpoint.open(host, 0, config=RUDP)
-        return cls(user, ua, rudp, secrets.token_bytes(32), host)
+        keys = OfferKeys(user, DOMAIN, PASSWORDS[user] if password is None else password)
+        return cls(user, ua, rudp, keys, host)
 
     def offer(self) -> bytes:
         port = self.rudp.local_addr[1]
-        return build_offer(self.user, 1, 1, self.host, port, self.key).encode()
+        return build_offer(self.user, 1, 1, self.host, port, self.keys.public).encode()
 
     async def call(self, broker: RunningBroker) -> Response:
         """INVITE the broker; the RUDP peer then speaks to its media address."""
+        offer = self.offer()
         self.dialog, response = await asyncio.wait_for(
-            self.ua.invite(BROKER_AOR, broker.sip_addr, self.offer()), GUARD
+            self.ua.invite(BROKER_AOR, broker.sip_addr, offer), GUARD
         )
         media = parse_session(response.body)
+        assert media.key is not None
+        self.key = self.keys.secret(media.key, offer, response.body)
         self.attach((media.addr, media.port))
         return response
 

@@ -63,7 +63,7 @@ async def test_ttl_expiry_queued_delivery_and_restart(tmp_path: Path) -> None:
         assert sink.named("subscription_expired") == []
         assert await _published(bob, "feed.b", "feed.b") == 0
         assert await _published(bob, "news.b", "news.b") == 1
-        # The match noticed it and swept it (PROTOCOL.md §6: removed at matching time).
+        # The match noticed it and swept it (docs/protocol.md §6: removed at matching time).
         expired = await asyncio.wait_for(sink.wait_for("subscription_expired", ALICE), GUARD)
         assert f"sub_id={short.sub_id} " in str(dict(expired.fields)["reason"])
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mdeci.churnlog import FIELDS, ChurnLog, Event, format_ts, make_record
+from mdeci.churnlog import AUTHORITY, FIELDS, ChurnLog, Event, Role, format_ts, make_record
 from mdeci.errors import ChurnLogError, MdeciError
 
 # 2026-11-22T21:05:03.123Z
@@ -82,7 +82,7 @@ def test_ts_rejects_bad_times(bad: float) -> None:
 
 def test_fields_order_and_omission(tmp_path: Path) -> None:
     path = tmp_path / "churn.log"
-    with ChurnLog(path, "broker-1", Clock()) as log:
+    with ChurnLog(path, "broker-1", Clock(), role=Role.BROKER) as log:
         log.write(Event.REGISTERED, uri="sip:alice@example.org", addr="127.0.0.2:5070")
         log.write(
             "notify_delivered",
@@ -102,8 +102,8 @@ def test_fields_order_and_omission(tmp_path: Path) -> None:
     assert raw.endswith("\n")
     first, second = raw.splitlines()
     assert first == (
-        '{"ts":"2026-11-22T21:05:03.123Z","node":"broker-1","event":"registered",'
-        '"uri":"sip:alice@example.org","addr":"127.0.0.2:5070"}'
+        '{"ts":"2026-11-22T21:05:03.123Z","node":"broker-1","role":"broker",'
+        '"event":"registered","uri":"sip:alice@example.org","addr":"127.0.0.2:5070"}'
     )
     rec = json.loads(second)
     assert list(rec) == list(FIELDS)  # every field, in §8 order
@@ -185,7 +185,7 @@ def test_rotation_by_size(tmp_path: Path) -> None:
         assert 0 < p.stat().st_size <= 300
     # newest in churn.log, then .1, then .2; consecutive and gap-free across the three
     nseqs = [
-        r["nseq"]
+        int(str(r["nseq"]))
         for name in ("churn.log.2", "churn.log.1", "churn.log")
         for r in lines(path.parent / name)
     ]
@@ -251,7 +251,7 @@ def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
     assert not log.closed
     log.close()
     log.close()
-    assert log.closed
+    assert bool(log.closed)  # bool(): mypy keeps the narrowing of the first assert
     with pytest.raises(ChurnLogError, match="closed"):
         log.write(Event.REGISTERED, uri="sip:a@x")
 
@@ -266,3 +266,13 @@ def test_constructor_checks(tmp_path: Path) -> None:
     (tmp_path / "dir.log").mkdir()
     with pytest.raises(ChurnLogError, match="cannot open churn log"):
         ChurnLog(tmp_path / "dir.log", "n", Clock())
+
+
+def test_every_event_has_one_authoritative_role_and_a_bad_role_is_refused(tmp_path: Path) -> None:
+    assert set(AUTHORITY) == set(Event)
+    assert AUTHORITY[Event.IP_CHANGED] is Role.AGENT  # only the device sees its address
+    assert AUTHORITY[Event.NOTIFY_DELIVERED] is Role.BROKER  # the broker's ack is the fact
+    assert "role" not in make_record(0, "n", Event.REGISTERED, uri="u")
+    assert make_record(0, "n", Event.REGISTERED, uri="u", role=Role.AGENT)["role"] == "agent"
+    with pytest.raises(ChurnLogError):
+        ChurnLog(tmp_path / "c.log", "n", Clock(), role="switch")  # type: ignore[arg-type]

@@ -322,3 +322,55 @@ def test_missing_file_and_bad_encoding(tmp_path: Path) -> None:
         load_broker_config(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_agent_config(tmp_path)  # a folder
+
+
+# ---------------------------------------------------------------- one schema (issue 15)
+
+
+def test_agent_sip_table_without_port_binds_any_port(tmp_path: Path) -> None:
+    """A [sip] table that leaves out 'port' keeps the agent's documented default 0 (it used
+    to take the broker's 5060)."""
+    cfg = load_agent_config(write(tmp_path, AGENT_MIN + '[sip]\nhost = "127.0.0.2"\n', "a.toml"))
+    assert cfg.sip.port == 0
+    assert cfg.sip.host == "127.0.0.2"
+
+
+def test_broker_churnlog_table_without_path_keeps_the_broker_file(tmp_path: Path) -> None:
+    cfg = load_broker_config(write(tmp_path, "[churnlog]\nbackups = 2\n"))
+    assert cfg.churnlog.path.name == "broker-churn.log"
+    assert cfg.churnlog.backups == 2
+
+
+def test_core_takes_the_toml_sections_as_they_are(tmp_path: Path) -> None:
+    text = (
+        "[queue]\nmax_per_uri = 7\noverflow = 'refuse-newest'\nwindow = 5\n"
+        "[subscriptions]\ndefault_ttl = 10\nmax_ttl = 20\nsweep_interval = 3\n"
+    )
+    core = load_broker_config(write(tmp_path, text)).core
+    assert (core.max_queue_depth, core.overflow_policy, core.window) == (7, "refuse-newest", 5)
+    assert (core.default_ttl, core.max_ttl, core.sweep_interval) == (10.0, 20.0, 3.0)
+
+
+def test_each_default_in_one_place() -> None:
+    """The core's defaults are the TOML defaults (the queue depth used to be 1,000 in TOML
+    and 10,000 in the core), and the SIP timers default to sip.transaction's."""
+    from mdeci.broker import BrokerCoreConfig
+    from sip.transaction import TimerConfig
+
+    assert BrokerConfig().core == BrokerCoreConfig()
+    assert BrokerCoreConfig().max_queue_depth == QueueConfig().max_per_uri == 1000
+    assert SipConfig().timers == TimerConfig()
+
+
+def test_overflow_values_agree_with_the_store() -> None:
+    from typing import get_args
+
+    from mdeci.store.queues import OverflowPolicy as StorePolicy
+
+    assert [p.value for p in OverflowPolicy] == list(get_args(StorePolicy))
+
+
+def test_window_and_overflow_errors_name_the_key(tmp_path: Path) -> None:
+    assert "[queue] 'window' must be >= 1" in broker_error(tmp_path, "[queue]\nwindow = 0\n")
+    message = broker_error(tmp_path, "[queue]\noverflow = 'drop-all'\n")
+    assert "key 'queue.overflow' must be 'drop-oldest' or 'refuse-newest'" in message

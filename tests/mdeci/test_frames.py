@@ -278,8 +278,8 @@ def test_subs_accepts_a_list_and_stores_a_tuple() -> None:
         (lambda: Pub(req=1, msg_id="m", subject="a.*"), "no wildcards"),
         (lambda: Pub(req=1, msg_id="", subject="a"), "msg_id must be 1..128"),
         (lambda: Pub(req=1, msg_id="m", subject="a", attrs={"1x": 1}), "attribute name"),
-        (lambda: Pub(req=1, msg_id="m", subject="a", attrs={"x": None}), "must be text"),
-        (lambda: Pub(req=1, msg_id="m", subject="a", attrs={"x": [1]}), "must be text"),
+        (lambda: Pub(req=1, msg_id="m", subject="a", attrs={"x": None}), "must be text"),  # type: ignore[dict-item]
+        (lambda: Pub(req=1, msg_id="m", subject="a", attrs={"x": [1]}), "must be text"),  # type: ignore[dict-item]
         (lambda: Pub(req=1, msg_id="m", subject="a", attrs={"x": math.nan}), "finite"),
         (lambda: Pub(req=1, msg_id="m", subject="a", attrs={"x": 2**64}), "64-bit"),
         (

@@ -19,22 +19,25 @@ def _conn(sender: int = 2, config: RudpConfig = CONFIG) -> RudpConnection:
     return RudpConnection(KEY, config, sender_id=sender)
 
 
+PING = wire.push_frame(wire.Ping())
+
+
 def _forge(
     conn: RudpConnection,
-    body: bytes,
+    payload: bytes,
     *,
     pn: int,
     key: bytes = KEY,
-    ptype: wire.PacketType = wire.PacketType.DATA,
     cid: int | None = None,
     sender: int = 1,
 ) -> bytes:
-    header = wire.Header(ptype, conn.cid if cid is None else cid, sender, pn)
-    return wire.push_tag(key, wire.push_header(header) + body)
+    """A datagram sealed as a peer with ``sender`` id and session secret ``key`` would."""
+    header = wire.push_header(wire.Header(conn.cid if cid is None else cid, sender, pn))
+    return wire.SenderKeys(key, sender, wire.Protection.AEAD).seal(header, pn, payload)
 
 
 def _data(seq: int, index: int = 0, count: int = 1, payload: bytes = b"x", base: int = 0) -> bytes:
-    return wire.push_data(wire.Data(seq, base, index, count, payload))
+    return wire.push_frame(wire.Data(seq, base, index, count, payload))
 
 
 def _events(conn: RudpConnection) -> list[object]:
@@ -63,9 +66,9 @@ def test_wrong_tag_unknown_cid_truncated_oversized() -> None:
     assert not b.receive_datagram(_forge(b, _data(0), pn=0, key=b"k" * 32), 0.0)
     assert not b.receive_datagram(_forge(b, _data(0), pn=1, cid=b.cid ^ 1), 0.0)
     assert not b.receive_datagram(b"\x01\x01" + b"\x00" * 10, 0.0)  # truncated header
-    assert not b.receive_datagram(_forge(b, b"\x00\x00", pn=2), 0.0)  # truncated DATA body
-    # a header announcing 200 SACK blocks that are not there
-    lying_ack = _forge(b, struct.pack("!IB", 0, 200), pn=3, ptype=wire.PacketType.ACK)
+    assert not b.receive_datagram(_forge(b, b"\x01\x00", pn=2), 0.0)  # truncated DATA frame
+    # an ACK frame announcing 200 SACK blocks that are not there
+    lying_ack = _forge(b, struct.pack("!BIB", 2, 0, 200), pn=3)
     assert not b.receive_datagram(lying_ack, 0.0)
     bad_version = bytearray(_forge(b, _data(0), pn=4))
     bad_version[0] = 9
@@ -98,8 +101,8 @@ def test_replays_are_dropped_and_counted() -> None:
     assert [type(e).__name__ for e in _events(b)] == ["MessageReceived"]
     # far older than the replay window
     for pn in range(7, 7 + CONFIG.replay_window + 2):
-        b.receive_datagram(_forge(b, b"", pn=pn, ptype=wire.PacketType.PING), 0.3)
-    assert not b.receive_datagram(_forge(b, b"", pn=0, ptype=wire.PacketType.PING), 0.4)
+        b.receive_datagram(_forge(b, PING, pn=pn), 0.3)
+    assert not b.receive_datagram(_forge(b, PING, pn=0), 0.4)
     assert b.stats.replayed == 2
     assert _events(b) == []
 
@@ -117,9 +120,9 @@ def test_replay_from_an_earlier_connection_cannot_reset_the_window() -> None:
 
 def test_packet_number_jump_is_bounded() -> None:
     b = _conn()
-    assert b.receive_datagram(_forge(b, b"", pn=0, ptype=wire.PacketType.PING), 0.0)
-    assert b.receive_datagram(_forge(b, b"", pn=2**32 - 1, ptype=wire.PacketType.PING), 0.0)
-    assert not b.receive_datagram(_forge(b, b"", pn=1, ptype=wire.PacketType.PING), 0.0)
+    assert b.receive_datagram(_forge(b, PING, pn=0), 0.0)
+    assert b.receive_datagram(_forge(b, PING, pn=2**32 - 1), 0.0)
+    assert not b.receive_datagram(_forge(b, PING, pn=1), 0.0)
     assert b.stats.replayed == 1
 
 
@@ -163,21 +166,27 @@ def test_fuzz_authenticated_headers_never_escape(rest: bytes) -> None:
     b.send_message(b"q" * 3000, 0.0)
     b.datagrams_to_send(0.0)
     head = rest[:2] + b.cid.to_bytes(8, "big") + rest[2:]
-    b.receive_datagram(wire.push_tag(KEY, head), 0.0)
+    if len(head) >= wire.HEADER_SIZE:
+        sender, pn = int.from_bytes(head[10:14], "big"), int.from_bytes(head[14:18], "big")
+        keys = wire.SenderKeys(KEY, sender, wire.Protection.AEAD)
+        datagram = keys.seal(head[: wire.HEADER_SIZE], pn, head[wire.HEADER_SIZE :])
+    else:
+        datagram = head + bytes(wire.TAG_SIZE)
+    b.receive_datagram(datagram, 0.0)
     b.handle_timer(5.0)
     b.datagrams_to_send(5.0)
     _events(b)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=300), st.sampled_from(list(wire.PacketType)), st.integers(0, 2**32 - 1))
+@given(st.binary(max_size=300), st.sampled_from(list(wire.FrameType)), st.integers(0, 2**32 - 1))
 def test_fuzz_authenticated_bodies_never_escape(
-    body: bytes, ptype: wire.PacketType, pn: int
+    body: bytes, ftype: wire.FrameType, pn: int
 ) -> None:
     b = _conn()
     b.send_message(b"q" * 3000, 0.0)
     b.datagrams_to_send(0.0)
-    b.receive_datagram(_forge(b, body, pn=pn, ptype=ptype), 0.0)
+    b.receive_datagram(_forge(b, bytes((ftype,)) + body, pn=pn), 0.0)
     b.handle_timer(5.0)
     b.datagrams_to_send(5.0)
     _events(b)

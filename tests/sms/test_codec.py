@@ -65,7 +65,7 @@ def test_sizes() -> None:
 
 
 def _feed(r: Reassembler, pieces: list[tuple[bytes, bytes]], now: float = 0.0) -> list[object]:
-    outcomes = []
+    outcomes: list[object] = []
     for udh, body in pieces:
         out = r.add("+15550001", parse_segment(udh, body), now)
         if out is not None:

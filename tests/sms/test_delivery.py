@@ -48,8 +48,10 @@ def test_exactly_once_or_reported_undeliverable(seed: int) -> None:
 
 
 def test_ip_back_midway_shows_no_duplicate() -> None:
-    rng = random.Random(7)
-    world = World(SMSC, LINK, seed=7, ttl=600.0)
+    # A seed where some SMS copies do arrive after IP delivered them (with the first part
+    # acked before the rest, few buffers are complete in the SMSC when IP returns).
+    rng = random.Random(1)
+    world = World(SMSC, LINK, seed=1, ttl=600.0)
     for nseq in range(1, N + 1):
         world.run_until(world.now + rng.uniform(0.0, 0.4))
         if nseq == N // 2:
@@ -65,7 +67,7 @@ def test_ip_back_midway_shows_no_duplicate() -> None:
 
 
 def test_strict_gate_never_duplicates_but_can_skip_reordered() -> None:
-    """``window=0`` (PROTOCOL.md's literal rule): no duplicate, but reordering loses."""
+    """``window=0`` (docs/protocol.md's literal rule): no duplicate, but reordering loses."""
     rng = random.Random(3)
     world = World(SMSC, LINK, seed=3, window=0)
     _publish_all(world, rng, until=30.0)

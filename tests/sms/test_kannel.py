@@ -13,6 +13,7 @@ import cbor2
 import pytest
 
 from mdeci.sms.codec import Sms
+from mdeci.sms.config import SmsConfig
 from mdeci.sms.fakesmsc import mo_argument, parse_mt_line
 from mdeci.sms.gateway import LinkRunner
 from mdeci.sms.kannel import KannelConfig, KannelGateway, parse_mo_query, sendsms_url
@@ -64,7 +65,9 @@ async def test_mt_and_mo_through_kannel(tmp_path: Path) -> None:
     gateway = KannelGateway(
         KannelConfig(callback_port=free_port(socket.SOCK_STREAM), password="test-pw")
     )
-    broker = LinkRunner(SmsLink(BROKER), gateway, log.append)
+    # All segments at once: this test is about Kannel's MT/MO paths, not the link's steps
+    # (the first-part ack is tested in test_link and end to end in tests/smsint).
+    broker = LinkRunner(SmsLink(BROKER, SmsConfig(first_part_ack=False)), gateway, log.append)
     await broker.start()
     try:
         with running_kannel(tmp_path, gateway.callback_url) as kannel:

@@ -11,11 +11,26 @@ from mdeci.sms.errors import FrameTooLarge, NoFreeReference, SmsError
 from mdeci.sms.link import BufferAcknowledged, BufferExpired, FrameReceived, SmsLink
 
 A, B = "+1000", "+2000"
-CFG = SmsConfig(ack_timeout=10.0, ack_timeout_max=40.0)
+CFG = SmsConfig(ack_timeout=10.0, ack_timeout_max=40.0, first_part_ack=False)
+STEPPED = SmsConfig(ack_timeout=10.0, ack_timeout_max=40.0)  # first part acked first
+
+
+def _exchange(a: SmsLink, b: SmsLink, now: float) -> int:
+    """Carry every SMS between ``a`` and ``b`` until both are quiet; SMS ``a`` sent."""
+    sent = 0
+    while True:
+        out_a, out_b = a.sms_to_send(), b.sms_to_send()
+        if not out_a and not out_b:
+            return sent
+        sent += len(out_a)
+        for sms in out_a:
+            b.receive_sms(sms, now)
+        for sms in out_b:
+            a.receive_sms(sms, now)
 
 
 def _events(link: SmsLink) -> list[object]:
-    out = []
+    out: list[object] = []
     while (ev := link.next_event()) is not None:
         out.append(ev)
     return out
@@ -147,6 +162,65 @@ def test_sms_tariff_bills_what_the_link_sends() -> None:
         cfg = SmsConfig(key=key)
         tariff = sms_tariff(0.0015, cfg)
         for size in (0, 1, 100, 124, 125, 300, 5000):
-            link = SmsLink(A, cfg)
+            link, peer = SmsLink(A, cfg), SmsLink(B, cfg)
             link.send_frame(B, bytes(size), 0.0)
-            assert tariff.cost(size) == pytest.approx(0.0015 * len(link.sms_to_send()))
+            assert tariff.cost(size) == pytest.approx(0.0015 * _exchange(link, peer, 0.0))
+
+
+def test_defaults_are_the_thesis_timers() -> None:
+    cfg = SmsConfig()
+    assert (cfg.ack_timeout, cfg.first_part_ack) == (200.0, True)
+
+
+def test_first_part_is_acked_before_the_rest_is_sent() -> None:
+    a, b = SmsLink(A, STEPPED), SmsLink(B, STEPPED)
+    frame = bytes(range(256)) * 2  # 5 segments
+    bid = a.send_frame(B, frame, 0.0)
+    (first,) = a.sms_to_send()  # segment 1 alone
+    # Unanswered: only segment 1 again, at 10 then +20 (doubling).
+    a.handle_timer(10.0)
+    assert a.sms_to_send() == [first]
+    assert a.get_timer() == 30.0
+    b.receive_sms(first, 12.0)
+    assert _events(b) == []
+    (part_ack,) = b.sms_to_send()
+    a.receive_sms(part_ack, 13.0)
+    rest = a.sms_to_send()
+    assert len(rest) == 4 and first not in rest
+    assert a.get_timer() == 23.0  # the wait starts again at ack_timeout
+    a.receive_sms(part_ack, 14.0)  # a repeated part ack sends nothing more
+    assert a.sms_to_send() == []
+    for sms in rest:
+        b.receive_sms(sms, 15.0)
+    assert _events(b) == [FrameReceived(A, frame)]
+    (ack,) = b.sms_to_send()
+    a.receive_sms(ack, 16.0)
+    assert _events(a) == [BufferAcknowledged(bid, B, 6, 0.0, 16.0)]
+    assert a.get_timer() is None
+
+
+def test_after_the_part_ack_a_resend_carries_every_segment() -> None:
+    a, b = SmsLink(A, STEPPED), SmsLink(B, STEPPED)
+    a.send_frame(B, bytes(300), 0.0)  # 3 segments
+    (first,) = a.sms_to_send()
+    b.receive_sms(first, 1.0)
+    a.receive_sms(b.sms_to_send()[0], 2.0)
+    assert len(a.sms_to_send()) == 2  # the rest, lost on the way
+    a.handle_timer(12.0)
+    assert len(a.sms_to_send()) == 3  # the receiver may have dropped segment 1 since
+    assert a.get_timer() == 32.0
+
+
+def test_a_part_ack_for_no_buffer_is_stale() -> None:
+    a = SmsLink(A, STEPPED)
+    udh, body = encode_acks([AckEntry(5, 0, b"abcd")], dst_port=16301, src_port=16300)[0]
+    a.receive_sms(Sms(B, A, udh, body), 0.0)
+    assert a.stats.stale_acks == 1 and _events(a) == []
+
+
+def test_a_single_segment_frame_needs_no_part_ack() -> None:
+    a, b = SmsLink(A, STEPPED), SmsLink(B, STEPPED)
+    a.send_frame(B, b"short", 0.0)
+    (only,) = a.sms_to_send()
+    b.receive_sms(only, 1.0)
+    assert _events(b) == [FrameReceived(A, b"short")]

@@ -43,7 +43,7 @@ POLICY = SelectorPolicy(
 
 
 def notify_frame(nseq: int, payload: bytes) -> bytes:
-    """A ``notify`` frame as PROTOCOL.md §5 has it."""
+    """A ``notify`` frame as docs/protocol.md §5 has it."""
     return cbor2.dumps(
         {
             "op": "notify",

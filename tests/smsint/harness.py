@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from mdeci.agent import Agent
 from mdeci.broker.app import RunningBroker, run_broker
+from mdeci.channels.config import ChannelsConfig
 from mdeci.config import (
     AgentSmsConfig,
     AuthConfig,
@@ -53,16 +54,23 @@ async def start_broker(
     sink: WaitingSink,
     sms: BrokerSmsConfig,
     gateway: SmsGateway | None,
+    channels: ChannelsConfig | None = None,
 ) -> RunningBroker:
     config = BrokerConfig(
         domain="localhost",
         data_dir=tmp / "broker",
         sip=SipConfig(host="127.0.0.1", port=0, t1=0.02, t2=0.16, t4=0.2),
         rudp=FAST_RUDP,
+        # Alice's MSISDN from the operator's user record: the only source the broker
+        # trusts (the SDP's a=mdeci-msisdn is the device's word, not the operator's).
         auth=AuthConfig(
-            users=tuple(UserConfig(user=u, password=f"{u}-secret") for u in ("alice", "bob"))
+            users=(
+                UserConfig(user="alice", password="alice-secret", msisdn=ALICE_NO),
+                UserConfig(user="bob", password="bob-secret"),
+            )
         ),
         sms=sms,
+        channels=channels if channels is not None else ChannelsConfig(),
     )
     return await run_broker(
         config,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 from sqlalchemy.engine import Engine
 
+from mdeci.store.base import make_engine
 from mdeci.store.errors import DuplicateUser, InvalidArgument, StoreError, UnsupportedAlgorithm
 from mdeci.store.users import SqlUserStore, User, ha1, username_of
+from tests.peers import missing
 
 
 def test_ha1_matches_rfc_definition() -> None:
@@ -34,7 +37,7 @@ def test_username_of() -> None:
 
 def test_add_get_credentials_list(engine: Engine) -> None:
     users = SqlUserStore(engine)
-    alice = users.add_user("sip:alice@example.com", "example.com", "secret")
+    alice = users.add_user("sip:alice@example.com", "example.com", "secret", md5=True)
     assert alice == User("sip:alice@example.com", "alice", "example.com")
     users.add_user_ha1(
         "sip:bob@example.com",
@@ -66,7 +69,7 @@ def test_add_get_credentials_list(engine: Engine) -> None:
 
 def test_duplicate_user_is_refused(engine: Engine) -> None:
     users = SqlUserStore(engine)
-    users.add_user("sip:alice@example.com", "example.com", "a")
+    users.add_user("sip:alice@example.com", "example.com", "a", md5=True)
     with pytest.raises(DuplicateUser):
         users.add_user("sip:alice@example.com", "example.com", "b")
     # Same username in the same realm under another URI: digest could not tell them apart.
@@ -81,11 +84,39 @@ def test_duplicate_user_is_refused(engine: Engine) -> None:
 def test_set_password_and_remove(engine: Engine) -> None:
     users = SqlUserStore(engine)
     users.add_user("sip:alice@example.com", "example.com", "old")
-    assert users.set_password("sip:alice@example.com", "new")
+    assert users.set_password("sip:alice@example.com", "new", md5=True)
     assert users.get_credentials("alice", "example.com", "MD5") == ha1(
         "MD5", "alice", "example.com", "new"
     )
+    assert users.set_password("sip:alice@example.com", "newer")  # MD5 HA1 cleared
+    assert users.get_credentials("alice", "example.com", "MD5") is None
     assert not users.set_password("sip:nobody@example.com", "x")
     assert users.remove_user("sip:alice@example.com")
     assert not users.remove_user("sip:alice@example.com")
     assert users.list_users() == []
+
+
+def test_md5_ha1_is_kept_only_on_opt_in(engine: Engine) -> None:
+    """Issue 12: MD5 was stored (and offered) by default; now SHA-256 only."""
+    users = SqlUserStore(engine)
+    users.add_user("sip:alice@example.com", "example.com", "secret")
+    assert users.get_credentials("alice", "example.com", "MD5") is None
+    assert users.get_credentials("alice", "example.com", "SHA-256") == ha1(
+        "SHA-256", "alice", "example.com", "secret"
+    )
+
+
+def test_a_postgresql_url_keeps_its_own_options() -> None:
+    """connect_args replace the URL's query arguments: the operator's ``options`` (here a
+    search_path) must survive next to the statement timeout (it was silently dropped)."""
+    url = os.environ.get("MDECI_TEST_PG_URL")
+    if not url:
+        missing("PostgreSQL", "export MDECI_TEST_PG_URL=postgresql+psycopg://...")
+    sep = "&" if "?" in url else "?"
+    engine = make_engine(f"{url}{sep}options=-csearch_path%3Dmdeci_opts_probe,public")
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW search_path").scalar() == "mdeci_opts_probe,public"
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() != "0"
+    finally:
+        engine.dispose()

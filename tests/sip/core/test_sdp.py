@@ -33,7 +33,7 @@ def mlines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("m=")]
 
 
-# What pjsua sends once onCallSdpCreated rewrote it (PJSUA2.md), with the
+# What pjsua sends once onCallSdpCreated rewrote it (docs/pjsip.md), with the
 # session-level lines pjsua itself writes.
 PJSUA_OFFER = sdp(
     "v=0",
@@ -50,8 +50,8 @@ PJSUA_OFFER = sdp(
     "a=inactive",
     "m=application 40000 UDP/MDECI-RUDP mdeci",
     "c=IN IP4 127.0.0.2",
-    "a=mdeci-version:1",
-    f"a=mdeci-key:{KEY_TEXT}",
+    "a=mdeci-version:2",
+    f"a=mdeci-kx:{KEY_TEXT}",
     "a=mdeci-msisdn:+5521987654321",
     "a=sendrecv",
 )
@@ -69,8 +69,8 @@ def test_offer_has_the_protocol_shape() -> None:
         "c=IN IP4 192.0.2.7",
         "t=0 0",
         "m=application 40000 UDP/MDECI-RUDP mdeci",
-        "a=mdeci-version:1",
-        f"a=mdeci-key:{KEY_TEXT}",
+        "a=mdeci-version:2",
+        f"a=mdeci-kx:{KEY_TEXT}",
         "a=mdeci-msisdn:+4915112345678",
         "a=sendrecv",
     )
@@ -168,7 +168,7 @@ def test_answer_to_our_offer() -> None:
         "c=IN IP4 127.0.0.1",
         "t=0 0",
         "m=application 50000 UDP/MDECI-RUDP mdeci",
-        "a=mdeci-version:1",
+        "a=mdeci-version:2",
         "a=sendrecv",
     )
     media = parse_session(answer)
@@ -195,7 +195,7 @@ def test_answer_to_pjsua_offer_keeps_inactive_audio() -> None:
     parsed = sdp_transform.parse(answer)
     assert parsed["media"][0]["direction"] == "inactive"
     assert parsed["media"][0]["rtp"] == [{"payload": 0, "codec": "PCMU", "rate": 8000}]
-    assert "mdeci-key" not in answer
+    assert "mdeci-kx" not in answer
     assert parse_session(answer).msisdn == "+15551234567"
     assert parse_session(answer).ip_version == 6
 
@@ -213,10 +213,10 @@ def test_answer_rejects_unknown_lines_with_port_zero_in_order() -> None:
         "m=application 0 UDP/MDECI-RUDP mdeci",
         "m=audio 0 RTP/AVP 8",
         "m=application 7000 UDP/MDECI-RUDP mdeci",
-        "a=mdeci-version:1",
-        f"a=mdeci-key:{KEY_TEXT}",
+        "a=mdeci-version:2",
+        f"a=mdeci-kx:{KEY_TEXT}",
         "m=application 7002 UDP/MDECI-RUDP mdeci",
-        f"a=mdeci-key:{KEY_TEXT}",
+        f"a=mdeci-kx:{KEY_TEXT}",
         "m=audio 4000 RTP/AVP 0 8",
         "a=inactive",
     )
@@ -244,10 +244,10 @@ def test_media_level_connection_wins() -> None:
         "t=0 0",
         "m=application 7000 UDP/MDECI-RUDP mdeci",
         "c=IN IP6 ::2",
-        f"a=mdeci-key:{KEY_TEXT}",
+        f"a=mdeci-kx:{KEY_TEXT}",
     )
     media = parse_session(offer)
-    assert (media.addr, media.ip_version, media.msisdn, media.mdeci_version) == ("::2", 6, None, 1)
+    assert (media.addr, media.ip_version, media.msisdn, media.mdeci_version) == ("::2", 6, None, 2)
 
 
 @pytest.mark.parametrize(
@@ -257,7 +257,8 @@ def test_media_level_connection_wins() -> None:
         (["m=application 0 UDP/MDECI-RUDP mdeci"], "disabled"),
         (["m=application 7000 UDP/MDECI-RUDP other"], "wrong format"),
         (["m=application 7000 TCP/MDECI-RUDP mdeci"], "wrong proto"),
-        (["m=application 7000 UDP/MDECI-RUDP mdeci", "a=mdeci-version:2"], "future version"),
+        (["m=application 7000 UDP/MDECI-RUDP mdeci", "a=mdeci-version:3"], "future version"),
+        (["m=application 7000 UDP/MDECI-RUDP mdeci", "a=mdeci-version:1"], "key in clear"),
         (["m=application 7000 UDP/MDECI-RUDP mdeci", "a=sendonly"], "one way"),
         ([], "no media"),
     ],
@@ -275,10 +276,10 @@ def test_offers_without_usable_line_are_488(lines: list[str], why: str) -> None:
     "extra",
     [
         [],  # no key: an offer must carry one
-        [f"a=mdeci-key:{KEY_TEXT}", f"a=mdeci-key:{KEY_TEXT}"],
-        ["a=mdeci-key:not-a-key"],
-        [f"a=mdeci-key:{KEY_TEXT}", "a=mdeci-msisdn:12345"],
-        [f"a=mdeci-key:{KEY_TEXT}", "a=mdeci-msisdn:+1555", "a=mdeci-msisdn:+1556"],
+        [f"a=mdeci-kx:{KEY_TEXT}", f"a=mdeci-kx:{KEY_TEXT}"],
+        ["a=mdeci-kx:not-a-key"],
+        [f"a=mdeci-kx:{KEY_TEXT}", "a=mdeci-msisdn:12345"],
+        [f"a=mdeci-kx:{KEY_TEXT}", "a=mdeci-msisdn:+1555", "a=mdeci-msisdn:+1556"],
     ],
 )
 def test_offer_with_bad_mdeci_attributes_is_488(extra: list[str]) -> None:
@@ -405,9 +406,9 @@ _SDP_PIECES = st.sampled_from(
         "c=IN IP6 ::1\r\n",
         "m=application 7000 UDP/MDECI-RUDP mdeci\r\n",
         "m=audio 4000 RTP/AVP 0\r\n",
-        f"a=mdeci-key:{KEY_TEXT}\r\n",
+        f"a=mdeci-kx:{KEY_TEXT}\r\n",
         "a=mdeci-msisdn:+1555\r\n",
-        "a=mdeci-version:1\r\n",
+        "a=mdeci-version:2\r\n",
         "a=rtpmap:0 PCMU/8000\r\n",
         "a=rtpmap:x\r\n",
         "a=sendonly\r\n",
@@ -434,3 +435,18 @@ def test_any_text_parses_or_raises_sdp_error(text: str) -> None:
     except SdpError:
         return
     assert parse_session(answer).port == 9000
+
+
+def test_a_session_key_in_clear_is_refused() -> None:
+    """Version 1 put the RUDP key itself in SDP (issue 12); such an offer is refused."""
+    offer = sdp(
+        "v=0",
+        "o=- 1 1 IN IP4 192.0.2.1",
+        "s=-",
+        "c=IN IP4 192.0.2.1",
+        "t=0 0",
+        "m=application 7000 UDP/MDECI-RUDP mdeci",
+        f"a=mdeci-key:{KEY_TEXT}",
+    )
+    with pytest.raises(SdpError, match="mdeci-key"):
+        parse_session(offer, require_key=True)

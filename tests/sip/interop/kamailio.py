@@ -10,27 +10,55 @@ from pathlib import Path
 
 from sip.aio.ua import UaConfig, UserAgent
 from sip.transaction import TimerConfig
-from tests.peers import free_port, require_binary
+from tests.peers import free_port, missing, require_binary
+from tests.sip.certs import Certs
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "kamailio.cfg"
+# Debian's kamailio-tls-modules (the multiarch folder differs per architecture).
+TLS_MODULES = "*/kamailio/modules/tls.so"
+
+
+def tls_config(certs: Certs) -> str:
+    """Kamailio's tls.cfg: our certificate as a server; as a client (towards the broker)
+    verify the peer against our CA. The same file as in docs/operations.md §9."""
+    return (
+        "[server:default]\nmethod = TLSv1.2+\nverify_certificate = no\n"
+        f"require_certificate = no\nprivate_key = {certs.key}\ncertificate = {certs.cert}\n\n"
+        "[client:default]\nmethod = TLSv1.2+\nverify_certificate = yes\n"
+        f"require_certificate = yes\nca_list = {certs.ca}\n"
+    )
 
 
 class Kamailio:
     """``kamailio -DD`` in its own session; stopped by signalling that session (ours)."""
 
-    def __init__(self, workdir: Path, children: int = 2) -> None:
+    def __init__(self, workdir: Path, children: int = 2, tls: Certs | None = None) -> None:
         binary = require_binary("kamailio", "apt-get install kamailio")
         self.port = free_port()
         self.addr = ("127.0.0.1", self.port)
+        self.tls_addr: tuple[str, int] | None = None
         rundir = workdir / "kamailio-run"
         rundir.mkdir(exist_ok=True)
+        extra: list[str] = []
+        if tls is not None:
+            # The TLS module is a separate Debian package; the stock config loads it
+            # only with -A WITH_TLS, with the tls.cfg of docs/operations.md §9.
+            if not any(Path("/usr/lib").glob(TLS_MODULES)):
+                missing("kamailio TLS module", "apt-get install kamailio-tls-modules")
+            self.tls_addr = ("127.0.0.1", free_port())
+            tls_cfg = workdir / "kamailio-tls.cfg"
+            tls_cfg.write_text(tls_config(tls))
+            extra = [
+                "-A", "WITH_TLS", "-A", f'TLS_CONFIG="{tls_cfg}"',
+                "-l", f"tls:127.0.0.1:{self.tls_addr[1]}",
+            ]  # fmt: skip
         self.log = workdir / "kamailio.log"
         self._log = self.log.open("w")
         self.process = subprocess.Popen(
             [
                 binary, "-f", str(CONFIG), "-DD", "-E",
                 "-l", f"udp:127.0.0.1:{self.port}", "-l", f"tcp:127.0.0.1:{self.port}",
-                "-Y", str(rundir), "-m", "64", "-M", "8", "-n", str(children),
+                "-Y", str(rundir), "-m", "64", "-M", "8", "-n", str(children), *extra,
             ],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -1,11 +1,12 @@
 """A PJSIP (pjsua2) device, run in its own process by test_pjsua.py.
 
 pjsua2 aborts the whole process on misuse, so it never runs inside pytest. It prints one
-JSON object per line on stdout for every step; the test reads them. Recipe from
-shared/PJSUA2.md: one owner thread, polling ``libHandleEvents``; an inactive placeholder
+JSON object per line on stdout for every step; the test reads them. The recipe
+(docs/pjsip.md): one owner thread, polling ``libHandleEvents``; an inactive placeholder
 audio line before our application line, written in ``onCallSdpCreated``.
 
 usage: pjsua_peer.py REGISTRAR_HOST:PORT UAS_HOST:PORT USER PASSWORD DOMAIN NEW_HOST
+       [PROXY_HOST:PORT]
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class Call(pj.Call):  # type: ignore[misc]
                 "a=rtpmap:0 PCMU/8000\r\n"
                 "a=inactive\r\n"
                 f"m=application {43000 + self.version} UDP/MDECI-RUDP mdeci\r\n"
-                "a=mdeci-version:1\r\n"
-                f"a=mdeci-key:{KEY}\r\n"
+                "a=mdeci-version:2\r\n"
+                f"a=mdeci-kx:{KEY}\r\n"
                 "a=sendrecv\r\n"
             )
             self.version += 1
@@ -92,6 +93,9 @@ class Call(pj.Call):  # type: ignore[misc]
 
 def main() -> int:
     registrar, uas, user, password, domain, new_host = sys.argv[1:7]
+    # Optional 7th argument: an outbound proxy (Kamailio); the call then goes to
+    # sip:broker@<domain> through it, as a device of a proxied domain calls.
+    proxy = sys.argv[7] if len(sys.argv) > 7 else None
     ep = pj.Endpoint()
     ep.libCreate()
     cfg = pj.EpConfig()
@@ -125,6 +129,8 @@ def main() -> int:
     acfg.regConfig.timeoutSec = 600
     acfg.sipConfig.authCreds.append(pj.AuthCredInfo("digest", "*", user, 0, password))
     acfg.sipConfig.transportId = tid1
+    if proxy is not None:
+        acfg.sipConfig.proxies.append(f"sip:{proxy};lr")
     acfg.mediaConfig.useLoopMedTp = True
     acfg.natConfig.sipOutboundUse = 0
     acfg.natConfig.contactRewriteUse = 0
@@ -140,7 +146,7 @@ def main() -> int:
     prm = pj.CallOpParam(True)
     prm.opt.audioCount = 2
     prm.opt.videoCount = 0
-    call.makeCall(f"sip:broker@{uas}", prm)
+    call.makeCall(f"sip:broker@{domain if proxy else uas}", prm)
     ok = pump(10, lambda: "CONFIRMED" in call.states)
     emit(event="confirmed", ok=ok)
     if not ok:

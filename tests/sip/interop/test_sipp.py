@@ -17,8 +17,8 @@ pytestmark = pytest.mark.peer("sipp")
 
 OFFER = (
     "v=0\r\no=alice 1 1 IN IP4 127.0.0.2\r\ns=mdeci\r\nc=IN IP4 127.0.0.2\r\nt=0 0\r\n"
-    "m=application 42000 UDP/MDECI-RUDP mdeci\r\na=mdeci-version:1\r\n"
-    "a=mdeci-key:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8\r\na=sendrecv\r\n"
+    "m=application 42000 UDP/MDECI-RUDP mdeci\r\na=mdeci-version:2\r\n"
+    "a=mdeci-kx:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8\r\na=sendrecv\r\n"
 )
 
 

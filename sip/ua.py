@@ -1,0 +1,405 @@
+"""The user agent's protocol logic, sans-IO: what a UAS answers, before and after its
+application handler, and how the answer is built.
+
+:class:`UasCore` holds the dialogs and the INVITEs still waiting for the application,
+and decides, for each request the transaction layer delivers, one of:
+
+- :class:`Answer`: the UA core answers itself (OPTIONS, BYE, 400/416/420/481/405/501,
+  CANCEL), optionally ending a dialog;
+- :class:`Dispatch`: the request goes to the application handler; its :class:`Reply`
+  comes back through :meth:`UasCore.after_handler`;
+- :class:`Cancelled`: a CANCEL matched an INVITE still waiting for the application: the
+  CANCEL gets 200 and the INVITE 487 (§9.2); the handler's late answer is discarded.
+
+No sockets, no clock, no asyncio (``tests/test_layering.py``): ``sip/aio/ua.py`` feeds it
+and sends what it builds. The RFC answers it gives are listed in docs/sip.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sip.dialog import Dialog, DialogId
+from sip.errors import DialogError, SipParseError
+from sip.message import Request, Response, make_response
+from sip.transaction import TimerConfig, TransactionKey, transaction_key
+from sip.uri import NameAddr, SipUri
+
+# Methods the UA core always handles itself (§8.2, §9.2, §11, §15, §17).
+CORE_METHODS: frozenset[str] = frozenset({"ACK", "BYE", "CANCEL", "OPTIONS"})
+# Methods we recognise (RFC 3261 and the common extensions): a known method we do not
+# serve gets 405 with Allow (§8.2.1); anything else is unknown and gets 501 (§21.5.2).
+KNOWN_METHODS: frozenset[str] = frozenset(
+    {
+        "ACK",
+        "BYE",
+        "CANCEL",
+        "INFO",
+        "INVITE",
+        "MESSAGE",
+        "NOTIFY",
+        "OPTIONS",
+        "PRACK",
+        "PUBLISH",
+        "REFER",
+        "REGISTER",
+        "SUBSCRIBE",
+        "UPDATE",
+    }
+)
+SUPPORTED_EXTENSIONS: frozenset[str] = frozenset()
+_ALLOW_ORDER = ("INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "REGISTER")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UaConfig:
+    """Settings of one user agent.
+
+    ``aor``: our address-of-record (``sip:alice@example.org``); ``username`` and
+    ``password``: digest credentials (username defaults to the AOR user);
+    ``timers``: T1/T2/T4; ``tcp_threshold``: requests larger than this go over TCP
+    (§18.1.1 says 1300 bytes); ``user_agent``: the User-Agent header; ``methods``: the
+    methods the application handler serves besides the core's own (ACK, BYE, CANCEL,
+    OPTIONS): ``Allow`` is derived from them; ``max_open_per_source``: requests from
+    one source host the application may be answering at once (more get 503);
+    ``max_tcp_connections``, ``tcp_idle_timeout`` (s), ``max_stream_body`` (bytes):
+    bounds on accepted TCP/TLS connections; ``tls_cert`` / ``tls_key`` (PEM paths):
+    listen for SIP over TLS on ``tls_port`` (0: any free port; 5061 by convention);
+    ``tls_ca``: the CA file that outgoing TLS connections verify peers against (None:
+    the system's).
+    """
+
+    aor: str
+    username: str | None = None
+    password: str | None = None
+    display_name: str | None = None
+    timers: TimerConfig = field(default_factory=TimerConfig)
+    tcp_threshold: int = 1300
+    user_agent: str = "mdeci-sip/0.1"
+    tcp: bool = True
+    methods: frozenset[str] = frozenset({"INVITE"})
+    max_open_per_source: int = 64
+    max_tcp_connections: int = 256
+    tcp_idle_timeout: float = 300.0
+    max_stream_body: int = 65536
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_port: int = 0
+
+    @property
+    def allow(self) -> str:
+        """The ``Allow`` value: what this UA actually handles (§20.5)."""
+        methods = CORE_METHODS | self.methods
+        ordered = [m for m in _ALLOW_ORDER if m in methods]
+        return ", ".join(ordered + sorted(methods - set(ordered)))
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a request handler answers: a status, optional body and extra headers."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "application/sdp"
+    headers: tuple[tuple[str, str], ...] = ()
+    reason: str | None = None
+
+    # What the UA writes itself from the request (and the body's length): never copied.
+    _OWN_HEADERS = frozenset({"via", "from", "to", "call-id", "cseq", "content-length"})
+
+    @classmethod
+    def from_response(cls, response: Response) -> Reply:
+        """The reply that re-sends a response a sans-IO core built (e.g. the registrar's):
+        its status, reason and headers, less those the UA derives from the request."""
+        headers = tuple((n, v) for n, v in response.headers if n.lower() not in cls._OWN_HEADERS)
+        return cls(response.status, headers=headers, reason=response.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The core answers ``reply`` itself; ``end`` names why the dialog ends, if it does."""
+
+    reply: Reply
+    dialog: Dialog | None = None
+    end: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """The request goes to the application handler."""
+
+    dialog: Dialog | None
+    previous_target: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """A CANCEL matched a pending INVITE: 200 to the CANCEL, 487 to ``invite``."""
+
+    invite: Request
+    dialog: Dialog | None
+
+
+Decision = Answer | Dispatch | Cancelled
+# Before a request changes a dialog: None lets it through, a Reply refuses it (e.g. a
+# 401 challenge for an in-dialog request from an unexpected source, issue 12).
+Guard = Callable[[Request, Dialog], Reply | None]
+
+
+def warning(text: str, agent: str = "mdeci") -> tuple[str, str]:
+    """A ``Warning: 399`` header naming ``text`` (quotes and line breaks removed)."""
+    clean = text.replace('"', "'").replace("\r", " ").replace("\n", " ")[:180]
+    return ("Warning", f'399 {agent} "{clean}"')
+
+
+def transport_of(uri: SipUri) -> str:
+    """The transport a request to ``uri`` uses (§18.1.1, §26.2): ``sips:`` or
+    ``transport=tls`` -> tls, ``transport=tcp`` -> tcp, else udp."""
+    wanted = (uri.params.get("transport") or "").lower()
+    if uri.scheme == "sips" or wanted == "tls":
+        return "tls"
+    return "tcp" if wanted == "tcp" else "udp"
+
+
+def check_request(msg: Request, transport: str) -> tuple[int, str] | None:
+    """What makes us refuse a request before a transaction exists: (status, why) or None.
+
+    400 for unreadable mandatory headers or a CSeq method that differs from the request;
+    416 for a ``sips:`` Request-URI that did not arrive over TLS (§26.2.2: never a silent
+    downgrade).
+    """
+    try:
+        cseq = msg.cseq
+        msg.from_  # noqa: B018
+        msg.to  # noqa: B018
+        msg.top_via  # noqa: B018
+        uri = msg.parsed_uri
+    except SipParseError as exc:
+        return (400, exc.reason)
+    if cseq.method != msg.method:
+        return (400, "CSeq method does not match the request")
+    if isinstance(uri, SipUri) and uri.scheme == "sips" and transport.lower() != "tls":
+        return (416, "sips: Request-URI over a non-TLS transport")
+    if not isinstance(uri, SipUri):
+        return (416, f"unsupported URI scheme in {msg.uri[:40]!r}")
+    return None
+
+
+def stateless_response(msg: Request, status: int, why: str, tag: str) -> Response | None:
+    """A response built without a transaction (a refused or malformed request): To gets
+    ``tag`` (§8.2.6.2: every response but 100 carries one), Warning says why. None when
+    the request's own headers cannot make a response."""
+    try:
+        msg.top_via  # noqa: B018  (raises when unreadable)
+        response = make_response(msg, status, to_tag=tag)
+        if status == 400:
+            response.reason = f"Bad Request ({why})"[:120].replace("\r", " ").replace("\n", " ")
+        response.headers.add(*warning(why))
+    except (SipParseError, ValueError):
+        return None
+    return response
+
+
+def malformed_response(exc: SipParseError, tag: str) -> Response | None:
+    """400 for a request that did not parse but whose headers were readable; None for
+    anything else (responses, ACKs, unreadable Via): those are dropped."""
+    partial = exc.message
+    if not isinstance(partial, Request) or partial.method == "ACK":
+        return None
+    return stateless_response(partial, 400, exc.reason, tag)
+
+
+def unsupported_extensions(msg: Request) -> list[str]:
+    """The ``Require`` options we do not support (§8.2.2.3)."""
+    return [
+        ext.strip()
+        for value in msg.headers.get_all("Require")
+        for ext in value.split(",")
+        if ext.strip() and ext.strip() not in SUPPORTED_EXTENSIONS
+    ]
+
+
+def _invite_key(cancel: Request) -> TransactionKey:
+    branch, sent_by, _ = transaction_key(cancel)
+    return (branch, sent_by, "INVITE")
+
+
+class UasCore:
+    """The UAS decisions of one user agent (see the module docstring).
+
+    ``dialogs`` is shared with the asyncio glue (it adds the dialogs it creates as UAC);
+    ``guard`` checks in-dialog requests before they change state.
+    """
+
+    def __init__(self, config: UaConfig, guard: Guard | None = None) -> None:
+        self.config = config
+        self.guard = guard
+        self.dialogs: dict[DialogId, Dialog] = {}
+        self._waiting: dict[TransactionKey, Request] = {}
+
+    def find_dialog(self, msg: Request) -> Dialog | None:
+        """The dialog an in-dialog request belongs to (§12.2.2)."""
+        return self.dialogs.get((msg.call_id, msg.to.tag or "", msg.from_.tag or ""))
+
+    def decide(self, msg: Request, invite_exists: bool = False) -> Decision:
+        """What to do with a new request (not ACK). ``invite_exists``: for a CANCEL,
+        whether the transaction layer still has the matching INVITE server transaction."""
+        method = msg.method
+        if method == "CANCEL":
+            return self._cancel(msg, invite_exists)
+        if method not in KNOWN_METHODS:
+            return Answer(Reply(501, headers=(("Allow", self.config.allow),)))
+        unsupported = unsupported_extensions(msg)
+        if unsupported:
+            return Answer(Reply(420, headers=(("Unsupported", ", ".join(unsupported)),)))
+        dialog: Dialog | None = None
+        if msg.to.tag:
+            dialog = self.find_dialog(msg)
+            if dialog is None:
+                return Answer(Reply(481))  # §12.2.2: no such dialog
+        handled = CORE_METHODS | self.config.methods
+        if method not in handled:
+            return Answer(Reply(405, headers=(("Allow", self.config.allow),)), dialog)
+        previous_target = dialog.remote_target if dialog is not None else None
+        if dialog is not None:
+            if self.guard is not None:
+                refused = self.guard(msg, dialog)
+                if refused is not None:
+                    return Answer(refused, dialog)
+            try:
+                dialog.receive_request(msg)
+            except DialogError as exc:
+                extra = (("Retry-After", "1"),) if exc.status == 500 and method == "INVITE" else ()
+                return Answer(Reply(exc.status, headers=extra), dialog)
+            if method == "BYE":
+                return Answer(Reply(200), dialog, end="bye received")
+        if method == "OPTIONS":
+            return Answer(self.options_reply(), dialog)
+        if method == "BYE":
+            return Answer(Reply(481))  # a BYE outside a dialog
+        if (
+            method == "INVITE"
+            and msg.body
+            and not (msg.headers.get("Content-Type") or "").lower().startswith("application/sdp")
+        ):
+            if dialog is not None:
+                dialog.answered_invite()
+                dialog.remote_target = previous_target or dialog.remote_target
+            return Answer(Reply(415, headers=(("Accept", "application/sdp"),)), dialog)
+        if method == "INVITE":
+            self._waiting[transaction_key(msg)] = msg
+        return Dispatch(dialog, previous_target)
+
+    def options_reply(self) -> Reply:
+        """200 to OPTIONS in or out of a dialog (§11.2): what we allow and accept."""
+        return Reply(
+            200,
+            headers=(
+                ("Allow", self.config.allow),
+                ("Accept", "application/sdp"),
+                ("Supported", ", ".join(sorted(SUPPORTED_EXTENSIONS))),
+            ),
+        )
+
+    def _cancel(self, msg: Request, invite_exists: bool) -> Decision:
+        try:
+            key = _invite_key(msg)
+        except SipParseError:
+            return Answer(Reply(400))
+        invite = self._waiting.pop(key, None)
+        if invite is not None:
+            dialog = self.find_dialog(invite) if invite.to.tag else None
+            return Cancelled(invite, dialog)
+        # §9.2: a CANCEL matching a transaction already answered gets 200 and no effect;
+        # one matching nothing gets 481.
+        return Answer(Reply(200 if invite_exists else 481))
+
+    def after_handler(self, msg: Request, reply: Reply, dispatch: Dispatch) -> Reply | None:
+        """The application's answer: None when a CANCEL already answered the INVITE."""
+        if msg.method == "INVITE":
+            key = transaction_key(msg)
+            if key not in self._waiting:
+                return None
+            del self._waiting[key]
+        dialog = dispatch.dialog
+        if dialog is not None and dispatch.previous_target is not None and reply.status >= 300:
+            # A refused target refresh leaves the dialog where it was (§12.2.2 applies a
+            # refresh only with the request that succeeds).
+            dialog.remote_target = dispatch.previous_target
+        if dialog is not None and msg.method == "INVITE":
+            dialog.answered_invite()
+        return reply
+
+    @property
+    def waiting(self) -> int:
+        """INVITEs waiting for the application's answer."""
+        return len(self._waiting)
+
+    def build_response(
+        self,
+        msg: Request,
+        reply: Reply,
+        *,
+        tag: str,
+        contact: str | None = None,
+    ) -> Response:
+        """The response for ``reply`` (§8.2.6): To tag, Contact for dialog-creating and
+        target-refresh 2xx, Record-Route copied (§12.1.1), Allow on 405/501, Server."""
+        response = make_response(msg, reply.status, reply.reason, to_tag=tag)
+        if contact is not None and (
+            msg.method in ("INVITE", "UPDATE") and 200 <= reply.status < 300
+        ):
+            response.headers.add("Contact", contact)
+        if msg.method == "INVITE" and 100 < reply.status < 300:
+            for value in msg.headers.get_raw("Record-Route"):
+                response.headers.add("Record-Route", value)
+        names = {n.lower() for n, _ in reply.headers}
+        if reply.status in (405, 501) and "allow" not in names:
+            response.headers.add("Allow", self.config.allow)
+        for name, value in reply.headers:
+            response.headers.add(name, value)
+        response.headers.add("Server", self.config.user_agent)
+        if reply.body:
+            response.headers.add("Content-Type", reply.content_type)
+            response.body = reply.body
+        return response
+
+
+def is_challenge(reply: Reply) -> bool:
+    """A 401/407: sent statelessly, once (no transaction kept for an unauthenticated
+    request, no retransmission; RFC 3261 §26.3.2.4). A lost challenge is recovered by
+    the client's own retransmission, which gets a fresh one."""
+    return reply.status in (401, 407)
+
+
+def to_tag_of(response: Response) -> str:
+    """The To tag of a response ('' when missing)."""
+    try:
+        return NameAddr.parse(response.headers.get("To") or "").tag or ""
+    except SipParseError:
+        return ""
+
+
+__all__ = [
+    "CORE_METHODS",
+    "KNOWN_METHODS",
+    "SUPPORTED_EXTENSIONS",
+    "Answer",
+    "Cancelled",
+    "Decision",
+    "Dispatch",
+    "Guard",
+    "Reply",
+    "UaConfig",
+    "UasCore",
+    "check_request",
+    "is_challenge",
+    "malformed_response",
+    "stateless_response",
+    "to_tag_of",
+    "transport_of",
+    "unsupported_extensions",
+    "warning",
+]
