@@ -264,6 +264,27 @@ class RudpConnection:
         self._retries = 0
         self.rto.clear()
 
+    def path_changed(self, now: float) -> None:
+        """The peer is reachable at another address from now on (or we are: our own
+        address changed). What is in flight went over the old path and may be gone with
+        it: resend every packet the peer has not reported received at once, and give the
+        new path a fresh retry budget and an RTO without back-off. The RTT samples stay
+        (a new path's first ACKs correct them within a few packets; forgetting them would
+        make the first loss on the new path cost ``rto_initial``). Also ACK at once, so
+        the peer learns what we hold over the new path. Nothing happens while
+        DISCONNECTED (``reset`` is the way back from there).
+        """
+        if self.state is not ConnectionState.CONNECTED:
+            return
+        self._retries = 0
+        self.rto.undo_back_off()
+        self._resend = sorted(
+            (o for o in self._inflight.values() if not o.sacked), key=lambda o: o.seq
+        )
+        self._rto_deadline = now + self.rto.rto if self._inflight else None
+        if self._peer_sender is not None:
+            self._ack_now = True
+
     # ---------------------------------------------------------------- input
 
     def receive_datagram(self, data: bytes, now: float) -> bool:

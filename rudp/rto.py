@@ -5,7 +5,8 @@ Karn's rule (RFC 6298 §3), only from a packet that was sent once. The first
 sample sets SRTT = R and RTTVAR = R/2 (§2.2); later ones use alpha = 1/8 and
 beta = 1/4 (§2.3). RTO = SRTT + max(G, K*RTTVAR) with K = 4, clamped to
 [rto_min, rto_max] (§2.4, §2.5). ``back_off()`` multiplies the RTO by the
-configured factor on each expiry (§5.5); the next valid sample recomputes it.
+configured factor on each expiry (§5.5); the next valid sample recomputes it, and
+so does ``undo_back_off()`` (after a path change).
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ class RtoEstimator:
     def back_off(self) -> float:
         """Multiply the RTO by the back-off factor (RFC 6298 §5.5), capped at rto_max."""
         self.rto = self._clamp(self.rto * self._config.backoff)
+        return self.rto
+
+    def undo_back_off(self) -> float:
+        """The RTO the samples alone give (``rto_initial`` before any): forgets the
+        back-offs, keeps the samples. For a path change: the back-off measured the old
+        path's silence, not the new path's round trip."""
+        if self.srtt is None or self.rttvar is None:
+            self.rto = self._config.rto_initial
+        else:
+            self.rto = self._clamp(self.srtt + max(self._config.granularity, K * self.rttvar))
         return self.rto
 
     def clear(self) -> None:

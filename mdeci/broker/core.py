@@ -483,6 +483,21 @@ class Broker:
         self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
         self.store.sessions.set_status(uri, SessionStatus.CONNECTED, self.clock())
 
+    def mark_moved(self, uri: str, addr: str) -> bool:
+        """``uri``'s re-INVITE moved its media to ``addr`` on the same association while
+        it was CONNECTED: delivery carries on where it is (the transport resends what is
+        in flight to the new address), so nothing is sent twice; only the address and the
+        churn log change (the same ``media_connected`` event as :meth:`mark_connected`,
+        with ``prev_addr``). False, changing nothing, when ``uri`` is not CONNECTED: the
+        caller then uses :meth:`mark_connected`.
+        """
+        link = self._links.get(uri)
+        if link is None or not link.connected:
+            return False
+        prev_addr, link.addr = link.addr, addr
+        self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
+        return True
+
     def mark_disconnected(
         self, uri: str, reason: str, status: SessionStatus = SessionStatus.DISCONNECTED
     ) -> None:

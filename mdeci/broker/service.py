@@ -121,7 +121,8 @@ class BrokerService:
         mark it CONNECTED and flush its queue in order from the lowest un-acked nseq.
 
         The same key keeps the RUDP association (the agent moved and kept its state); a
-        new key replaces it with a fresh one.
+        new key replaces it with a fresh one. The same key while still CONNECTED is a
+        move: delivery goes on where it was, at the new address (nothing sent twice).
 
         Raises:
             SessionKeyError: ``key`` is shorter than 16 bytes.
@@ -133,6 +134,16 @@ class BrokerService:
         if link is not None and link.key != key:
             self._drop(link)
             link = None
+        if link is not None and link.peer.connected and self.broker.is_connected(uri):
+            # The same association, delivering: only the path changed. RUDP resends what
+            # is in flight to the new address itself; restarting the stream from the
+            # lowest un-acked nseq would send the whole window again on every move, and a
+            # device moving often would spend its link on copies.
+            # (A new address also gives the association a fresh retry budget.)
+            link.peer.set_address(media_addr)
+            self.broker.mark_moved(uri, _addr_text(media_addr))
+            link.wake.set()
+            return
         if link is None:
             link = _UserLink(uri, key, self.endpoint.peer(key, media_addr))
             self._users[uri] = link

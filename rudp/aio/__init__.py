@@ -113,10 +113,20 @@ class RudpPeer:
         return self.connection.stats
 
     def set_address(self, addr: tuple[str, int]) -> None:
-        """Send to ``addr`` from now on (e.g. after a re-INVITE carried a new media address)."""
+        """Send to ``addr`` from now on (e.g. after a re-INVITE carried a new media
+        address); if it is a new one, what is in flight is sent there at once
+        (:meth:`RudpConnection.path_changed`)."""
+        if addr != self.addr:
+            self.connection.path_changed(self._loop.time())
         self.addr = addr
         if self._candidate == addr:
             self._candidate = None
+        self._pump()
+
+    def path_changed(self) -> None:
+        """Our own address changed (the endpoint was rebound): resend what is in flight
+        from the new one at once instead of at the next timeout."""
+        self.connection.path_changed(self._loop.time())
         self._pump()
 
     def reset(self) -> None:
@@ -172,15 +182,19 @@ class RudpPeer:
     def _cid(self) -> str:
         return f"{self.connection.cid:016x}"
 
-    def _path_response(self, token: bytes) -> None:
+    def _path_response(self, token: bytes) -> bool:
+        """Follow the peer to the challenged address if ``token`` answers our challenge
+        from there; whether it moved."""
         source = self._source
         if source is None or source != self._candidate or token != self._token:
             log.info("rudp peer %s: path response from %s ignored", self._cid, source)
-            return
+            return False
         log.info("rudp peer %s: path %s validated; moved from %s", self._cid, source, self.addr)
+        self.connection.path_changed(self._loop.time())
         self.addr = source
         self._candidate = None
         self.path_changes += 1
+        return True
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -194,6 +208,7 @@ class RudpPeer:
         now = self._loop.time()
         for datagram in self.connection.datagrams_to_send(now):
             self._endpoint._sendto(datagram, self.addr)
+        moved = False
         while (event := self.connection.next_event()) is not None:
             if isinstance(event, MessageReceived):
                 self._inbox.put_nowait(event.data)
@@ -206,9 +221,12 @@ class RudpPeer:
                 if future is not None and not future.done():
                     future.set_exception(PeerUnreachable("no ACK after retries", event.data))
             elif isinstance(event, PathResponseReceived):
-                self._path_response(event.token)
+                moved = self._path_response(event.token) or moved
             elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
                 self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
+        if moved:  # what was in flight goes to the validated address now, not at the RTO
+            for datagram in self.connection.datagrams_to_send(now):
+                self._endpoint._sendto(datagram, self.addr)
         when = self.connection.get_timer()
         if when != self._timer_at:
             if self._timer is not None:
@@ -296,13 +314,15 @@ class RudpEndpoint:
             peer._close()
 
     async def rebind(self, host: str, port: int = 0) -> None:
-        """Move to a new local address; peers keep their state and follow on the next packet."""
+        """Move to a new local address. Peers keep their state; what they have in flight
+        is sent again from the new address at once (:meth:`RudpPeer.path_changed`), and
+        the remote end follows after validating the new path."""
         old = self._transport
         await self._bind(host, port)
         if old is not None:
             old.close()
         for peer in self._peers.values():
-            peer._pump()
+            peer.path_changed()
 
     async def close(self) -> None:
         for peer in self._peers.values():

@@ -192,9 +192,12 @@ async def test_unreachable_agent_is_disconnected_and_flushed_in_order_on_return(
     assert len(connected) == 2 and connected[1].fields["addr"] == f"{HOST}:{back_addr[1]}"
 
 
-async def test_reinvite_with_the_same_key_from_a_new_address_resends_unacked(
+async def test_reinvite_with_the_same_key_from_a_new_address_sends_nothing_twice(
     service: BrokerService, store: BrokerStore, sink: WaitingSink
 ) -> None:
+    """A move (same key, still CONNECTED) keeps the stream where it is: RUDP carries what
+    was in flight to the new address, and the broker does not send its window again
+    (it did, on every move, and a device moving often got mostly copies)."""
     broker = service.broker
     add_session(store, ALICE)
     broker.handle(ALICE, Sub(req=1, subject="news.rio"))
@@ -205,14 +208,46 @@ async def test_reinvite_with_the_same_key_from_a_new_address_resends_unacked(
         assert [(await agent.next_notify()).nseq for _ in range(2)] == [1, 2]
         await agent.send(Ack(upto=1))
         await sink.wait_for("notify_delivered", ALICE)
+        old_addr = agent.addr
         await agent.endpoint.rebind(HOST, 0)  # the device moved; its RUDP state stays
         service.connected(ALICE, agent.addr, agent.key)  # the re-INVITE
-        # nseq 2 was not acked: sent again (the agent drops it as a duplicate by nseq).
-        assert (await agent.next_notify()).nseq == 2
-        await agent.send(Ack(upto=2))
+        moved = await sink.wait_for("media_connected", ALICE, count=2)
+        assert moved.fields["prev_addr"] == f"{old_addr[0]}:{old_addr[1]}"
+        assert moved.fields["addr"] == f"{agent.addr[0]}:{agent.addr[1]}"
         publish(broker, "m3")
+        # Not nseq 2 again: the next notify is the new one.
         assert (await agent.next_notify()).nseq == 3
+        await agent.send(Ack(upto=3))
+        await sink.wait_for("notify_delivered", ALICE, count=3)
         assert agent.frames.empty()
+        [(_, peer)] = service.peers()
+        assert peer.stats.messages_sent == 3
+        assert store.queues.depth(ALICE) == 0
+        assert service.is_connected(ALICE)
+    finally:
+        await agent.close()
+
+
+async def test_reinvite_after_a_delivery_failure_resends_unacked(
+    service: BrokerService, store: BrokerStore, sink: WaitingSink
+) -> None:
+    """Not a move but a comeback: RUDP gave up on the user (DISCONNECTED), so the same
+    key's re-INVITE restarts the stream from the lowest un-acked nseq."""
+    broker = service.broker
+    add_session(store, ALICE)
+    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    agent = await Agent.open(service.local_addr)
+    try:
+        service.connected(ALICE, agent.addr, agent.key)
+        agent.endpoint.drop_incoming = True  # the device stops hearing us
+        publish(broker, "m1")
+        await asyncio.wait_for(sink.wait_for("media_disconnected", ALICE), GUARD)
+        agent.endpoint.drop_incoming = False
+        service.connected(ALICE, agent.addr, agent.key)  # the re-INVITE
+        assert (await agent.next_notify()).nseq == 1
+        await agent.send(Ack(upto=1))
+        await sink.wait_for("notify_delivered", ALICE)
+        assert store.queues.depth(ALICE) == 0
     finally:
         await agent.close()
 

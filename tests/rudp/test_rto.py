@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rudp import PeerDisconnected, PeerUnreachable, RudpConfig, RudpConnection
+from rudp import MessageReceived, PeerDisconnected, PeerUnreachable, RudpConfig, RudpConnection
 from rudp.rto import RtoEstimator
 
 from .sim import KEY, pair
@@ -209,3 +209,76 @@ def test_answered_keepalive_keeps_an_idle_connection() -> None:
     net.run_until(lambda: net.now >= 100.0)
     assert net.a.connected and net.b.connected
     assert net.a.stats.pings_sent >= 9 and net.a.stats.timeouts == 0
+
+
+def test_path_change_resends_what_is_in_flight_at_once_without_back_off() -> None:
+    """A new address (the peer's, or ours after a rebind): packets in flight went over the
+    old path. They go again at once, the retry budget and back-off restart, and the RTT
+    samples stay; packets the peer reported (SACKed) are not resent."""
+    config = RudpConfig(
+        rto_initial=1.0,
+        rto_min=0.2,
+        rto_max=10.0,
+        backoff=2.0,
+        max_retries=3,
+        keepalive_interval=0,
+        ack_every=1,
+    )
+    a = RudpConnection(KEY, config, sender_id=1)
+    b = RudpConnection(KEY, config, sender_id=2)
+    # One round trip of 0.1 s gives a sample: RTO = 0.1 + 4 * 0.05 = 0.3.
+    a.send_message(b"m0", 0.0)
+    (d0,) = a.datagrams_to_send(0.0)
+    b.receive_datagram(d0, 0.05)
+    (ack0,) = b.datagrams_to_send(0.05)
+    a.receive_datagram(ack0, 0.1)
+    assert a.rto.rto == pytest.approx(0.3)
+    # Three more in flight; the peer gets only the last one (it SACKs it).
+    for i in (1, 2, 3):
+        a.send_message(b"m%d" % i, 1.0)
+    _lost1, _lost2, d3 = a.datagrams_to_send(1.0)
+    b.receive_datagram(d3, 1.05)
+    (sack,) = b.datagrams_to_send(1.05)
+    a.receive_datagram(sack, 1.1)
+    sampled = a.rto.rto  # what the two samples give (m3 was sent once: a sample too)
+    assert sampled < 0.3
+    # Two timeouts without progress: backed off twice, two retries spent.
+    a.handle_timer(a.get_timer() or 0.0)
+    assert a.datagrams_to_send(1.4)
+    a.handle_timer(a.get_timer() or 0.0)
+    a.datagrams_to_send(2.0)
+    assert a.rto.rto == pytest.approx(4 * sampled)
+    resent_before, acks_before = a.stats.retransmissions, a.stats.acks_sent
+    a.path_changed(2.5)
+    sent = a.datagrams_to_send(2.5)
+    # m1 and m2 at once (m3 was SACKed), and an ACK telling the peer what we hold.
+    assert len(sent) == 3
+    assert a.stats.retransmissions == resent_before + 2
+    assert a.stats.acks_sent == acks_before + 1
+    assert a.rto.rto == pytest.approx(sampled) and a.rto.srtt == pytest.approx(0.1)
+    assert a.get_timer() == pytest.approx(2.5 + sampled)
+    for datagram in sent:
+        b.receive_datagram(datagram, 2.55)
+    (ack,) = b.datagrams_to_send(2.55)
+    a.receive_datagram(ack, 2.6)
+    assert [e for e in _events(b) if isinstance(e, MessageReceived)] == [
+        MessageReceived(b"m%d" % i) for i in range(4)
+    ]
+    assert a.get_timer() is None  # everything acknowledged
+    # A fresh budget: max_retries more expiries before failing, not the one left.
+    a.send_message(b"m4", 3.0)
+    a.datagrams_to_send(3.0)
+    for _ in range(config.max_retries):
+        a.handle_timer(a.get_timer() or 0.0)
+    assert a.connected
+
+
+def test_path_change_while_disconnected_changes_nothing() -> None:
+    config = RudpConfig(rto_initial=1.0, max_retries=0, keepalive_interval=0)
+    a = RudpConnection(KEY, config, sender_id=1)
+    a.send_message(b"m", 0.0)
+    a.datagrams_to_send(0.0)
+    a.handle_timer(1.0)
+    assert not a.connected
+    a.path_changed(2.0)
+    assert a.datagrams_to_send(2.0) == [] and not a.connected
