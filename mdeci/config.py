@@ -217,10 +217,16 @@ class QueueConfig:
     max_per_uri: int = 1000  # queued notifications per user before the overflow policy
     overflow: OverflowPolicy = OverflowPolicy.DROP_OLDEST
     window: int = 32  # notifications sent and not yet acked by the agent, per user
+    # Bytes of replies (sub-ok, subs, pub-ok, error...) sent to one user and not yet
+    # acknowledged by its RUDP. Past it the user's requests (all but `ack`) are answered
+    # `error` 503 instead of being handled, so a user that does not acknowledge cannot
+    # grow the broker's memory (docs/security.md). Notifications are bounded by `window`.
+    max_unacked_reply_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         _whole(self.max_per_uri, "max_per_uri", 1)
         _whole(self.window, "window", 1)
+        _whole(self.max_unacked_reply_bytes, "max_unacked_reply_bytes", 1 << 16)
         _check(self.overflow in OVERFLOW_POLICIES, f"'overflow' must be one of {OVERFLOW_POLICIES}")
 
 
@@ -274,6 +280,10 @@ class BrokerCoreConfig:
     @property
     def window(self) -> int:
         return self.queue.window
+
+    @property
+    def max_unacked_reply_bytes(self) -> int:
+        return self.queue.max_unacked_reply_bytes
 
     @property
     def max_subscriptions(self) -> int:
