@@ -25,6 +25,7 @@ import logging
 import os
 import random as _random
 import secrets
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
@@ -58,7 +59,7 @@ from mdeci.agent.core import (
     hostport,
 )
 from mdeci.agent.errors import AgentError, BrokerRefused, NotConnected, StateError
-from mdeci.agent.ipmonitor import AddressSource, PollingIpMonitor, make_monitor
+from mdeci.agent.ipmonitor import AddressSource, Wakeable, make_monitor
 from mdeci.agent.sms import SmsInbox, open_gateway, windowed_gate
 from mdeci.agent.sms import link_config as sms_link_config
 from mdeci.agent.state import (
@@ -159,6 +160,16 @@ class PubResult:
     matched: int | None = None
 
 
+async def _ip_of(host: str) -> str | None:
+    """``host`` as an IP address (resolved if a name), or None: the IP monitor follows the
+    route to it."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    return str(infos[0][4][0]) if infos else None
+
+
 def lock_state_dir(state_dir: Path) -> IO[bytes]:
     """Take ``state_dir/lock`` (an exclusive flock, released when the process ends).
 
@@ -227,7 +238,7 @@ class Agent:
         self._peer_key: bytes | None = None
         self._reader: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._monitor: PollingIpMonitor | None = None
+        self._monitor: Wakeable | None = None
         self._rebind_error: OSError | None = None
         self._closed = False
         self._lock: IO[bytes] | None = None
@@ -281,7 +292,12 @@ class Agent:
             **kwargs,
         )
         self._spawn(self._sip_worker())
-        self._monitor = make_monitor(cfg.ip_monitor, cfg.sip.host, self.address_source)
+        self._monitor = make_monitor(
+            cfg.ip_monitor,
+            cfg.sip.host,
+            self.address_source,
+            dest=await _ip_of(cfg.broker.address.host),
+        )
         if self._monitor is not None:
             self._spawn(self._monitor.run(self._on_ip_change))
         if cfg.sms.enabled:
@@ -592,6 +608,7 @@ class Agent:
     # ------------------------------------------------------------------ mobility
 
     async def _on_ip_change(self, host: str) -> None:
+        log.info("address change detected: moving to %s", host)
         with contextlib.suppress(OSError, AgentError):
             await self.move_to(host)
 
