@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from mdeci import oplog
 from mdeci.agent.backend import SipBackend, make_backend
 from mdeci.agent.core import (
     Address,
@@ -608,7 +609,9 @@ class Agent:
     # ------------------------------------------------------------------ mobility
 
     async def _on_ip_change(self, host: str) -> None:
-        log.info("address change detected: moving to %s", host)
+        prev = self.core.sip_addr[0] if self.core is not None else None
+        # The moment of detection (the move's ip_changed comes after the new REGISTER).
+        oplog.event("move_detected", logger="agent", addr=host, prev_addr=prev)
         with contextlib.suppress(OSError, AgentError):
             await self.move_to(host)
 
