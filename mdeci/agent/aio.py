@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import ipaddress
 import logging
 import os
 import random as _random
@@ -161,11 +162,16 @@ class PubResult:
     matched: int | None = None
 
 
-async def _ip_of(host: str) -> str | None:
-    """``host`` as an IP address (resolved if a name), or None: the IP monitor follows the
-    route to it."""
+async def _ip_of(host: str, like: str) -> str | None:
+    """``host`` as an IP address of ``like``'s family (resolved if a name), or None: the
+    IP monitor follows the route to it."""
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+        family = socket.AF_INET6 if ipaddress.ip_address(like).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_UNSPEC
+    try:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, None, family=family, type=socket.SOCK_DGRAM)
     except OSError:
         return None
     return str(infos[0][4][0]) if infos else None
@@ -297,7 +303,7 @@ class Agent:
             cfg.ip_monitor,
             cfg.sip.host,
             self.address_source,
-            dest=await _ip_of(cfg.broker.address.host),
+            dest=await _ip_of(cfg.broker.address.host, cfg.sip.host),
         )
         if self._monitor is not None:
             self._spawn(self._monitor.run(self._on_ip_change))

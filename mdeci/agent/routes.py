@@ -296,7 +296,8 @@ class RouteFollower:
 
     def decide(self) -> str | None:
         """The address to move to now, or None; changes nothing."""
-        if self.dest is not None:
+        same_family = self.dest is not None and _version(self.dest) == _version(self.host)
+        if self.dest is not None and same_family:
             source = self.view.source_for(self.dest)
             if source is not None:
                 return None if source == self.host else source

@@ -193,6 +193,13 @@ def test_without_a_broker_address_only_the_interface_rule_applies() -> None:
     )
 
 
+def test_a_broker_of_the_other_ip_version_is_not_followed() -> None:
+    f = RouteFollower(WIFI_IP, "2001:db8:ff::10")
+    f.prime(phone())
+    replaced = RouteAdded(Route("0.0.0.0/0", CELL, gateway="10.2.0.1"), replace=True)
+    assert f.feed([replaced]) is None
+
+
 def test_a_manual_move_is_undone_by_the_route_at_the_next_event() -> None:
     # `mdeci move` on a device whose route prefers another address: the data address
     # follows the route, so the next netlink event moves it back.
