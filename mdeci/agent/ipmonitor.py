@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -107,6 +108,7 @@ class RouteMonitor:
         self._pending: list[NetEvent] = []
         self._wake = asyncio.Event()
         self._closed = False
+        self._lost = False
 
     @property
     def host(self) -> str:
@@ -116,6 +118,11 @@ class RouteMonitor:
     def closed(self) -> bool:
         return self._closed
 
+    def lost(self) -> None:
+        """Netlink lost events: dump the whole state again at once."""
+        self._lost = True
+        self._wake.set()
+
     def push(self, events: list[NetEvent]) -> None:
         """Events read from netlink, in order; decided at the next turn of :meth:`run`."""
         self._pending.extend(events)
@@ -124,7 +131,8 @@ class RouteMonitor:
     def check(self, *, resync: bool = False) -> str | None:
         """Apply what was pushed (then a fresh dump if ``resync``); the new address or None."""
         events, self._pending = self._pending, []
-        if resync:
+        if resync or self._lost:
+            self._lost = False
             events += self.dump()
         return self.follower.feed(events)
 
@@ -306,16 +314,36 @@ def _netlink_events(monitor: Wakeable, loop: asyncio.AbstractEventLoop) -> Any:
         else:
             monitor.wake()
 
+    def lost() -> None:
+        if isinstance(monitor, RouteMonitor):
+            monitor.lost()
+        else:
+            monitor.wake()
+
     def listen() -> None:
-        with contextlib.suppress(Exception):
-            ipr = IPRoute()
-            ipr.bind(groups=RTMGRP_WATCHED)
+        while not monitor.closed:
+            try:
+                ipr = IPRoute()
+                ipr.bind(groups=RTMGRP_WATCHED)
+            except Exception:  # no netlink here: the periodic dump is all there is
+                bound.set()
+                return
             bound.set()
-            while not monitor.closed:
-                events = _translated(ipr.get())
-                if events and not monitor.closed:
-                    loop.call_soon_threadsafe(post, events)
-        bound.set()
+            try:
+                while not monitor.closed:
+                    events = _translated(ipr.get())
+                    if events and not monitor.closed:
+                        loop.call_soon_threadsafe(post, events)
+            except Exception:
+                # Events were lost (ENOBUFS after a burst) or the socket broke: the view
+                # is read again whole, and a new socket listens. The pause only keeps a
+                # socket that fails at once from spinning.
+                with contextlib.suppress(RuntimeError):  # the loop is closed: we are done
+                    loop.call_soon_threadsafe(lost)
+                time.sleep(0.1)
+            finally:
+                with contextlib.suppress(Exception):
+                    ipr.close()
 
     thread = threading.Thread(target=listen, name="mdeci-netlink-events", daemon=True)
     thread.start()

@@ -325,3 +325,13 @@ async def test_route_monitor_moves_on_a_push_without_waiting_for_the_interval() 
         monitor.close()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_route_monitor_dumps_again_when_netlink_lost_events() -> None:
+    dumps = [phone(), phone(default_via=CELL)]
+    monitor = RouteMonitor(RouteFollower(WIFI_IP, BROKER), lambda: dumps.pop(0), 3600.0)
+    assert monitor.check(resync=True) is None
+    # The route change itself was among the lost events: only the new dump shows it.
+    assert monitor.check() is None
+    monitor.lost()
+    assert monitor.check() == CELL_IP and dumps == []
