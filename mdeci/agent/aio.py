@@ -615,11 +615,18 @@ class Agent:
     # ------------------------------------------------------------------ mobility
 
     async def _on_ip_change(self, host: str) -> None:
-        prev = self.core.sip_addr[0] if self.core is not None else None
+        core = self.core
+        assert core is not None
         # The moment of detection (the move's ip_changed comes after the new REGISTER).
-        oplog.event("move_detected", logger="agent", addr=host, prev_addr=prev)
-        with contextlib.suppress(OSError, AgentError):
+        oplog.event("move_detected", logger="agent", addr=host, prev_addr=core.sip_addr[0])
+        try:
             await self.move_to(host)
+        except (OSError, AgentError):
+            # Not moved (the address cannot be bound yet: an IPv6 address still in
+            # duplicate address detection): the monitor names it again at its next event
+            # or dump instead of taking it for ours.
+            if self._monitor is not None:
+                self._monitor.set_host(core.sip_addr[0])
 
     async def move_to(self, host: str) -> None:
         """Move SIP and RUDP to ``host``: rebind RUDP, REGISTER the new contact, re-INVITE.
