@@ -473,8 +473,8 @@ class BrokerConfig:
 class IpMonitorMode(StrEnum):
     """How the agent notices that its address changed."""
 
-    NETLINK = "netlink"  # pyroute2 address events (Linux)
-    POLL = "poll"  # read the interface addresses every poll_interval
+    NETLINK = "netlink"  # pyroute2 link, address and route events (Linux)
+    POLL = "poll"  # read links, addresses and routes every poll_interval
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -520,8 +520,10 @@ class IpMonitorConfig:
     """``[ip_monitor]``: address change detection."""
 
     mode: IpMonitorMode = IpMonitorMode.NETLINK
-    poll_interval: float = 2.0  # seconds, in poll mode (and netlink's fallback)
-    interface: str | None = None  # watch only this interface; None: the one of sip.host
+    poll_interval: float = 2.0  # seconds between full dumps (poll mode; netlink's guard)
+    # Pin the agent to this interface (follow its addresses only); None: follow the
+    # source address of the route to the broker, across interfaces.
+    interface: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.poll_interval > 0, "'poll_interval' must be > 0")
