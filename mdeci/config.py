@@ -564,7 +564,8 @@ class AgentConfig:
     api_socket: Path = Path("agent.sock")  # Unix socket of the local API; in state_dir
     registrar: AgentRegistrarConfig = field(default_factory=AgentRegistrarConfig)
     broker: BrokerPeerConfig = field(default_factory=BrokerPeerConfig)
-    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0))  # any free port
+    # Any free port (TLS too). The agent sends over the first of sip.transports.
+    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0, tls_port=0))
     media: MediaConfig = field(default_factory=MediaConfig)
     rudp: RudpConfig = field(default_factory=RudpConfig)
     reconnect: ReconnectConfig = field(default_factory=ReconnectConfig)

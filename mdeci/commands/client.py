@@ -247,6 +247,8 @@ def run_status(args: argparse.Namespace) -> int:
         "subscriptions",
         "store_id",
         "sip_stack",
+        "sip_transport",
+        "sip_received",
         "attempts",
         "failed_attempts",
         "alerts",

@@ -235,6 +235,7 @@ class Transports:
                         port=dest[1],
                         ssl=self.tls_client,
                         server_hostname=dest[0],
+                        local_addr=(self.local[0], 0),  # from our host, as TCP (a move)
                     )
                 else:
                     _t, conn = await loop.create_connection(

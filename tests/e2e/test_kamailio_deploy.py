@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 
-from mdeci.agent.api import ApiClient
 from mdeci.agent.backend import MdeciSipBackend
 from mdeci.agent.daemon import RunningAgent, run_agent
 from mdeci.broker.app import run_broker
@@ -54,7 +53,7 @@ from tests.broker.conftest import WaitingSink
 # The store fixtures of the broker and store tests (a migrated SQLite file per test).
 from tests.broker.conftest import store as store
 from tests.e2e.harness_a import GUARD, check_exactly
-from tests.e2e.harness_b import AgentProcess, BrokerProcess
+from tests.e2e.harness_b import AgentProcess, ApiPublisher, BrokerProcess
 from tests.e2e.test_handover import RUDP
 from tests.keyx import OfferKeys
 from tests.peers import missing
@@ -83,50 +82,6 @@ def bindings_cli(kamailio: Kamailio, user: str) -> str:
         capture_output=True, text=True, timeout=GUARD, check=True,
     )  # fmt: skip
     return out.stdout.strip()
-
-
-class ApiPublisher:
-    """bob (an `mdeci agent` process) publishing ``t<i>`` at ``rate`` per second through
-    its local API, one request at a time on one connection: the broker gets them in the
-    order sent, so alice's order can be checked."""
-
-    def __init__(self, agent: AgentProcess, subject: str, rate: float) -> None:
-        self.agent = agent
-        self.subject = subject
-        self.interval = 1.0 / rate
-        self.sent = 0
-        self.elapsed = 0.0
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> ApiPublisher:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        async with ApiClient(self.agent.socket) as client:
-            while not self._stop.is_set() and self.sent < 5000:
-                delay = start + self.sent * self.interval - loop.time()
-                if delay > 0:  # pacing (the offered load), not synchronisation
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), delay)
-                    if self._stop.is_set():
-                        break
-                request = {
-                    "op": "pub", "subject": self.subject, "attrs": {"i": self.sent},
-                    "text": f"t{self.sent}",
-                }  # fmt: skip
-                await asyncio.wait_for(client.call(request), GUARD)
-                self.sent += 1
-        self.elapsed = loop.time() - start
-
-    async def stop(self) -> int:
-        self._stop.set()
-        if self._task is not None:
-            await asyncio.wait_for(self._task, GUARD)
-        return self.sent
 
 
 async def test_broker_and_agents_behind_kamailio(tmp_path: Path, store: BrokerStore) -> None:
