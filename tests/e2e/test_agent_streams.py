@@ -14,6 +14,7 @@ transport. The agents' clean stop BYEs their sessions.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,11 @@ def churn(agent: AgentProcess) -> list[dict[str, Any]]:
     if not agent.churn_log.exists():
         return []
     return [json.loads(line) for line in agent.churn_log.read_text().splitlines() if line]
+
+
+def at_least(n: int) -> Callable[[list[dict[str, Any]]], bool]:
+    """A :meth:`TailCollector.wait_for` condition: ``n`` notifications or more."""
+    return lambda records: len(records) >= n
 
 
 @pytest.mark.parametrize("transport", ["tcp", "tls"])
@@ -77,17 +83,17 @@ async def test_agent_processes_over_a_stream_transport(tmp_path: Path, transport
         for _ in range(3):  # filtered out: never reaches alice
             await bob.publish(SUBJECT, "noise", noise=1)
         publisher = ApiPublisher(bob, SUBJECT, RATE).start()
-        await tail.wait_for(lambda r: len(r) >= 1)
+        await tail.wait_for(at_least(1))
         for k in range(1, MOVES + 1):
             mark = len(tail.records)
             host = HOSTS[k % len(HOSTS)]
             await alice.move(host)
             assert (await alice.status())["sip_addr"].startswith(f"{host}:")
             # Two notifications at the new address before the next move.
-            await tail.wait_for(lambda r, mark=mark: len(r) >= mark + 2)
+            await tail.wait_for(at_least(mark + 2))
         sent = await publisher.stop()
         publisher = None
-        await tail.wait_for(lambda r: len(r) >= sent)
+        await tail.wait_for(at_least(sent))
         check_exactly(tail.records, [f"t{i}" for i in range(sent)])
         assert sent >= 2 * MOVES + 1
 
