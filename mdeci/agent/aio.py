@@ -125,6 +125,7 @@ class AgentStatus:
     sip_stack: str
     sip_transport: str  # how it reaches the registrar and the broker
     sip_received: Mapping[str, int]  # SIP messages received per transport
+    sip_contact: str  # the Contact URI registered (``sips:`` over TLS)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,6 +151,7 @@ class AgentStatus:
             "sip_stack": self.sip_stack,
             "sip_transport": self.sip_transport,
             "sip_received": dict(self.sip_received),
+            "sip_contact": self.sip_contact,
         }
 
 
@@ -593,6 +595,7 @@ class Agent:
             sip_stack=backend.name,
             sip_transport=backend.transport,
             sip_received=backend.received,
+            sip_contact=backend.contact,
         )
 
     # ------------------------------------------------------------------ mobility

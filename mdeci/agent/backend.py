@@ -55,6 +55,10 @@ class SipBackend(Protocol):
     def received(self) -> Mapping[str, int]:
         """SIP messages received per transport (what ``mdeci status`` shows)."""
 
+    @property
+    def contact(self) -> str:
+        """The Contact URI we register now ("" before :meth:`start`)."""
+
     async def start(self, on_bye: OnBye) -> Address:
         """Bind; our SIP address. Raises :class:`OSError`, :class:`AgentError`."""
 

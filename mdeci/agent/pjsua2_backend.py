@@ -20,6 +20,10 @@ class Pjsua2Backend:
     def received(self) -> Mapping[str, int]:
         return {}
 
+    @property
+    def contact(self) -> str:
+        return ""
+
     async def start(self, on_bye: Callable[[str], None]) -> Address:
         raise AgentError('[sip] stack = "pjsua2" is not available yet')
 

@@ -248,6 +248,7 @@ def run_status(args: argparse.Namespace) -> int:
         "store_id",
         "sip_stack",
         "sip_transport",
+        "sip_contact",
         "sip_received",
         "attempts",
         "failed_attempts",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -307,6 +308,13 @@ class AgentProcess(_Child):
     async def publish(self, subject: str, text: str, **attrs: Any) -> dict[str, Any]:
         return await self.call({"op": "pub", "subject": subject, "attrs": attrs, "text": text})
 
+    def churn(self) -> list[dict[str, Any]]:
+        """The records of its churn log so far (JSON lines)."""
+        if not self.churn_log.exists():
+            return []
+        lines = self.churn_log.read_text().splitlines()
+        return [json.loads(line) for line in lines if line]
+
     async def move(self, host: str) -> None:
         """``mdeci move HOST``, as an operator (or a network script) runs it."""
         code, out, err = await self.cli("move", host)
@@ -369,6 +377,11 @@ class ApiPublisher:
         if self._task is not None:
             await asyncio.wait_for(self._task, GUARD)
         return self.sent
+
+
+def at_least(n: int) -> Callable[[list[dict[str, Any]]], bool]:
+    """A :meth:`TailCollector.wait_for` condition: ``n`` notifications or more."""
+    return lambda records: len(records) >= n
 
 
 @dataclass(eq=False)

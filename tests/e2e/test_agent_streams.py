@@ -13,10 +13,7 @@ transport. The agents' clean stop BYEs their sessions.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,6 +23,7 @@ from tests.e2e.harness_b import (
     ApiPublisher,
     BrokerProcess,
     TailCollector,
+    at_least,
     eventually,
     uri,
 )
@@ -35,18 +33,6 @@ MOVES = 5
 RATE = 50.0
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 SUBJECT = "st.tick"
-
-
-def churn(agent: AgentProcess) -> list[dict[str, Any]]:
-    """The agent's churn log records (JSON lines)."""
-    if not agent.churn_log.exists():
-        return []
-    return [json.loads(line) for line in agent.churn_log.read_text().splitlines() if line]
-
-
-def at_least(n: int) -> Callable[[list[dict[str, Any]]], bool]:
-    """A :meth:`TailCollector.wait_for` condition: ``n`` notifications or more."""
-    return lambda records: len(records) >= n
 
 
 @pytest.mark.parametrize("transport", ["tcp", "tls"])
@@ -107,7 +93,7 @@ async def test_agent_processes_over_a_stream_transport(tmp_path: Path, transport
         async def bye_seen() -> bool:
             return any(
                 r["event"] == "session_ended" and r.get("reason") == "bye from broker"
-                for r in churn(alice)
+                for r in alice.churn()
             )
 
         await eventually(bye_seen)

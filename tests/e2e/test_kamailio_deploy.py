@@ -40,11 +40,8 @@ from mdeci.config import (
     UserConfig,
 )
 from mdeci.store.repo import BrokerStore
-from sip.aio.ua import DialogEnded, UaConfig, UserAgent
-from sip.dialog import Dialog
-from sip.sdp import build_offer
+from sip.aio.ua import UserAgent
 from sip.tools.bindings import fetch
-from sip.transaction import TimerConfig
 from sip.uri import NameAddr
 from tests.agent.farend import agent_config as farend_agent_config
 from tests.agent.farend import lo_only
@@ -53,11 +50,17 @@ from tests.broker.conftest import WaitingSink
 # The store fixtures of the broker and store tests (a migrated SQLite file per test).
 from tests.broker.conftest import store as store
 from tests.e2e.harness_a import GUARD, check_exactly
-from tests.e2e.harness_b import AgentProcess, ApiPublisher, BrokerProcess
+from tests.e2e.harness_b import (
+    AgentProcess,
+    ApiPublisher,
+    BrokerProcess,
+    TailCollector,
+    at_least,
+    eventually,
+)
 from tests.e2e.test_handover import RUDP
-from tests.keyx import OfferKeys
 from tests.peers import missing
-from tests.sip.certs import make_certs
+from tests.sip.certs import Certs, make_certs
 from tests.sip.interop.kamailio import Kamailio
 from tests.store.conftest import sqlite_path as sqlite_path
 from tests.store.conftest import sqlite_template as sqlite_template
@@ -200,18 +203,25 @@ async def test_broker_and_agents_behind_kamailio(tmp_path: Path, store: BrokerSt
         kamailio.stop()
 
 
-async def pjsua_device_through(kamailio: Kamailio, sink: WaitingSink) -> None:
+async def pjsua_device_through(
+    kamailio: Kamailio, sink: WaitingSink, transport: str = "udp", certs: Certs | None = None
+) -> None:
     """A PJSIP (pjsua2) device of carol: REGISTER at Kamailio, INVITE
     sip:broker@localhost with Kamailio as outbound proxy (digest answered by PJSIP for
-    the retargeted INVITE), a move with re-REGISTER and re-INVITE, BYE."""
+    the retargeted INVITE), a move with re-REGISTER and re-INVITE, BYE; all over
+    ``transport`` (TLS: at Kamailio's TLS port, its certificate verified with ``certs``)."""
     try:
         import pjsua2  # noqa: F401
     except ImportError:
         missing("pjsua2 (PJSIP Python binding)", "pip install pjsua2-python")
-    proxy = f"127.0.0.1:{kamailio.port}"
+    addr = kamailio.tls_addr if transport == "tls" else kamailio.addr
+    assert addr is not None
+    proxy = f"{addr[0]}:{addr[1]}"
+    tls = [] if certs is None else [str(certs.ca), str(certs.cert), str(certs.key)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(PJSUA_PEER), proxy, proxy, "carol", "carol-secret", DOMAIN,
-        "127.0.0.8", proxy, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "127.0.0.8", proxy, transport, *tls, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 120)
@@ -237,20 +247,25 @@ KAM_HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 
 
 @pytest.mark.parametrize("transport", ["tcp", "tls"])
-async def test_devices_behind_kamailio_over_streams(
+async def test_agents_behind_kamailio_over_streams(
     tmp_path: Path, store: BrokerStore, transport: str
 ) -> None:
     """The same deployment with SIP over TCP or TLS on every hop: the broker registers at
-    Kamailio over it; two devices (our UA + RUDP data channel, as the agent uses them)
-    register, INVITE ``sip:broker@localhost`` through Kamailio (record-routed), move 20
-    times (re-REGISTER removing the old contact + re-INVITE via the route set), and the
-    broker's BYE of a replaced session travels back through Kamailio, all over
-    ``transport``; Kamailio ends with one contact per device."""
-    certs = make_certs(tmp_path / "certs", ("127.0.0.1", *KAM_HOSTS, "127.0.0.100"))
+    Kamailio over it; two ``mdeci agent`` processes with ``[sip] transports =
+    ["<transport>"]`` register at Kamailio, INVITE ``sip:broker@localhost`` through it
+    (record-routed); alice moves 20 times with ``mdeci move`` (re-REGISTER + re-INVITE via
+    the route set, her old contact unbound) while bob publishes at 50/s: 0 lost, 0
+    duplicated, order kept. The broker's own BYE (a kick of bob) and the agents' BYEs on
+    their clean stop travel through Kamailio; Kamailio ends with one contact per agent;
+    a pjsua2 device does the same call over ``transport``. No SIP message of this test
+    goes over UDP (the broker's and the agents' counters)."""
+    certs = make_certs(tmp_path / "certs", ("127.0.0.1", *KAM_HOSTS, "127.0.0.100", "127.0.0.8"))
     kamailio = Kamailio(tmp_path, tls=certs if transport == "tls" else None)
     sink = WaitingSink()
     broker = None
-    uas: list[UserAgent] = []
+    agents: list[AgentProcess] = []
+    tail: TailCollector | None = None
+    publisher: ApiPublisher | None = None
     try:
         await kamailio.ready()
         proxy = kamailio.tls_addr if transport == "tls" else kamailio.addr
@@ -269,7 +284,8 @@ async def test_devices_behind_kamailio_over_streams(
             ),
             auth=AuthConfig(
                 users=tuple(
-                    UserConfig(user=u, password=f"{u}-secret") for u in ("alice", "bob", "broker")
+                    UserConfig(user=u, password=f"{u}-secret")
+                    for u in ("alice", "bob", "carol", "broker")
                 )
             ),
         )  # fmt: skip
@@ -282,92 +298,102 @@ async def test_devices_behind_kamailio_over_streams(
             NameAddr.parse(broker.endpoint.ua.contact_header(transport)).uri
         )
 
-        def device(user: str) -> UserAgent:
-            ua = UserAgent(
-                UaConfig(
-                    aor=f"sip:{user}@{DOMAIN}", password=f"{user}-secret",
-                    timers=TimerConfig(t1=0.02, t2=0.16, t4=0.2), tls_cert=str(certs.cert),
-                    tls_key=str(certs.key), tls_ca=str(certs.ca),
-                )
-            )  # fmt: skip
-            uas.append(ua)
-            return ua
-
-        def offer(host: str, version: int, public: bytes) -> bytes:
-            # The device's X25519 public value (docs/security.md); a new session needs a
-            # new one, a re-INVITE of the same session keeps it.
-            return build_offer("d", 1, version, host, 40000, public).encode()
-
-        publics = {
-            f"sip:{user}@{DOMAIN}": OfferKeys(user, DOMAIN, f"{user}-secret").public
-            for user in ("alice", "bob")
-        }
-
-        alice, bob = device("alice"), device("bob")
-        await alice.start(KAM_HOSTS[0])
-        await bob.start("127.0.0.100")
-        dialogs = {}
-        for ua, host in ((alice, KAM_HOSTS[0]), (bob, "127.0.0.100")):
-            await asyncio.wait_for(ua.register(proxy, 600, transport=transport), GUARD)
-            dialog, response = await asyncio.wait_for(
-                ua.invite(
-                    f"sip:broker@{DOMAIN}",
-                    proxy,
-                    offer(host, 1, publics[ua.config.aor]),
-                    transport=transport,
-                ),
-                GUARD,
-            )
-            assert response.status == 200
-            assert dialog.route_set and f":{proxy[1]}" in dialog.route_set[0]
-            assert UserAgent.dialog_transport(dialog) == transport
-            dialogs[ua.config.aor] = dialog
+        # The agents' [sip]: the transport, and for TLS the CA that verifies Kamailio and
+        # a certificate of their own (Kamailio opens a TLS connection to their sips:
+        # Contact for the broker's requests, RFC 3261 §26.2).
+        sip = f'transports = ["{transport}"]\n'
+        if transport == "tls":
+            sip += f'tls_ca = "{certs.ca}"\ntls_cert = "{certs.cert}"\ntls_key = "{certs.key}"\n'
+        via_kamailio = BrokerProcess(tmp_path / "kamailio-address")  # never started
+        alice = AgentProcess(
+            tmp_path / "alice", "alice", KAM_HOSTS[0], via_kamailio, address=proxy, sip=sip
+        )
+        bob = AgentProcess(
+            tmp_path / "bob", "bob", "127.0.0.100", via_kamailio, address=proxy, sip=sip
+        )
+        for agent in (alice, bob):
+            agents.append(await agent.start())
+        for agent in agents:
+            await agent.wait_connected()
+            assert (await agent.status())["sip_transport"] == transport
         await sink.wait_for("session_started", f"sip:alice@{DOMAIN}")
-        version = 1
+        # Record-routed: the broker's dialog with alice has Kamailio in its route set,
+        # over the transport.
+        (dialog,) = [
+            d for d in broker.endpoint.ua.dialogs.values() if d.remote_uri.startswith("sip:alice")
+        ]
+        assert dialog.route_set and f":{proxy[1]}" in dialog.route_set[0]
+        assert UserAgent.dialog_transport(dialog) == transport
+
+        tail = TailCollector(alice.socket).start()
+        await alice.subscribe("kam.tick", "exists(i)", ttl=600)
+        for _ in range(3):  # filtered out: never reaches alice
+            await bob.publish("kam.tick", "noise", noise=1)
+        publisher = ApiPublisher(bob, "kam.tick", RATE).start()
+        await tail.wait_for(at_least(1))
         for k in range(1, MOVES + 1):
+            mark = len(tail.records)
             host = KAM_HOSTS[k % len(KAM_HOSTS)]
-            version += 1
-            body = offer(host, version, publics[f"sip:alice@{DOMAIN}"])
-
-            def same_body(_dialog: Dialog, body: bytes = body) -> bytes:
-                return body
-
-            await asyncio.wait_for(
-                alice.move(host, 0, reinvite_body=same_body, unregister_old=True), GUARD
-            )
+            await alice.move(host)
             session = broker.endpoint.session_of(f"sip:alice@{DOMAIN}")
             assert session is not None and session[1][0] == host
-        assert await location(kamailio, "alice") == [
-            str(NameAddr.parse(alice.contact_header(transport)).uri)
-        ]
-        assert len(await location(kamailio, "bob")) == 1
-        # bob starts a new session: the broker BYEs the old one through Kamailio.
-        old = dialogs[f"sip:bob@{DOMAIN}"]
-        await asyncio.wait_for(
-            bob.invite(
-                f"sip:broker@{DOMAIN}",
-                proxy,
-                offer("127.0.0.100", 1, OfferKeys("bob", DOMAIN, "bob-secret").public),
-                transport=transport,
-            ),
-            GUARD,
+            # Two notifications at the new address before the next move.
+            await tail.wait_for(at_least(mark + 2))
+        sent = await publisher.stop()
+        publisher_elapsed = publisher.elapsed
+        publisher = None
+        await tail.wait_for(at_least(sent))
+        check_exactly(tail.records, [f"t{i}" for i in range(sent)])
+
+        # One contact per agent: alice's old ones are unbound after each re-INVITE (in
+        # the background, so the last one may still be on its way).
+        contact = (await alice.status())["sip_contact"]
+
+        async def one_contact() -> bool:
+            return await location(kamailio, "alice") == [contact]
+
+        await eventually(one_contact)
+        assert await location(kamailio, "bob") == [(await bob.status())["sip_contact"]]
+
+        # The broker's own in-dialog request through Kamailio: kicking bob sends him a
+        # BYE along the route set, to his Contact, over the transport.
+        before = (await bob.status())["sip_received"][transport]
+        assert broker.endpoint.kick(f"sip:bob@{DOMAIN}")
+
+        async def bye_seen() -> bool:
+            return any(
+                r["event"] == "session_ended" and r.get("reason") == "bye from broker"
+                for r in bob.churn()
+            )
+
+        await eventually(bye_seen)
+        assert (await bob.status())["sip_received"][transport] > before
+        await bob.wait_connected()  # back through Kamailio
+        for agent in agents:
+            received = (await agent.status())["sip_received"]
+            assert received.get("udp", 0) == 0, received
+        print(
+            f"\nkamailio/{transport}: {MOVES} moves of alice (a process) while bob (a "
+            f"process) published {sent} ({sent / publisher_elapsed:.0f}/s): 0 lost, "
+            "0 duplicated, order kept; one contact each"
         )
-        while True:
-            event = await asyncio.wait_for(bob.events.get(), GUARD)
-            if isinstance(event, DialogEnded) and event.dialog.id == old.id:
-                break
-        assert event.reason == "bye received"
-        # alice's BYE through Kamailio ends her session at the broker.
-        assert (
-            await asyncio.wait_for(alice.bye(dialogs[f"sip:alice@{DOMAIN}"]), GUARD)
-        ).status == 200
+        # The agents' clean stop: BYE (and unREGISTER) through Kamailio.
+        for agent in agents:
+            assert await agent.stop() == 0, agent.stderr.decode()
         await sink.wait_for("session_ended", f"sip:alice@{DOMAIN}")
-        for ua in (alice, bob):
-            assert ua.stats.received.get("udp", 0) == 0, ua.stats.received
-        assert broker.endpoint.ua.stats.received.get("udp", 0) == 0
+        assert await location(kamailio, "alice") == []
+        await pjsua_device_through(kamailio, sink, transport, certs if transport == "tls" else None)
+        assert broker.endpoint.ua.stats.received.get("udp", 0) == 0, (
+            broker.endpoint.ua.stats.received
+        )
     finally:
-        for ua in uas:
-            await ua.close()
+        if publisher is not None:
+            with contextlib.suppress(Exception):
+                await publisher.stop()
+        if tail is not None:
+            await tail.close()
+        for agent in agents:
+            await agent.stop()
         if broker is not None:
             await broker.close()
         kamailio.stop()
