@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -108,6 +109,7 @@ class MdeciSipBackend:
     name = "mdeci"
 
     def __init__(self, config: AgentConfig, random_bytes: Callable[[int], bytes]) -> None:
+        """Raises :class:`AgentError` when a TLS file cannot be read."""
         self.config = config
         sip = config.sip
         self.transport = sip.transports[0]
@@ -121,7 +123,10 @@ class MdeciSipBackend:
             tls_ca=_path(sip.tls_ca),
             tls_port=sip.tls_port,
         )
-        self.ua = UserAgent(ua_config, _refuse, random=random_bytes)
+        try:
+            self.ua = UserAgent(ua_config, _refuse, random=random_bytes)
+        except (OSError, ssl.SSLError) as exc:  # the TLS files are read here
+            raise AgentError(f"[sip] tls_ca/tls_cert/tls_key: {exc}") from exc
         self._dialog: Dialog | None = None
         self._own_contacts: set[str] = set()  # every contact we registered (not duplicates)
         self._watcher: asyncio.Task[None] | None = None

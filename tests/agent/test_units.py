@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from mdeci.agent.backend import MdeciSipBackend
 from mdeci.agent.backoff import Backoff
+from mdeci.agent.errors import AgentError
 from mdeci.agent.ipmonitor import PollingIpMonitor, is_held, pick_new
 from mdeci.agent.state import Inbox, NseqState, Outbox, OutgoingPub
-from mdeci.config import ReconnectConfig
+from mdeci.config import ReconnectConfig, load_agent_config
+from tests.sip.certs import make_certs
 
 
 def test_nseq_survives_restart_and_refuses_duplicates(tmp_path: Path) -> None:
@@ -106,3 +109,42 @@ def test_an_address_replaced_in_the_same_network_is_not_held() -> None:
     assert not is_held("10.77.20.2", frozenset({"10.77.20.3/24"}))
     assert pick_new("10.77.20.2", frozenset({"10.77.20.3/24", "fe80::1/64"})) == "10.77.20.3"
     assert is_held("10.77.20.3", frozenset({"10.77.20.3/24"}))
+
+
+@pytest.mark.parametrize(
+    ("sip", "transport", "listens_tls"),
+    [
+        ("", "udp", False),
+        ('transports = ["tcp"]\n', "tcp", False),
+        ('transports = ["tls"]\ntls_ca = "certs/ca.pem"\n', "tls", False),
+        ('transports = ["tls", "udp"]\ntls_ca = "certs/ca.pem"\n'
+         'tls_cert = "certs/server.pem"\ntls_key = "certs/server.key"\n', "tls", True),
+    ],
+)  # fmt: skip
+def test_backend_transport_comes_from_agent_toml(
+    tmp_path: Path, sip: str, transport: str, listens_tls: bool
+) -> None:
+    """``[sip] transports``: the first is how the agent reaches registrar and broker; TLS
+    verifies with ``tls_ca`` (resolved beside the file); a TLS listener only with a
+    certificate, on any free port by default (the broker's 5061 is not the agent's)."""
+    certs = make_certs(tmp_path / "certs")
+    path = tmp_path / "agent.toml"
+    path.write_text(f'aor = "sip:alice@localhost"\npassword = "pw"\n[sip]\n{sip}')
+    config = load_agent_config(path, env={})
+    backend = MdeciSipBackend(config, lambda n: bytes(n))
+    ua = backend.ua.config
+    assert backend.transport == transport
+    assert ua.tcp == ("tcp" in config.sip.transports)
+    assert ua.tls_ca == (str(certs.ca) if transport == "tls" else None)
+    assert (ua.tls_cert is not None) == listens_tls
+    assert ua.tls_port == 0
+
+
+def test_unreadable_tls_ca_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(
+        'aor = "sip:alice@localhost"\npassword = "pw"\n'
+        '[sip]\ntransports = ["tls"]\ntls_ca = "missing.pem"\n'
+    )
+    with pytest.raises(AgentError, match=r"^\[sip\] tls_ca/tls_cert/tls_key: .*No such file"):
+        MdeciSipBackend(load_agent_config(path, env={}), lambda n: bytes(n))

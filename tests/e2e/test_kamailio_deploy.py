@@ -11,8 +11,10 @@ her about (a process would need a network namespace per move). Alice subscribes 
 filter, bob publishes at 50/s while alice moves (re-REGISTER + re-INVITE via the route
 set): 0 lost, 0 duplicated, order kept. Kamailio's location table is read with ``python
 -m sip bindings``; a pjsua2 device calls through Kamailio too; the agents' BYEs go
-through Kamailio on shutdown. The second test runs the SIP side over TCP and TLS on
-every hop, with devices that remove their old contact on each move (one contact each).
+through Kamailio on shutdown. The second test runs the same scenario over TCP and TLS
+on every hop with both agents as ``mdeci agent`` processes (alice moved with ``mdeci
+move``), the broker's BYE (a kick) through Kamailio, a pjsua2 device over the same
+transport, and one contact per agent in the location table at the end.
 """
 
 from __future__ import annotations
