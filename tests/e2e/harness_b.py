@@ -346,6 +346,7 @@ class ApiPublisher:
         self.interval = 1.0 / rate
         self.sent = 0
         self.elapsed = 0.0
+        self.latencies: list[float] = []  # seconds each `pub` call took (its answer)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -368,7 +369,9 @@ class ApiPublisher:
                     "op": "pub", "subject": self.subject, "attrs": {"i": self.sent},
                     "text": f"t{self.sent}",
                 }  # fmt: skip
+                began = loop.time()
                 await asyncio.wait_for(client.call(request), GUARD)
+                self.latencies.append(loop.time() - began)
                 self.sent += 1
         self.elapsed = loop.time() - start
 
