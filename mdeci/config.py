@@ -104,7 +104,9 @@ SIP_STACKS = ("mdeci", "pjsua2")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SipConfig:
-    """``[sip]`` of the broker: where its SIP endpoint listens, and the RFC 3261 timers (s)."""
+    """``[sip]``: where the SIP endpoint listens, and the RFC 3261 timers (s). The broker
+    listens on every one of ``transports``; the agent also sends its REGISTER and INVITE
+    over the first one (docs/agent.md "SIP transport")."""
 
     host: str = "127.0.0.1"
     port: int = 5060  # RFC 3261 §18 default; the agent's default [sip] has port 0
