@@ -44,6 +44,10 @@ from sip.transaction import TimerConfig
 from sip.uri import NameAddr, SipUri
 
 OnBye = Callable[[str], None]
+# Seconds between CRLF keep-alives on our TCP/TLS connection (RFC 5626 §3.5.1 suggests
+# 95-120 s for NATs): under the broker's idle timeout (300 s) and Kamailio's default
+# connection lifetime (120 s), so the flow the broker sends its BYE over stays open.
+STREAM_KEEPALIVE = 90.0
 
 
 class SipBackend(Protocol):
@@ -108,9 +112,16 @@ class MdeciSipBackend:
 
     name = "mdeci"
 
-    def __init__(self, config: AgentConfig, random_bytes: Callable[[int], bytes]) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        random_bytes: Callable[[int], bytes],
+        *,
+        keepalive: float = STREAM_KEEPALIVE,
+    ) -> None:
         """Raises :class:`AgentError` when a TLS file cannot be read."""
         self.config = config
+        self.keepalive = keepalive
         sip = config.sip
         self.transport = sip.transports[0]
         ua_config = UaConfig(
@@ -130,6 +141,7 @@ class MdeciSipBackend:
         self._dialog: Dialog | None = None
         self._own_contacts: set[str] = set()  # every contact we registered (not duplicates)
         self._watcher: asyncio.Task[None] | None = None
+        self._pinger: asyncio.Task[None] | None = None
         self._stale: list[str] = []  # contacts left behind by moves, to remove
         self._cleanups: set[asyncio.Task[None]] = set()
 
@@ -149,7 +161,14 @@ class MdeciSipBackend:
     async def start(self, on_bye: OnBye) -> Address:
         addr = await self.ua.start(self.config.sip.host, self.config.sip.port)
         self._watcher = asyncio.create_task(self._watch(on_bye))
+        if self.transport != "udp":
+            self._pinger = asyncio.create_task(self._ping())
         return addr
+
+    async def _ping(self) -> None:
+        while True:
+            await asyncio.sleep(self.keepalive)  # a period, not a wait for an event
+            self.ua.transports.ping_streams()
 
     async def _watch(self, on_bye: OnBye) -> None:
         while True:
@@ -168,10 +187,11 @@ class MdeciSipBackend:
         for task in list(self._cleanups):
             task.cancel()
         await asyncio.gather(*self._cleanups, return_exceptions=True)
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        for running in (self._watcher, self._pinger):
+            if running is not None:
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
         await self.ua.close()
 
     async def execute(self, command: SipCommand, *, timeout: float | None = None) -> SipOutcome:

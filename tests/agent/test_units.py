@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from mdeci.agent.backend import MdeciSipBackend
 from mdeci.agent.backoff import Backoff
+from mdeci.agent.core import Register
 from mdeci.agent.errors import AgentError
 from mdeci.agent.ipmonitor import PollingIpMonitor, is_held, pick_new
 from mdeci.agent.state import Inbox, NseqState, Outbox, OutgoingPub
 from mdeci.config import ReconnectConfig, load_agent_config
+from tests.agent.farend import GUARD, agent_config
 from tests.sip.certs import make_certs
 
 
@@ -148,3 +152,30 @@ def test_unreadable_tls_ca_is_a_clear_error(tmp_path: Path) -> None:
     )
     with pytest.raises(AgentError, match=r"^\[sip\] tls_ca/tls_cert/tls_key: .*No such file"):
         MdeciSipBackend(load_agent_config(path, env={}), lambda n: bytes(n))
+
+
+async def test_backend_keeps_its_stream_to_the_registrar_alive(tmp_path: Path) -> None:
+    """Over TCP/TLS the agent pings its connection (CRLFCRLF, RFC 5626 §3.5.1) every
+    ``keepalive`` seconds, so the flow the broker sends its BYE over does not idle out."""
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def registrar(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.put_nowait(await reader.readuntil(b"\r\n\r\n"))  # the REGISTER's head
+        received.put_nowait(await reader.readexactly(4))
+        writer.close()
+
+    server = await asyncio.start_server(registrar, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    base = agent_config(tmp_path, "alice", "127.0.0.1", port)
+    config = dataclasses.replace(base, sip=dataclasses.replace(base.sip, transports=("tcp",)))
+    backend = MdeciSipBackend(config, lambda n: bytes(n), keepalive=0.05)
+    await backend.start(lambda call_id: None)
+    registering = asyncio.create_task(backend.execute(Register(600)))
+    try:
+        head = await asyncio.wait_for(received.get(), GUARD)
+        assert head.startswith(b"REGISTER ") and b"SIP/2.0/TCP" in head
+        assert await asyncio.wait_for(received.get(), GUARD) == b"\r\n\r\n"
+    finally:
+        registering.cancel()
+        await backend.close()
+        server.close()
