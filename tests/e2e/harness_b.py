@@ -262,14 +262,13 @@ class AgentProcess(_Child):
         *,
         address: tuple[str, int] | None = None,
         sip: str = "",
-        passwords: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         folder.mkdir(parents=True, exist_ok=True)
         self.user = user
         self.config = folder / "agent.toml"
         where = address or ("127.0.0.1", broker.sip_addr[1])
-        password = password or (passwords or PASSWORDS)[user]
+        password = password or PASSWORDS[user]
         self.config.write_text(
             f'node = "{user}-e2e"\naor = "{uri(user)}"\n'
             f'password = "{password}"\nstate_dir = "state"\n\n'
