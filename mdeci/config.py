@@ -104,7 +104,9 @@ SIP_STACKS = ("mdeci", "pjsua2")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SipConfig:
-    """``[sip]`` of the broker: where its SIP endpoint listens, and the RFC 3261 timers (s)."""
+    """``[sip]``: where the SIP endpoint listens, and the RFC 3261 timers (s). The broker
+    listens on every one of ``transports``; the agent also sends its REGISTER and INVITE
+    over the first one (docs/agent.md "SIP transport")."""
 
     host: str = "127.0.0.1"
     port: int = 5060  # RFC 3261 §18 default; the agent's default [sip] has port 0
@@ -576,7 +578,8 @@ class AgentConfig:
     api_socket: Path = Path("agent.sock")  # Unix socket of the local API; in state_dir
     registrar: AgentRegistrarConfig = field(default_factory=AgentRegistrarConfig)
     broker: BrokerPeerConfig = field(default_factory=BrokerPeerConfig)
-    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0))  # any free port
+    # Any free port (TLS too). The agent sends over the first of sip.transports.
+    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0, tls_port=0))
     media: MediaConfig = field(default_factory=MediaConfig)
     rudp: RudpConfig = field(default_factory=RudpConfig)
     reconnect: ReconnectConfig = field(default_factory=ReconnectConfig)

@@ -126,6 +126,9 @@ class AgentStatus:
     alerts: Mapping[str, int]
     last_error: str | None
     sip_stack: str
+    sip_transport: str  # how it reaches the registrar and the broker
+    sip_received: Mapping[str, int]  # SIP messages received per transport
+    sip_contact: str  # the Contact URI registered (``sips:`` over TLS)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +152,9 @@ class AgentStatus:
             "alerts": dict(self.alerts),
             "last_error": self.last_error,
             "sip_stack": self.sip_stack,
+            "sip_transport": self.sip_transport,
+            "sip_received": dict(self.sip_received),
+            "sip_contact": self.sip_contact,
         }
 
 
@@ -610,6 +616,9 @@ class Agent:
             alerts=dict(core.counters.alerts),
             last_error=core.last_error,
             sip_stack=backend.name,
+            sip_transport=backend.transport,
+            sip_received=backend.received,
+            sip_contact=backend.contact,
         )
 
     # ------------------------------------------------------------------ mobility

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from mdeci.agent.core import Address, SipCommand, SipOutcome
 from mdeci.agent.errors import AgentError
@@ -14,6 +14,15 @@ class Pjsua2Backend:
 
     def __init__(self, config: AgentConfig, random_bytes: Callable[[int], bytes]) -> None:
         self.config = config
+        self.transport = config.sip.transports[0]
+
+    @property
+    def received(self) -> Mapping[str, int]:
+        return {}
+
+    @property
+    def contact(self) -> str:
+        return ""
 
     async def start(self, on_bye: Callable[[str], None]) -> Address:
         raise AgentError('[sip] stack = "pjsua2" is not available yet')
