@@ -61,7 +61,9 @@ async def test_subscription_and_publish_classes_choose_the_policy(
         pending = [n.nseq for n in store.queues.pending(ALICE)]
         assert 2 in pending
         await guard(until(sink, lambda: len(sink.named("notify_delivered")) >= 1))
-        assert [e.fields["nseq"] for e in sink.named("sms_sent")] == [1]
+        # Only nseq 1 went by SMS (a slow ack may make the link send it again: the test's
+        # ack timeout is 50 ms, and copies are the link's business, docs/sms.md).
+        assert {e.fields["nseq"] for e in sink.named("sms_sent")} == {1}
     finally:
         await alice.close()
         await bob.close()
