@@ -23,6 +23,7 @@ import os
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,7 +49,13 @@ from tests.e2e.harness_a import (
     wait_status,
 )
 from tests.peers import free_port, require_binary, require_netns
-from tests.sms.kannel_harness import HOW, _stop, _wait_smsbox_connected, fakesmsc_binary
+from tests.sms.kannel_harness import (
+    HOW,
+    _stop,
+    _wait_smsbox_connected,
+    _wait_tcp,
+    fakesmsc_binary,
+)
 
 pytestmark = pytest.mark.peer("kannel")
 
@@ -123,22 +130,9 @@ max-messages = 1
 """  # fmt: skip
 
 
-def _wait_tcp_at(host: str, port: int, deadline: float) -> None:
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def _wait_fake_online(admin: int, deadline: float) -> None:
     """fakesmsc connects on its own schedule: wait until bearerbox shows it online."""
     url = f"http://127.0.0.1:{admin}/status.txt?password=mdeci-test"
-    import urllib.request
-
     while True:
         with urllib.request.urlopen(url, timeout=2) as resp:
             text = resp.read().decode("utf-8", "replace")
@@ -168,10 +162,10 @@ def running_routed_kannel(workdir: Path, modem_host: str, alice_callback: str) -
         with (workdir / "bearerbox.out").open("wb") as out:
             procs.append(subprocess.Popen([bearerbox, str(conf)], stdout=out, stderr=out))
         deadline = time.monotonic() + 15
-        _wait_tcp_at("127.0.0.1", ports["admin"], deadline)
+        _wait_tcp(ports["admin"], deadline)
         with (workdir / "smsbox.out").open("wb") as out:
             procs.append(subprocess.Popen([smsbox, str(conf)], stdout=out, stderr=out))
-        _wait_tcp_at(modem_host, ports["sendsms"], deadline)
+        _wait_tcp(ports["sendsms"], deadline, modem_host)
         _wait_smsbox_connected(ports["admin"], deadline)
         # The SMSC of every other number: interactive (no MO of its own), its log kept.
         fake_out = workdir / "fakesmsc.out"
