@@ -283,9 +283,13 @@ ack_timeout = 10
 
 
 def churn(path: Path) -> list[dict[str, Any]]:
-    with contextlib.suppress(FileNotFoundError):
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return []
+    """The records of a churn log another process is writing (a line being written
+    while we read, without its newline yet, is left for the next read)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
 async def wait_churn(
