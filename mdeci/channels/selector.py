@@ -43,7 +43,7 @@ class SelectorPolicy:
     limits: tuple[Limit, ...] = ()
     # Per class, computed on first use: the policy is immutable, so the allowed channels,
     # their size-independent score terms and their applicable limits never change.
-    _plans: dict[str, tuple[_Candidate, ...]] = field(
+    _plans: dict[str, tuple[ClassPolicy, tuple[_Candidate, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     # Ranked channels per (user, class, size, UTC day), valid while the usage added for
@@ -72,21 +72,22 @@ class SelectorPolicy:
 
         Raises :class:`UnknownQueueClass` for a class without a policy.
         """
+        found = self._plans.get(qclass)
+        if found is not None:
+            return found
         try:
             cls = self.classes[qclass]
         except KeyError:
             raise UnknownQueueClass(f"no policy for queue class {qclass!r}") from None
-        plan = self._plans.get(qclass)
-        if plan is None:
-            plan = tuple(
-                _candidate(order, channel, cls, tuple(
-                    lim for lim in self.limits if lim.applies(channel.name, qclass)
-                ))
-                for order, channel in enumerate(self.channels)
-                if channel.kind in cls.kinds
-            )  # fmt: skip
-            self._plans[qclass] = plan
-        return cls, plan
+        plan = tuple(
+            _candidate(order, channel, cls, tuple(
+                lim for lim in self.limits if lim.applies(channel.name, qclass)
+            ))
+            for order, channel in enumerate(self.channels)
+            if channel.kind in cls.kinds
+        )  # fmt: skip
+        self._plans[qclass] = found = (cls, plan)
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +232,8 @@ def select(
 
     Raises :class:`UnknownQueueClass` if the policy has no class ``message.qclass``.
     """
-    cls, plan = policy.plan(message.qclass)
+    found = policy._plans.get(message.qclass)  # policy.plan, its hit inlined
+    cls, plan = found if found is not None else policy.plan(message.qclass)
     user, size = message.user, message.size
     day = int(now // 86400)  # UTC day number: the periods' bounds are memoised by it
     if isinstance(usage, CachedUsage):
@@ -390,7 +392,7 @@ def _select_fresh(
         waits = [e for e in scored if e[0] < top]
         if len(waits) > 1:
             waits.sort(key=_fresh_key)
-        better = tuple(e[2].channel.name for e in waits)
+        better = tuple([e[2].channel.name for e in waits])
         if better and calendar is not None:
             p = calendar.any_of(better, message.first_seen)
             until = message.first_seen + p * cls.max_delay
