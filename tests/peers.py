@@ -75,3 +75,21 @@ def free_port(kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> int:
                     continue
                 return port
     raise OSError(f"no port free for both UDP and TCP on {host}")
+
+
+def require_netns() -> None:
+    """Skip/fail unless this process may create network namespaces (root, iproute2)."""
+    import subprocess
+
+    probe = f"mdeci-probe-{os.getpid()}"
+    try:
+        for args in (["ip", "netns", "add", probe], ["ip", "netns", "del", probe]):
+            done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr.strip())
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        missing(
+            f"network namespaces ({exc})",
+            "run as root (or with CAP_NET_ADMIN and CAP_SYS_ADMIN) with iproute2: "
+            "apt-get install -y iproute2",
+        )

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from mdeci.agent.errors import ApiError, BrokerRefused
 from mdeci.errors import MdeciError
+from mdeci.frames import CalendarRule
 
 if TYPE_CHECKING:  # the client side (mdeci status, ...) must not import the daemon
     from mdeci.agent.aio import Agent
@@ -45,6 +46,12 @@ def _payload(req: dict[str, Any]) -> bytes:
             raise ApiError("'payload' must be base64 (use 'text' for text)") from None
     text = req.get("text")
     return str(text).encode("utf-8") if text is not None else b""
+
+
+def _calendar_rules(raw: object) -> list[CalendarRule]:
+    if not isinstance(raw, list) or not all(isinstance(r, dict) for r in raw):
+        raise ApiError("'rules' must be a list of objects")
+    return [CalendarRule(**rule) for rule in raw]  # bad keys: TypeError; values: FrameError
 
 
 class ApiServer:
@@ -135,8 +142,14 @@ class ApiServer:
                     str(req.get("subject", "")),
                     str(req.get("filter") or ""),
                     int(ttl) if ttl is not None else None,
+                    qclass=str(req.get("qclass") or ""),
                 )
                 return {"ok": True, "sub_id": ok.sub_id, "expires_at": ok.expires_at}
+            if op == "calendar":
+                done = await agent.send_calendar(
+                    _calendar_rules(req.get("rules")), int(req.get("utc_offset_minutes", 0))
+                )
+                return {"ok": True, "rules": done.rules}
             if op == "unsub":
                 await agent.unsubscribe(str(req.get("sub_id", "")))
                 return {"ok": True}

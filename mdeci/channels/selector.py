@@ -43,7 +43,7 @@ class SelectorPolicy:
     limits: tuple[Limit, ...] = ()
     # Per class, computed on first use: the policy is immutable, so the allowed channels,
     # their size-independent score terms and their applicable limits never change.
-    _plans: dict[str, tuple[_Candidate, ...]] = field(
+    _plans: dict[str, tuple[ClassPolicy, tuple[_Candidate, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     # Ranked channels per (user, class, size, UTC day), valid while the usage added for
@@ -72,29 +72,22 @@ class SelectorPolicy:
 
         Raises :class:`UnknownQueueClass` for a class without a policy.
         """
+        found = self._plans.get(qclass)
+        if found is not None:
+            return found
         try:
             cls = self.classes[qclass]
         except KeyError:
             raise UnknownQueueClass(f"no policy for queue class {qclass!r}") from None
-        plan = self._plans.get(qclass)
-        if plan is None:
-            plan = tuple(
-                _Candidate(
-                    order,
-                    channel,
-                    fixed_terms(channel, cls.weights),
-                    cls.weights.cost,
-                    tuple(lim for lim in self.limits if lim.applies(channel.name, qclass)),
-                    _BILLING_CODE[channel.tariff.billing],
-                    channel.tariff.price,
-                    channel.tariff.unit_bytes,
-                    channel.tariff.overhead_bytes,
-                )
-                for order, channel in enumerate(self.channels)
-                if channel.kind in cls.kinds
-            )
-            self._plans[qclass] = plan
-        return cls, plan
+        plan = tuple(
+            _candidate(order, channel, cls, tuple(
+                lim for lim in self.limits if lim.applies(channel.name, qclass)
+            ))
+            for order, channel in enumerate(self.channels)
+            if channel.kind in cls.kinds
+        )  # fmt: skip
+        self._plans[qclass] = found = (cls, plan)
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +102,10 @@ class _Candidate:
     price: float
     unit_bytes: int
     overhead_bytes: int
+    # A flat tariff's cost and score do not depend on the size: computed once (the same
+    # float as score_with gives each time), so the miss path skips the logarithm.
+    flat_cost: float | None = None
+    flat_score: float = 0.0
 
     def cost(self, size: int) -> float:
         if self.billing == _FLAT:
@@ -117,6 +114,19 @@ class _Candidate:
         if self.billing == _PER_UNIT:
             return self.price * float(max(1, -(-size // self.unit_bytes)))
         return self.price * (size / self.unit_bytes)
+
+
+def _candidate(
+    order: int, channel: Channel, cls: ClassPolicy, limits: tuple[Limit, ...]
+) -> _Candidate:
+    tariff, fixed, cost_weight = channel.tariff, fixed_terms(channel, cls.weights), cls.weights.cost
+    billing = _BILLING_CODE[tariff.billing]
+    flat_cost = tariff.price * 1.0 if billing == _FLAT else None
+    flat_score = score_with(fixed, cost_weight, flat_cost) if flat_cost is not None else 0.0
+    return _Candidate(
+        order, channel, fixed, cost_weight, limits, billing, tariff.price,
+        tariff.unit_bytes, tariff.overhead_bytes, flat_cost, flat_score,
+    )  # fmt: skip
 
 
 _FLAT, _PER_UNIT, _PRORATA = 0, 1, 2
@@ -222,7 +232,8 @@ def select(
 
     Raises :class:`UnknownQueueClass` if the policy has no class ``message.qclass``.
     """
-    cls, plan = policy.plan(message.qclass)
+    found = policy._plans.get(message.qclass)  # policy.plan, its hit inlined
+    cls, plan = found if found is not None else policy.plan(message.qclass)
     user, size = message.user, message.size
     day = int(now // 86400)  # UTC day number: the periods' bounds are memoised by it
     if isinstance(usage, CachedUsage):
@@ -334,13 +345,14 @@ def _select_fresh(
         db = added.bytes - base.bytes
         dc = added.money - base.money
         best: tuple[float, int, _Candidate, float] | None = None
-        scored: list[tuple[float, int, _Candidate, float]] = []
+        scored: list[tuple[float, int, _Candidate, float]] | None = None
         unsure = False
         for cand, name, room_m, room_b, room_c in rooms.rooms:
             # Tariff.cost, inlined (same arithmetic, same float): this is the hot loop.
+            flat = cand.flat_cost
             billing = cand.billing
-            if billing == _FLAT:
-                cost = cand.price * 1.0
+            if flat is not None:
+                cost = flat
             elif billing == _PER_UNIT:
                 cost = cand.price * float(
                     max(1, -(-(size + cand.overhead_bytes) // cand.unit_bytes))
@@ -352,15 +364,20 @@ def _select_fresh(
                     unsure = True  # maybe within its limits after all
                     break
                 continue  # over a limit, exactly
-            score = 0.0
-            if cand.cost_weight:
-                score += cand.cost_weight * log(cost if cost > FLOOR else FLOOR)
-            for term in cand.fixed:
-                score += term
+            if flat is not None:
+                score = cand.flat_score
+            else:
+                score = 0.0
+                if cand.cost_weight:
+                    score += cand.cost_weight * log(cost if cost > FLOOR else FLOOR)
+                for term in cand.fixed:
+                    score += term
             if name in available:
                 if best is None or score < best[0] or (score == best[0] and cand.order < best[1]):
                     best = (score, cand.order, cand, cost)
             elif keep_all:  # only absent channels can be waited for
+                if scored is None:
+                    scored = []
                 scored.append((score, cand.order, cand, cost))
         if not unsure:
             break
@@ -375,7 +392,7 @@ def _select_fresh(
         waits = [e for e in scored if e[0] < top]
         if len(waits) > 1:
             waits.sort(key=_fresh_key)
-        better = tuple(e[2].channel.name for e in waits)
+        better = tuple([e[2].channel.name for e in waits])
         if better and calendar is not None:
             p = calendar.any_of(better, message.first_seen)
             until = message.first_seen + p * cls.max_delay

@@ -118,3 +118,35 @@ async def test_tail_streams_live_and_pub_buffers_when_down(
         assert (status["status"], status["buffered"]) == ("DISCONNECTED", 1)
         subs = await client.call({"op": "subs"})
         assert subs["stale"] is True and [i["subject"] for i in subs["items"]] == ["t.#"]
+
+
+async def test_sub_class_and_calendar_through_the_socket(
+    running: RunningAgent, far: FarEnd, store: BrokerStore
+) -> None:
+    """Issue 13: an application names its subscription's queue class and sends the
+    device's calendar through the API (what an ``mdeci agent`` process offers)."""
+    from mdeci.agent.errors import ApiError
+    from mdeci.store.calendars import SqlCalendars
+
+    far.broker.classes = frozenset({"urgent", "normal", "bulk"})  # run_broker: [channels]
+    async with ApiClient(running.config.api_socket) as client:
+        await client.call({"op": "sub", "subject": "digest.*", "qclass": "bulk"})
+        (row,) = store.subscriptions.list_subscriptions("sip:alice@localhost", 0.0)
+        assert row.qclass == "bulk"
+        with pytest.raises(ApiError, match="unknown queue class 'vip'"):
+            await client.call({"op": "sub", "subject": "x.*", "qclass": "vip"})
+        with pytest.raises(ApiError, match=r"rules\.p must be within 0\.\.1"):
+            await client.call({"op": "calendar", "rules": [{"channel": "ip", "p": 2}]})
+        with pytest.raises(ApiError, match="bad request"):
+            await client.call({"op": "calendar", "rules": [{"channel": "ip", "x": 1}]})
+        with pytest.raises(ApiError, match="'rules' must be a list of objects"):
+            await client.call({"op": "calendar", "rules": "ip"})
+        assert SqlCalendars(store.engine).get("sip:alice@localhost") is None  # unchanged
+        rules = [{"channel": "ip", "p": 0.75, "weekdays": 0x1F, "start_hour": 8, "end_hour": 18}]
+        done = await client.call({"op": "calendar", "rules": rules, "utc_offset_minutes": 60})
+        assert done == {"ok": True, "rules": 1}
+    stored = SqlCalendars(store.engine).get("sip:alice@localhost")
+    assert stored is not None and stored.utc_offset_minutes == 60
+    week = stored.calendar()  # epoch 0 is a Thursday; local time is UTC + 1 h
+    assert week.probability("ip", 0.0) == 0.0  # 01:00 local
+    assert week.probability("ip", 8 * 3600.0) == 0.75  # 09:00 local

@@ -58,7 +58,7 @@ from tests.e2e.harness_a import (
     stop,
     wait_status,
 )
-from tests.peers import missing
+from tests.peers import require_netns
 from tests.store.conftest import sqlite_path as sqlite_path
 from tests.store.conftest import sqlite_template as sqlite_template
 
@@ -249,24 +249,11 @@ async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
 # ------------------------------------------------------------------ network namespace
 
 
-def _require_netns() -> None:
-    probe = f"mdeci-probe-{os.getpid()}"
-    try:
-        run_ip("netns", "add", probe)
-        run_ip("netns", "del", probe)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        missing(
-            f"network namespaces ({exc})",
-            "run as root (or with CAP_NET_ADMIN and CAP_SYS_ADMIN) with iproute2: "
-            "apt-get install -y iproute2",
-        )
-
-
 async def test_address_change_inside_a_network_namespace(
     tmp_path: Path,
     store: BrokerStore,
 ) -> None:
-    _require_netns()
+    require_netns()
     tag = os.getpid() % 10000
     net = f"10.77.{20 + os.getpid() % 200}"
     ns, host_if, ns_if = f"mdeci-e2ea-{tag}", f"mde{tag}h", f"mde{tag}n"

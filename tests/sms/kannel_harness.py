@@ -78,10 +78,10 @@ omit-empty = true
 """
 
 
-def _wait_tcp(port: int, deadline: float) -> None:
+def _wait_tcp(port: int, deadline: float, host: str = "127.0.0.1") -> None:
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection((host, port), timeout=0.2):
                 return
         except OSError:
             if time.monotonic() > deadline:
