@@ -374,7 +374,7 @@ async def test_default_route_from_wifi_to_cell_then_wifi_down(
     the agent's ``move_detected`` line (ms resolution): the ``ip`` process start is
     counted, so the measure errs long.
     """
-    _require_netns()
+    require_netns()
     tag = os.getpid() % 10000
     n = 20 + os.getpid() % 200
     ns, wifi_h, cell_h = f"mdeci-e2ew-{tag}", f"mdw{tag}", f"mdc{tag}"
