@@ -498,6 +498,15 @@ class Broker:
         self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
         return True
 
+    def delivered_elsewhere(self, uri: str, nseq: int) -> None:
+        """``uri``'s notification ``nseq`` was delivered, and logged, by another channel
+        (SMS): if it was also sent over IP, a later ack covering it is not a second
+        delivery (it was logged twice, and the analytics counted it twice)."""
+        link = self._links.get(uri)
+        if link is not None:
+            link.inflight.pop(nseq, None)
+            link.earlier.pop(nseq, None)
+
     def mark_disconnected(
         self, uri: str, reason: str, status: SessionStatus = SessionStatus.DISCONNECTED
     ) -> None:

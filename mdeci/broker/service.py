@@ -94,6 +94,7 @@ class BrokerService:
             sms.connected = self.broker.is_connected
             sms.handle_frame = self._sms_frame
             sms.sub_class = self._sub_class
+            sms.delivered = self.broker.delivered_elsewhere
 
     @classmethod
     async def open(

@@ -245,6 +245,9 @@ class SmsFallback:
         # a live subscription asked for.
         self.handle_frame: Callable[[str, bytes], None] | None = None
         self.sub_class: Callable[[int], str | None] | None = None
+        # Set by the service: this user's notification left by SMS (the IP side must not
+        # count a later ack of it as a second delivery).
+        self.delivered: Callable[[str, int], None] | None = None
         self._buffers: dict[int, _InFlight] = {}
         self._by_user: dict[str, dict[int, int]] = {}  # uri -> nseq -> buffer id
         self._noted: dict[str, set[int]] = {}  # nseqs whose hold/refusal was logged
@@ -590,6 +593,8 @@ class SmsFallback:
         except StoreError:
             # Stays queued: IP delivers it again later and the agent's gate refuses it.
             self.errors += 1
+        if isinstance(event, BufferAcknowledged) and self.delivered is not None:
+            self.delivered(flight.uri, flight.nseq)
         if isinstance(event, BufferAcknowledged):
             self.live.latency(flight.uri, SMS_CHANNEL, (event.acked_at - event.sent_at) * 1000.0)
             self.live.delivered(flight.uri, SMS_CHANNEL, 1.0)

@@ -450,6 +450,25 @@ def test_ack_after_a_reconnection_logs_what_an_earlier_connection_sent(
     assert store.queues.depth(ALICE) == 0
 
 
+def test_an_ack_over_ip_of_what_sms_delivered_is_not_a_second_delivery(
+    store: BrokerStore, clock: FakeClock, sink: MemorySink
+) -> None:
+    """An urgent notification in RUDP flight when IP was cut went by SMS (and was logged
+    delivered there); the agent's later IP ack covering it logged it delivered again."""
+    broker = make_broker(store, clock, sink, queue=QueueConfig(window=4))
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    for n in range(3):
+        publish(broker, f"m{n}", "a")
+    broker.mark_connected(ALICE, "127.0.0.2:4000")
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2, 3]
+    broker.mark_disconnected(ALICE, "rudp: no ACK after retries")
+    broker.delivered_elsewhere(ALICE, 2)  # the SMS side delivered and logged nseq 2
+    broker.mark_connected(ALICE, "127.0.0.3:4000")
+    broker.handle_frame(ALICE, encode(Ack(upto=3)))
+    assert [e.fields["nseq"] for e in sink.named("notify_delivered")] == [1, 3]
+
+
 def test_overflow_drops_are_reported_in_missed_once(store: BrokerStore, clock: FakeClock) -> None:
     sink = WaitingSink()
     broker = make_broker(store, clock, sink, queue=QueueConfig(max_per_uri=2))
