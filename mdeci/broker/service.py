@@ -108,6 +108,11 @@ class BrokerService:
         broker.bind_thread(self.worker.thread_id)
 
     @property
+    def to_loop(self) -> LoopQueue:
+        """Where calls made on the database thread are handed back to the event loop."""
+        return self._to_loop
+
+    @property
     def sms(self) -> SmsFallback | None:
         """Channel selection beyond IP (issue 13): told of every queued notification."""
         return self._sms
