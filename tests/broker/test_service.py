@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mdeci.broker import Broker, BrokerService, SessionKeyError
+from mdeci.broker import BrokerService, SessionKeyError
 from mdeci.config import QueueConfig, SubscriptionConfig
 from mdeci.frames import Ack, Error, Frame, Notify, Pub, PubOk, Sub, SubOk, decode, encode
 from mdeci.store.repo import BrokerStore
