@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mdeci.broker.core import Broker
@@ -218,7 +219,7 @@ class BrokerService:
         reason = "session ended" if ended else "sip"
         self.worker.post("session status", self.broker.mark_disconnected, uri, reason, status)
         if self.sms is not None and not ended:
-            self.sms.kick(uri)
+            self._after_db(self.sms.kick, uri)
 
     async def settled(self) -> None:
         """Return once the database thread ran every call queued so far (e.g. the status
@@ -299,6 +300,12 @@ class BrokerService:
             return False
         self._spawn_send(link, data)
         return True
+
+    def _after_db(self, fn: Callable[[str], object], uri: str) -> None:
+        """``fn(uri)`` on the loop once the database thread ran every call queued so far:
+        the SMS side reads the queue, so the disconnection's held acks must be applied
+        first (or it would send by SMS what the user acknowledged over IP)."""
+        self.worker.post("hand back", self._to_loop.call, fn, uri)
 
     def _wake(self, uri: str) -> None:
         link = self._users.get(uri)
@@ -392,7 +399,7 @@ class BrokerService:
             "session status", self.broker.mark_disconnected, link.uri, f"rudp: {reason}"
         )
         if self.sms is not None:
-            self.sms.kick(link.uri)
+            self._after_db(self.sms.kick, link.uri)
 
     def _heard(self, link: _UserLink) -> None:
         """An authenticated packet (a frame, an ack or a keepalive PING) came from a user
