@@ -23,9 +23,10 @@ from mdeci.store.base import PG_STATEMENT_TIMEOUT_MS
 from mdeci.store.repo import BrokerStore
 from tests.broker.conftest import FakeClock, WaitingSink
 from tests.broker.test_service import GUARD
-from tests.broker.test_sip_endpoint import Device, open_device, start_broker
+from tests.broker.test_sip_endpoint import Device, devices, open_device, start_broker
 
 PROBES = 20  # OPTIONS round trips while the database is held
+__all__ = ["devices"]  # the fixture, used by name
 
 
 @pytest.fixture
