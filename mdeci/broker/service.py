@@ -105,7 +105,10 @@ class BrokerService:
         # The channel selector and SMS side when set (run_broker; see the sms property).
         self._sms: SmsFallback | None = None
         broker.listener = self
-        broker.log = LoopSink(broker.log, self._to_loop)
+        # A broker served again by a new service (a restart in-process) is not wrapped twice.
+        sink = broker.log.sink if isinstance(broker.log, LoopSink) else broker.log
+        broker.log = LoopSink(sink, self._to_loop)
+        self._closed = False
         broker.bind_thread(self.worker.thread_id)
 
     @property
@@ -238,7 +241,11 @@ class BrokerService:
         return link is not None and link.delivering
 
     async def close(self) -> None:
-        """Stop every task and close the endpoint. Queues and statuses stay stored."""
+        """Stop every task and close the endpoint. Queues and statuses stay stored.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         tasks: list[asyncio.Task[None]] = []
         for task in (self._sweeper, self._pump):
             if task is not None:
