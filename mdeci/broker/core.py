@@ -25,12 +25,18 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
   ``nseq``; :meth:`Broker.mark_disconnected` stops it.
 - The :class:`QueueListener` hears "something was queued for uri" and "uri acked", so
   the service wakes that user's delivery task instead of polling.
+- Threads: the core is not thread-safe and needs no lock because one thread at a time
+  owns it. The service runs it on its database thread (:mod:`mdeci.broker.worker`) and
+  calls :meth:`Broker.bind_thread`; from then on every entry point that reads or changes
+  state raises :class:`~mdeci.broker.errors.WrongThreadError` on any other thread, so a
+  call from the event loop is a loud bug rather than a silent race.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,6 +44,7 @@ from typing import Protocol
 import cbor2
 
 from mdeci.broker.config import BrokerCoreConfig
+from mdeci.broker.errors import WrongThreadError
 from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher
 from mdeci.broker.sink import ChurnSink, NullSink
 from mdeci.channels.calendar import Rule
@@ -162,6 +169,18 @@ class Broker:
         #: Queue classes a sub or pub may name (issue 13; run_broker sets [channels]'s).
         self.classes: frozenset[str] = frozenset()
         self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
+        self._thread: int | None = None  # see bind_thread
+
+    def bind_thread(self, thread_id: int | None) -> None:
+        """Only thread ``thread_id`` may call the core from now on (None: any thread)."""
+        self._thread = thread_id
+
+    def _owned(self) -> None:
+        if self._thread is not None and threading.get_ident() != self._thread:
+            raise WrongThreadError(
+                f"the broker core is bound to thread {self._thread}; "
+                f"called from {threading.current_thread().name}"
+            )
 
     # ------------------------------------------------------------------ frames
 
@@ -183,6 +202,7 @@ class Broker:
         A database failure is answered with ``error`` 500 (the request may be retried);
         nothing else is raised.
         """
+        self._owned()
         try:
             if isinstance(frame, Sub):
                 return [self._sub(uri, frame)]
@@ -280,6 +300,7 @@ class Broker:
 
         Never raises; a database failure answers every publish of the group with 500.
         """
+        self._owned()
         replies: list[list[Frame]] = [[] for _ in batch]
         run: list[tuple[int, str, Pub]] = []
         for i, (uri, data) in enumerate(batch):
@@ -423,6 +444,7 @@ class Broker:
         Raises:
             StoreError: the database failed; the acks stay held for the next call.
         """
+        self._owned()
         for user in [uri] if uri is not None else list(self._acks):
             upto = self._acks.get(user)
             if upto is not None:
@@ -447,6 +469,7 @@ class Broker:
         Raises:
             StoreError: the database failed; the matcher already ignores expired ones.
         """
+        self._owned()
         at = self.clock() if now is None else now
         expired = self.store.subscriptions.sweep_expired(at)
         for sub in expired:
@@ -458,11 +481,13 @@ class Broker:
 
     def is_connected(self, uri: str) -> bool:
         """True while ``uri``'s media is CONNECTED (notifications are being sent)."""
+        self._owned()
         link = self._links.get(uri)
         return link is not None and link.connected
 
     def in_flight(self, uri: str) -> tuple[int, ...]:
         """The nseqs sent to ``uri`` on this connection and not yet acked, in order."""
+        self._owned()
         link = self._links.get(uri)
         return () if link is None else tuple(sorted(link.inflight))
 
@@ -473,6 +498,7 @@ class Broker:
         Raises:
             StoreError: the status could not be stored (delivery is enabled anyway).
         """
+        self._owned()
         self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
         previous = self._links.get(uri)
         prev_addr = previous.addr if previous is not None else None
@@ -491,6 +517,7 @@ class Broker:
         with ``prev_addr``). False, changing nothing, when ``uri`` is not CONNECTED: the
         caller then uses :meth:`mark_connected`.
         """
+        self._owned()
         link = self._links.get(uri)
         if link is None or not link.connected:
             return False
@@ -502,6 +529,7 @@ class Broker:
         """``uri``'s notification ``nseq`` was delivered, and logged, by another channel
         (SMS): if it was also sent over IP, a later ack covering it is not a second
         delivery (it was logged twice, and the analytics counted it twice)."""
+        self._owned()
         link = self._links.get(uri)
         if link is not None:
             link.inflight.pop(nseq, None)
@@ -516,6 +544,7 @@ class Broker:
         Raises:
             StoreError: the status could not be stored (delivery is stopped anyway).
         """
+        self._owned()
         self._try_flush_acks(uri)  # the SMS fallback reads the queue next
         link = self._links.get(uri)
         was_connected = link is not None and link.connected
@@ -541,6 +570,7 @@ class Broker:
         Raises:
             StoreError: the database failed; nothing was taken.
         """
+        self._owned()
         link = self._links.get(uri)
         if link is None or not link.connected:
             return []

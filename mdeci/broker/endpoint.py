@@ -35,6 +35,22 @@ the consumer of its dialog events, and turns both into calls on the SIP-agnostic
 With ``embedded_registrar = False`` the broker instead REGISTERs its own AOR at
 ``registrar_address`` over ``registrar_transport`` (the UA refreshes it) and answers
 REGISTER with 405.
+
+The database is never called on the event loop (issue 12): every store call goes to the
+service's :class:`~mdeci.broker.worker.DbWorker` thread, the one the core runs on, in
+order. The SIP machinery that needs store data synchronously gets it fetched first:
+
+- Digest (the UA's in-dialog guard is synchronous) reads HA1 from a bounded cache,
+  :class:`CachedCredentials`. The handler refreshes the requesting user's entries on
+  the worker before it verifies; a session owner's entries are loaded when its session
+  is restored; a guard check that failed refreshes them for the client's retry.
+- The registrar runs on the loop over :class:`StagedBindings`: the AOR's bindings are
+  read on the worker first, the registrar's writes are recorded, then applied on the
+  worker before the answer goes out (a failure answers 500 and logs no event).
+  REGISTERs are handled one at a time, so no two stage the same rows.
+- Session rows and statuses are written by calls queued on the worker (the row before
+  the status, since the worker keeps order); a write that fails is logged and repeated
+  at the next change, as before.
 """
 
 from __future__ import annotations
@@ -44,13 +60,15 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mdeci.broker.errors import BrokerError
 from mdeci.broker.service import BrokerService
-from mdeci.broker.sink import ChurnSink
+from mdeci.broker.sink import ChurnSink, FieldValue
 from mdeci.broker.throttle import LoginThrottle, ThrottleConfig
+from mdeci.broker.worker import LoopSink
 from mdeci.oplog import event as oplog_event
 from mdeci.store.bindings import Binding as StoredBinding
 from mdeci.store.errors import StoreError, UnsupportedAlgorithm
@@ -67,7 +85,14 @@ from sip.aio.ua import (
     UaConfig,
     UserAgent,
 )
-from sip.auth import AuthChallenge, AuthOk, DigestConfig, DigestServer, parse_auth_header
+from sip.auth import (
+    AuthChallenge,
+    AuthOk,
+    CredentialStore,
+    DigestConfig,
+    DigestServer,
+    parse_auth_header,
+)
 from sip.dialog import Dialog, DialogId, DialogState
 from sip.errors import AuthHeaderError, SdpError, SipError, SipParseError
 from sip.message import Request
@@ -83,6 +108,8 @@ from sip.registrar import (
 from sip.sdp import MdeciMedia, build_answer, parse_session
 from sip.transaction import TimerConfig
 from sip.uri import SipUri, parse_uri
+
+CACHED_HA1 = 10_000  # HA1 entries kept for Digest (each user has one per algorithm)
 
 Address = tuple[str, int]
 WARN_AGENT = "mdeci"
@@ -205,6 +232,109 @@ class StoreBindings:
         return [self._out(b) for b in self._bindings.expire(now)]
 
 
+class CachedCredentials:
+    """:class:`sip.auth.CredentialStore` answering from memory, filled off the loop.
+
+    :meth:`fetch` runs on the database thread and returns what :meth:`keep` stores on
+    the loop; :meth:`ha1` never touches the database (an entry not fetched reads as an
+    unknown user). At most ``size`` entries, least recently used dropped first.
+    """
+
+    def __init__(
+        self, store: BrokerStore, algorithms: tuple[str, ...], size: int = CACHED_HA1
+    ) -> None:
+        self._store = store
+        self._algorithms = tuple(dict.fromkeys((*algorithms, "SHA-256")))
+        self._size = size
+        self._known: OrderedDict[tuple[str, str, str], str | None] = OrderedDict()
+
+    def fetch(self, username: str, realm: str) -> dict[tuple[str, str, str], str | None]:
+        """Every HA1 of ``username`` in ``realm`` (database thread). Raises StoreError."""
+        found: dict[tuple[str, str, str], str | None] = {}
+        for algorithm in self._algorithms:
+            try:
+                ha1 = self._store.users.get_credentials(username, realm, algorithm)
+            except UnsupportedAlgorithm:
+                ha1 = None
+            found[(username, realm, algorithm)] = ha1
+        return found
+
+    def keep(self, found: dict[tuple[str, str, str], str | None]) -> None:
+        for key, ha1 in found.items():
+            self._known[key] = ha1
+            self._known.move_to_end(key)
+        while len(self._known) > self._size:
+            self._known.popitem(last=False)
+
+    def ha1(self, username: str, realm: str, algorithm: str) -> str | None:
+        return self._known.get((username, realm, algorithm))
+
+
+class StagedBindings:
+    """:class:`sip.registrar.BindingStore` over rows read beforehand: the registrar runs
+    on the loop, its writes are recorded and applied later on the database thread.
+
+    :meth:`begin` gives the bindings of the one AOR the next REGISTER may touch; any
+    other AOR reads as unavailable (StoreError: the REGISTER gets 500).
+    """
+
+    def __init__(self) -> None:
+        self._aor: str | None = None
+        self._rows: dict[str, Binding] = {}
+        self._ops: list[tuple[str, Binding | str]] = []
+
+    def begin(self, aor: str | None, rows: list[Binding]) -> None:
+        self._aor = aor
+        self._rows = {b.contact: b for b in rows}
+        self._ops = []
+
+    def end(self) -> list[tuple[str, Binding | str]]:
+        """The writes recorded since :meth:`begin`, in order; forgets the rows."""
+        ops, self._ops = self._ops, []
+        self._aor, self._rows = None, {}
+        return ops
+
+    def _check(self, aor: str) -> None:
+        if aor != self._aor:
+            raise StoreError(f"bindings of {aor} were not read before the request")
+
+    def bindings(self, aor: str, now: float) -> list[Binding]:
+        self._check(aor)
+        live = [b for b in self._rows.values() if b.expires_at > now]
+        return sorted(live, key=lambda b: -b.q)
+
+    def put(self, binding: Binding) -> None:
+        self._check(binding.aor)
+        self._rows[binding.contact] = binding
+        self._ops.append(("put", binding))
+
+    def remove(self, aor: str, contact: str) -> None:
+        self._check(aor)
+        self._rows.pop(contact, None)
+        self._ops.append(("remove", contact))
+
+    def remove_all(self, aor: str) -> None:
+        self._check(aor)
+        self._rows.clear()
+        self._ops.append(("remove_all", aor))
+
+    def expire(self, now: float) -> list[Binding]:
+        raise StoreError("expiry runs on the database thread, not through staged rows")
+
+    @staticmethod
+    def apply(store: StoreBindings, aor: str, ops: list[tuple[str, Binding | str]]) -> None:
+        """Write ``ops`` (database thread). Raises StoreError."""
+        for op, arg in ops:
+            if op == "put":
+                assert isinstance(arg, Binding)
+                store.put(arg)
+            elif op == "remove":
+                assert isinstance(arg, str)
+                store.remove(aor, arg)
+            else:
+                store.remove_all(aor)
+
+
 def ensure_users(
     store: BrokerStore,
     domain: str,
@@ -238,7 +368,7 @@ class GuardedDigest(DigestServer):
     def __init__(
         self,
         config: DigestConfig,
-        store: StoreCredentials,
+        store: CredentialStore,
         random: Callable[[int], bytes],
         throttle: LoginThrottle,
     ) -> None:
@@ -247,7 +377,8 @@ class GuardedDigest(DigestServer):
         self.source = "-"
         self.failures = 0
 
-    def _username(self, request: Request) -> str | None:
+    def username(self, request: Request) -> str | None:
+        """The user named by ``request``'s Digest credentials for our realm, if any."""
         for value in request.headers.get_raw("Authorization"):
             try:
                 scheme, params = parse_auth_header(value)
@@ -261,7 +392,7 @@ class GuardedDigest(DigestServer):
         self, request: Request, now: float, *, proxy: bool = False
     ) -> AuthOk | AuthChallenge:
         """As ``DigestServer.verify``; raises AuthHeaderError alike."""
-        user = self._username(request)
+        user = self.username(request)
         if user is None:
             return super().verify(request, now, proxy=proxy)  # no credentials yet
         wait = self.throttle.retry_after(user, self.source, now)
@@ -367,8 +498,13 @@ class BrokerSipEndpoint:
         self.config = config
         self.store = store
         self.service = service
+        self.worker = service.worker  # the core's thread: store calls keep its order
         self.log = log
+        self._loop_log = LoopSink(log, service.to_loop)  # for events logged by the worker
         self.clock = clock
+        self.credentials = CachedCredentials(store, config.algorithms)
+        self._staged = StagedBindings()
+        self._register_lock = asyncio.Lock()
         self._msisdns = {f"sip:{u.user}@{config.domain}": u.msisdn for u in config.users}
         self.digest = GuardedDigest(
             DigestConfig(
@@ -378,7 +514,7 @@ class BrokerSipEndpoint:
                 # agent's digest names our AOR as it sent it (docs/sip.md, retargeting).
                 retarget_uris=(config.aor, f"sips:{config.user}@{config.domain}"),
             ),
-            StoreCredentials(store),
+            self.credentials,
             random,
             LoginThrottle(config.login_throttle),
         )
@@ -435,7 +571,8 @@ class BrokerSipEndpoint:
         Raises OSError when the address cannot be bound, StoreError on the database,
         BrokerError when the external registrar refuses us.
         """
-        ensure_users(
+        await self.worker.run(
+            ensure_users,
             self.store,
             self.config.domain,
             self.config.digest_realm,
@@ -443,7 +580,7 @@ class BrokerSipEndpoint:
             md5="MD5" in self.config.algorithms,
         )
         bound = await self.ua.start(host, port)
-        self.restore_sessions()
+        await self.restore_sessions()
         if self.config.embedded_registrar:
             self.registrar = Registrar(
                 RegistrarConfig(
@@ -453,7 +590,7 @@ class BrokerSipEndpoint:
                     max_expires=self.config.max_expires,
                     warn_agent=WARN_AGENT,
                 ),
-                StoreBindings(self.store),
+                self._staged,
                 self._random,
                 auth=self.digest,
             )
@@ -497,13 +634,16 @@ class BrokerSipEndpoint:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def restore_sessions(self) -> int:
+    async def restore_sessions(self) -> int:
         """After a restart: rebuild the dialog and the RUDP peer of every session stored
         CONNECTED, so agents keep their dialogs (re-INVITE, BYE) and delivery resumes.
         Rows that cannot be read back are marked DISCONNECTED. Returns how many were
         restored. Raises StoreError."""
         restored = 0
-        for rec in self.store.sessions.sessions_with_status(SessionStatus.CONNECTED):
+        rows = await self.worker.run(
+            self.store.sessions.sessions_with_status, SessionStatus.CONNECTED
+        )
+        for rec in rows:
             try:
                 addr = parse_addr_text(rec.media_addr)
                 dialog = Dialog(
@@ -520,7 +660,13 @@ class BrokerSipEndpoint:
                 )
                 self.service.connected(rec.uri, addr, rec.session_key)
             except (ValueError, BrokerError):
-                self.store.sessions.set_status(rec.uri, SessionStatus.DISCONNECTED, self.clock())
+                self.worker.post(
+                    "session status",
+                    self.store.sessions.set_status,
+                    rec.uri,
+                    SessionStatus.DISCONNECTED,
+                    self.clock(),
+                )
                 continue
             self.ua.dialogs[dialog.id] = dialog
             self._owners[dialog.id] = rec.uri
@@ -532,7 +678,16 @@ class BrokerSipEndpoint:
                 rec.uri, dialog.id, rec.call_id, addr, rec.session_key, rec.started_at, kx
             )
             restored += 1
+            # The guard verifies the owner's in-dialog requests from the cache.
+            owner = parse_uri(rec.uri)
+            if isinstance(owner, SipUri) and owner.user is not None:
+                await self._load_credentials(owner.user)
         return restored
+
+    async def _load_credentials(self, username: str) -> None:
+        """Refresh ``username``'s HA1 entries from the store. Raises StoreError."""
+        found = await self.worker.run(self.credentials.fetch, username, self.config.digest_realm)
+        self.credentials.keep(found)
 
     # ------------------------------------------------------------------ requests
 
@@ -540,7 +695,7 @@ class BrokerSipEndpoint:
         """The UA's request handler. Never raises for a store failure (500 + Retry-After)."""
         self.digest.source = addr_text(req.source)
         try:
-            reply = self._handle(req)
+            reply = await self._handle(req)
         except StoreError as exc:
             # Details (host, port, SQL) go to the operator's log; the peer learns nothing.
             oplog_event(
@@ -580,19 +735,42 @@ class BrokerSipEndpoint:
             status=reply.status,
         )
 
-    def _handle(self, req: IncomingRequest) -> Reply:
+    async def _handle(self, req: IncomingRequest) -> Reply:
+        """Fetch on the database thread what the request needs, then decide on the loop."""
         request = req.request
+        if request.method not in ("REGISTER", "INVITE"):
+            return Reply(405)
+        username = self.digest.username(request)
+        if username is not None:
+            await self._load_credentials(username)
         if request.method == "REGISTER":
-            return self._register(req)
-        if request.method == "INVITE":
-            return self._invite(req)
-        return Reply(405)
+            return await self._register(req)
+        if self._store_id is None:
+            self._store_id = await self.worker.run(self.store.identity.incarnation)
+        return self._invite(req)
 
-    def _register(self, req: IncomingRequest) -> Reply:
+    async def _register(self, req: IncomingRequest) -> Reply:
         if self.registrar is None:
             return _refuse(405, "this broker is not a registrar")
-        now = self.clock()
-        response = self.registrar.handle(req.request, now, source=addr_text(req.source))
+        try:
+            to = req.request.to.uri
+            aor = to.aor if isinstance(to, SipUri) and to.user is not None else None
+        except SipParseError:
+            aor = None  # the registrar refuses it before any binding is read
+        bindings = StoreBindings(self.store)
+        async with self._register_lock:
+            now = self.clock()
+            rows = [] if aor is None else await self.worker.run(bindings.bindings, aor, now)
+            self._staged.begin(aor, rows)
+            response = self.registrar.handle(req.request, now, source=addr_text(req.source))
+            ops = self._staged.end()
+            try:
+                if ops and aor is not None:
+                    await self.worker.run(StagedBindings.apply, bindings, aor, ops)
+            except BaseException:
+                while self.registrar.next_event() is not None:
+                    pass  # nothing was stored: nothing to log
+                raise
         self._drain_registrar()
         return Reply.from_response(response)
 
@@ -648,14 +826,11 @@ class BrokerSipEndpoint:
                     holder,
                 )
                 return _refuse(488, "key-exchange value already in use; draw a new one")
-        ha1 = self.store.users.get_credentials(from_uri.user, self.config.digest_realm, "SHA-256")
+        ha1 = self.credentials.ha1(from_uri.user, self.config.digest_realm, "SHA-256")
         if ha1 is None:
             return _refuse(403, "no SHA-256 credentials for this user")
         kx = None if keep else KeyExchange(self._random(32))
-        try:
-            if self._store_id is None:
-                self._store_id = self.store.identity.incarnation()
-        except StoreError:
+        if self._store_id is None:
             return _refuse(500, "broker store unavailable")
         try:
             # The store id goes in before the secret is derived: it is part of the
@@ -692,8 +867,7 @@ class BrokerSipEndpoint:
             # has this answer, which may be before the UA reports the refresh (it waits for
             # the ACK), so the RUDP side switches now.
             session.key, session.kx = secret, media.key
-            with contextlib.suppress(StoreError):
-                self.service.connected(uri, (media.addr, media.port), secret)
+            self.service.connected(uri, (media.addr, media.port), secret)
         offer = request.body.decode("utf-8", "replace")
         self._accepted[(request.call_id, from_tag)] = _Accepted(
             uri, media, offer, secret, kx is not None
@@ -750,7 +924,15 @@ class BrokerSipEndpoint:
         refused = self._authenticate(request, owner_user.user)
         if refused is None and request.method == "INVITE":
             self._guarded.add((request.call_id, request.cseq.seq))
+        elif refused is not None and refused.status == 401:
+            # The cache may be older than a password change, or lost to a restart: fetch
+            # the owner's entries again for the client's retry (the guard cannot wait).
+            self._spawn(self._refresh_credentials(owner_user.user))
         return refused
+
+    async def _refresh_credentials(self, username: str) -> None:
+        with contextlib.suppress(StoreError):
+            await self._load_credentials(username)
 
     # ------------------------------------------------------------------ events
 
@@ -810,35 +992,39 @@ class BrokerSipEndpoint:
         self._sessions[uri] = _Session(
             uri, dialog.id, dialog.call_id, addr, accepted.secret, record.started_at, media.key
         )
-        try:
-            self.store.sessions.upsert_session(record)
-        except StoreError as exc:
-            # The agent already holds the new keys: the RUDP side must follow even when the
-            # row cannot be written now (it is written again at the next change).
-            log.error("session of %s not stored: %s", uri, exc)
+        prev: str | None
         if refreshed and same and previous is not None:
-            self.log.emit(
-                "session_reinvited",
-                uri,
-                call_id=dialog.call_id,
-                addr=addr_text(addr),
-                prev_addr=addr_text(previous.media_addr),
-            )
+            name, prev = "session_reinvited", addr_text(previous.media_addr)
         else:
+            name = "session_started"
             prev = addr_text(previous.media_addr) if previous is not None else None
-            self.log.emit(
-                "session_started", uri, call_id=dialog.call_id, addr=addr_text(addr), prev_addr=prev
-            )
-        try:
-            self.service.connected(uri, addr, accepted.secret)
-        except StoreError as exc:  # the link is up; only the status write failed
-            log.error("status of %s not stored: %s", uri, exc)
+        # Queued before the status write of service.connected (the worker keeps order), and
+        # logged once written, so whoever reads the event finds the row. The agent already
+        # holds the new keys: the RUDP side follows even when the row cannot be written now
+        # (it is written again at the next change).
+        self.worker.post(
+            "session row",
+            self._store_session,
+            record,
+            name,
+            {"call_id": dialog.call_id, "addr": addr_text(addr), "prev_addr": prev},
+        )
+        self.service.connected(uri, addr, accepted.secret)
         if accepted.new_keys and (uri, dialog.id) not in self._key_checks:
             # A pending check keeps its deadline: re-keying again and again (as an agent
             # whose keys never work does) must not postpone the verdict forever.
             self._key_checks[(uri, dialog.id)] = asyncio.get_running_loop().call_later(
                 self.config.key_confirm_timeout, self._confirm_keys, uri, dialog.id, dialog
             )
+
+    def _store_session(
+        self, record: SessionRecord, event: str, fields: dict[str, FieldValue]
+    ) -> None:
+        """Database thread: write ``record``, then log ``event`` on the loop."""
+        try:
+            self.store.sessions.upsert_session(record)
+        finally:
+            self._loop_log.emit(event, record.uri, **fields)
 
     def _confirm_keys(self, uri: str, dialog_id: DialogId, dialog: Dialog) -> None:
         """Fail closed: no authentic datagram since the key agreement means the two ends
@@ -857,17 +1043,16 @@ class BrokerSipEndpoint:
             dialog.call_id,
             self.config.key_confirm_timeout,
         )
-        self.log.emit(
+        self._owners.pop(dialog_id, None)
+        del self._sessions[uri]
+        self.service.disconnected(uri, ended=True)
+        self._log_when_stored(
             "session_ended",
             uri,
             call_id=dialog.call_id,
             addr=addr_text(session.media_addr),
             reason="key mismatch",
         )
-        self._owners.pop(dialog_id, None)
-        del self._sessions[uri]
-        with contextlib.suppress(StoreError):
-            self.service.disconnected(uri, ended=True)
         if dialog.state is DialogState.CONFIRMED:
             self._spawn(self._bye_quietly(dialog))
 
@@ -880,14 +1065,19 @@ class BrokerSipEndpoint:
             return
         del self._sessions[uri]
         self._origins.pop((dialog.call_id, dialog.remote_tag), None)
-        self.log.emit(
+        self.service.disconnected(uri, ended=True)
+        self._log_when_stored(
             "session_ended",
             uri,
             call_id=dialog.call_id,
             addr=addr_text(session.media_addr),
             reason=reason,
         )
-        self.service.disconnected(uri, ended=True)
+
+    def _log_when_stored(self, event: str, uri: str, **fields: FieldValue) -> None:
+        """Log ``event`` once the store writes queued so far ran (whoever reads it finds
+        the session's status written)."""
+        self.worker.post("churn event", self._loop_log.emit, event, uri, **fields)
 
     def kick(self, uri: str) -> bool:
         """End ``uri``'s session now (``mdeci admin kick``): BYE to the agent, delivery
@@ -942,19 +1132,20 @@ class BrokerSipEndpoint:
                 reason=f"contact={event.contact}",
             )
 
-    def expire_now(self) -> int:
+    async def expire_now(self) -> int:
         """Run the binding expiry sweep once; how many bindings ran out. Raises StoreError."""
         if self.registrar is None:
             return 0
-        gone = self.registrar.expire(self.clock())
-        self._drain_registrar()
+        gone = await self.worker.run(StoreBindings(self.store).expire, self.clock())
+        for b in gone:
+            self._log_registrar(RegistrationExpired(b.aor, b.contact, b.source))
         return len(gone)
 
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.expire_interval)
             with contextlib.suppress(StoreError):
-                self.expire_now()
+                await self.expire_now()
 
     # ------------------------------------------------------------------ introspection
 

@@ -11,3 +11,8 @@ class BrokerError(MdeciError):
 
 class SessionKeyError(BrokerError):
     """A session key from SDP cannot key a RUDP association (fewer than 16 bytes)."""
+
+
+class WrongThreadError(BrokerError):
+    """The core was called from a thread other than the one it is bound to (a bug in the
+    glue: only the database thread may touch it, see :mod:`mdeci.broker.worker`)."""

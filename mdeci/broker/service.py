@@ -4,8 +4,11 @@ Glue only, as ``rudp/aio`` is for its core. One :class:`~rudp.aio.RudpEndpoint` 
 every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed by the
 session secret agreed through SDP, docs/security.md) and three kinds of task:
 
-- a reader: ``peer.receive()`` -> ``Broker.handle_frames`` (what every reader received
-  by then, so publishes arriving together share one commit) -> replies sent on the peer;
+- a reader: ``peer.receive()`` -> the inbound queue; one pump task hands what every
+  reader queued by then to ``Broker.handle_frames`` (publishes arriving together share
+  one commit; what arrives while that call runs is the next call's batch, so a busy
+  broker commits once per database round trip, not once per frame) -> replies sent on
+  the peer, in the order the frames came;
 - a delivery task: ``Broker.take_batch`` -> one send task per notify, started in nseq
   order (asyncio runs tasks in creation order, so the RUDP core queues them in order);
   when the batch is empty it waits on the user's wake event, set by the core's
@@ -18,7 +21,20 @@ session secret agreed through SDP, docs/security.md) and three kinds of task:
 A periodic task runs the subscription sweep every ``BrokerCoreConfig.sweep_interval``
 and wakes every delivery task, which also retries a batch a database error stopped.
 
-The store is synchronous; its calls run on the event loop (short transactions).
+Threads: the store is synchronous, and neither it nor the core runs on the event loop.
+Every call into :class:`Broker` goes to one :class:`~mdeci.broker.worker.DbWorker`
+thread, in the order the loop makes them (the SIP endpoint's store calls go to the same
+thread, so a session row is written before its status changes); the core is bound to
+that thread (:meth:`Broker.bind_thread`). Its listener calls and churn events come back
+to the loop through a :class:`~mdeci.broker.worker.LoopQueue`. So a database that hangs
+delays delivery and publishes, never a SIP answer, an RUDP ack or a keepalive.
+
+The loop keeps its own view of who is CONNECTED (:attr:`_UserLink.delivering`, set by
+:meth:`connected`, cleared by :meth:`disconnected` and by a failed send); the core's
+view follows it in the same order, one worker call later. :meth:`is_connected` answers
+from the loop's view. The one read of core state from the loop is the SMS side's
+``sub_class`` (a single dict lookup in the matcher, atomic in CPython; the answer may be
+one call old, as it could be after any await).
 """
 
 from __future__ import annotations
@@ -26,13 +42,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mdeci.broker.core import Broker
 from mdeci.broker.errors import SessionKeyError
 from mdeci.broker.sms import SmsFallback
+from mdeci.broker.worker import DbWorker, LoopQueue, LoopSink
 from mdeci.errors import FrameError
-from mdeci.frames import UNAVAILABLE, Ack, CalendarOk, Error, decode, encode
+from mdeci.frames import UNAVAILABLE, Ack, CalendarOk, Error, Frame, List, Subs, decode, encode
 from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
 from mdeci.store.sessions import SessionStatus
@@ -40,6 +58,9 @@ from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
 from rudp.config import RudpConfig
 
 MIN_KEY_BYTES = 16  # what RudpConnection accepts
+# What a reply other than a listing reserves while its request is handled (see _admit):
+# sub-ok, pub-ok, calendar-ok and error frames are well under this.
+SMALL_REPLY = 256
 
 
 @dataclass(slots=True, eq=False)
@@ -49,12 +70,18 @@ class _UserLink:
     peer: RudpPeer
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     epoch: int = 0
+    delivering: bool = False  # the loop's view of CONNECTED (see the module docstring)
     reader: asyncio.Task[None] | None = None
     delivery: asyncio.Task[None] | None = None
     sends: set[asyncio.Task[None]] = field(default_factory=set)
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
+    listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
     refusing: bool = False  # over the cap: its requests are answered 503, logged once
+
+
+def _nothing() -> None:
+    pass
 
 
 def _addr_text(addr: tuple[str, int]) -> str:
@@ -69,17 +96,35 @@ class BrokerService:
     Build it with :meth:`open`, then :meth:`start` the sweep; :meth:`close` at the end.
     """
 
-    def __init__(self, broker: Broker, endpoint: RudpEndpoint) -> None:
+    def __init__(
+        self, broker: Broker, endpoint: RudpEndpoint, worker: DbWorker | None = None
+    ) -> None:
+        """Build it on the event loop's thread; ``broker`` is bound to ``worker``'s thread
+        (a new one if None; closed by :meth:`close`) and must not be called elsewhere."""
         self.broker = broker
         self.endpoint = endpoint
+        self.worker = worker if worker is not None else DbWorker()
+        self._to_loop = LoopQueue(asyncio.get_running_loop())
         self._users: dict[str, _UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        # Frames received and not yet handled, in arrival order (see _read).
+        # Frames received and not yet handled, in arrival order (see _read), and the task
+        # handing them to the core.
         self._inbound: list[tuple[_UserLink, bytes]] = []
+        self._pump: asyncio.Task[None] | None = None
         # The channel selector and SMS side when set (run_broker; see the sms property).
         self._sms: SmsFallback | None = None
         self.refused_requests = 0  # requests answered 503 or dropped by _admit
         broker.listener = self
+        # A broker served again by a new service (a restart in-process) is not wrapped twice.
+        sink = broker.log.sink if isinstance(broker.log, LoopSink) else broker.log
+        broker.log = LoopSink(sink, self._to_loop)
+        self._closed = False
+        broker.bind_thread(self.worker.thread_id)
+
+    @property
+    def to_loop(self) -> LoopQueue:
+        """Where calls made on the database thread are handed back to the event loop."""
+        return self._to_loop
 
     @property
     def sms(self) -> SmsFallback | None:
@@ -91,10 +136,10 @@ class BrokerService:
         self._sms = sms
         if sms is not None:
             sms.tell = self._tell
-            sms.connected = self.broker.is_connected
+            sms.connected = self.is_connected
             sms.handle_frame = self._sms_frame
             sms.sub_class = self._sub_class
-            sms.delivered = self.broker.delivered_elsewhere
+            sms.delivered = self._sms_delivered
 
     @classmethod
     async def open(
@@ -131,9 +176,12 @@ class BrokerService:
         new key replaces it with a fresh one. The same key while still CONNECTED is a
         move: delivery goes on where it was, at the new address (nothing sent twice).
 
+        The core hears of it on the database thread, before anything queued later; a
+        status that cannot be stored is logged (``database_error``), and delivery
+        starts anyway.
+
         Raises:
             SessionKeyError: ``key`` is shorter than 16 bytes.
-            StoreError: the status could not be stored (delivery starts anyway).
         """
         if len(key) < MIN_KEY_BYTES:
             raise SessionKeyError(f"session key of {len(key)} bytes; need {MIN_KEY_BYTES}")
@@ -141,14 +189,14 @@ class BrokerService:
         if link is not None and link.key != key:
             self._drop(link)
             link = None
-        if link is not None and link.peer.connected and self.broker.is_connected(uri):
+        if link is not None and link.peer.connected and link.delivering:
             # The same association, delivering: only the path changed. RUDP resends what
             # is in flight to the new address itself; restarting the stream from the
             # lowest un-acked nseq would send the whole window again on every move, and a
             # device moving often would spend its link on copies.
             # (A new address also gives the association a fresh retry budget.)
             link.peer.set_address(media_addr)
-            self.broker.mark_moved(uri, _addr_text(media_addr))
+            self.worker.post("media moved", self.broker.mark_moved, uri, _addr_text(media_addr))
             link.wake.set()
             return
         if link is None:
@@ -165,28 +213,32 @@ class BrokerService:
         # believes it is CONNECTED, has no reason to re-INVITE).
         link.peer.reset()
         link.epoch += 1
+        link.delivering = True
         if self.sms is not None:
             self.sms.ip_back(uri)
-        try:
-            self.broker.mark_connected(uri, _addr_text(media_addr))
-        finally:
-            link.delivery = asyncio.create_task(self._deliver(link, link.epoch))
+        # Posted before the delivery task's first take_batch: the worker runs them in order.
+        self.worker.post("session status", self.broker.mark_connected, uri, _addr_text(media_addr))
+        link.delivery = asyncio.create_task(self._deliver(link, link.epoch))
 
     def disconnected(self, uri: str, *, ended: bool = False) -> None:
         """The SIP layer lost ``uri``'s session (``ended``: BYE): stop and forget its peer.
 
-        Its queue stays; the next :meth:`connected` flushes it.
-
-        Raises:
-            StoreError: the status could not be stored (delivery is stopped anyway).
+        Its queue stays; the next :meth:`connected` flushes it. The core hears of it on
+        the database thread; a status that cannot be stored is logged.
         """
         link = self._users.pop(uri, None)
         if link is not None:
             self._drop(link)
         status = SessionStatus.ENDED if ended else SessionStatus.DISCONNECTED
-        self.broker.mark_disconnected(uri, "session ended" if ended else "sip", status)
+        reason = "session ended" if ended else "sip"
+        self.worker.post("session status", self.broker.mark_disconnected, uri, reason, status)
         if self.sms is not None and not ended:
-            self.sms.kick(uri)
+            self._after_db(self.sms.kick, uri)
+
+    async def settled(self) -> None:
+        """Return once the database thread ran every call queued so far (e.g. the status
+        writes of :meth:`connected` and :meth:`disconnected`)."""
+        await self.worker.run(_nothing)
 
     def heard_from(self, uri: str) -> bool:
         """True once an authentic datagram came from ``uri``'s current RUDP association
@@ -195,31 +247,47 @@ class BrokerService:
         return link is not None and link.peer.stats.packets_received > 0
 
     def is_connected(self, uri: str) -> bool:
-        """True while notifications are being sent to ``uri``."""
-        return self.broker.is_connected(uri)
+        """True while notifications are being sent to ``uri`` (the loop's view)."""
+        link = self._users.get(uri)
+        return link is not None and link.delivering
 
     async def close(self) -> None:
-        """Stop every task and close the endpoint. Queues and statuses stay stored."""
+        """Stop every task and close the endpoint. Queues and statuses stay stored.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         tasks: list[asyncio.Task[None]] = []
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            tasks.append(self._sweeper)
-            self._sweeper = None
+        for task in (self._sweeper, self._pump):
+            if task is not None:
+                task.cancel()
+                tasks.append(task)
+        self._sweeper = self._pump = None
         for link in self._users.values():
             tasks.extend(self._drop(link))
         self._users.clear()
         with contextlib.suppress(StoreError):
-            self.broker.flush_acks()  # held acks are only saved work: never fail close
+            # Held acks are only saved work: never fail close. Queued behind every call
+            # made so far, so once it returns the worker has nothing left to run.
+            await self.worker.run(self.broker.flush_acks)
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.endpoint.close()
+        self.worker.close()
 
     # ------------------------------------------------------------------ QueueListener
+    # Called by the core on the database thread; handled on the loop.
 
     def queued(self, uri: str) -> None:
-        self.acked(uri)
+        self._to_loop.call(self._queued, uri)
+
+    def acked(self, uri: str) -> None:
+        self._to_loop.call(self._wake, uri)
+
+    def _queued(self, uri: str) -> None:
+        self._wake(uri)
         if self.sms is not None:
-            connected = self.broker.is_connected(uri)
             link = self._users.get(uri)
+            connected = link is not None and link.delivering
             if connected and link is not None:
                 conn = link.peer.connection
                 srtt = conn.rto.srtt
@@ -238,19 +306,31 @@ class BrokerService:
         return None if compiled is None else compiled.sub.qclass
 
     def _sms_frame(self, uri: str, data: bytes) -> None:
-        """A ``pub`` or ``ack`` from ``uri``'s phone by SMS: handled as over IP; the
-        answers stay here (an ``error`` is logged by the core's churn events)."""
-        self.broker.handle_frame(uri, data)
+        """A ``pub`` or ``ack`` from ``uri``'s phone by SMS: handled as over IP (on the
+        database thread, in order); the answers stay there (an ``error`` is logged by
+        the core's churn events)."""
+        self.worker.post("sms frame", self.broker.handle_frame, uri, data)
+
+    def _sms_delivered(self, uri: str, nseq: int) -> None:
+        """``uri``'s ``nseq`` went by SMS: the core forgets it was also in flight over IP
+        (on the database thread, in order)."""
+        self.worker.post("sms delivered", self.broker.delivered_elsewhere, uri, nseq)
 
     def _tell(self, uri: str, data: bytes) -> bool:
         """Send a broker-initiated frame (e.g. ``limit``) to ``uri`` if it is CONNECTED."""
         link = self._users.get(uri)
-        if link is None or not self.broker.is_connected(uri):
+        if link is None or not link.delivering:
             return False
         self._spawn_send(link, data)
         return True
 
-    def acked(self, uri: str) -> None:
+    def _after_db(self, fn: Callable[[str], object], uri: str) -> None:
+        """``fn(uri)`` on the loop once the database thread ran every call queued so far:
+        the SMS side reads the queue, so the disconnection's held acks must be applied
+        first (or it would send by SMS what the user acknowledged over IP)."""
+        self.worker.post("hand back", self._to_loop.call, fn, uri)
+
+    def _wake(self, uri: str) -> None:
         link = self._users.get(uri)
         if link is not None:
             link.wake.set()
@@ -262,6 +342,7 @@ class BrokerService:
         for task in tasks:
             task.cancel()
         link.epoch += 1  # whatever still completes belongs to no connection
+        link.delivering = False
         self.endpoint.remove_peer(link.key)
         return tasks
 
@@ -271,14 +352,24 @@ class BrokerService:
             # Handled once every reader has taken what already arrived (a reader does not
             # yield while its inbox has frames), so that publishes arriving together share
             # one commit (Broker.handle_frames); frames keep their arrival order.
-            if not self._inbound:
-                asyncio.get_running_loop().call_soon(self._handle_inbound)
             self._inbound.append((link, data))
+            if self._pump is None:
+                self._pump = asyncio.create_task(self._handle_inbound())
 
-    def _handle_inbound(self) -> None:
-        batch, self._inbound = self._inbound, []
-        batch = [(link, data) for link, data in batch if self._admit(link, data)]
-        replies = self.broker.handle_frames([(link.uri, data) for link, data in batch])
+    async def _handle_inbound(self) -> None:
+        try:
+            while self._inbound:
+                batch, self._inbound = self._inbound, []
+                reserved: dict[_UserLink, int] = {}
+                batch = [(link, data) for link, data in batch if self._admit(link, data, reserved)]
+                replies = await self.worker.run(
+                    self.broker.handle_frames, [(link.uri, data) for link, data in batch]
+                )
+                self._reply(batch, replies)
+        finally:
+            self._pump = None
+
+    def _reply(self, batch: list[tuple[_UserLink, bytes]], replies: list[list[Frame]]) -> None:
         for (link, _), frames in zip(batch, replies, strict=True):
             if self._users.get(link.uri) is not link:
                 continue  # dropped meanwhile: as if its reader had been cancelled first
@@ -289,26 +380,34 @@ class BrokerService:
                     reply = encode(frame)
                 except FrameError as exc:  # e.g. a `subs` listing over the frame limit
                     reply = encode(Error(req=exc.req, code=exc.code, message=exc.message))
+                if isinstance(frame, Subs):
+                    link.listing_bytes = len(reply)  # what the next `list` will reserve
                 self._spawn_reply(link, reply)
 
-    def _admit(self, link: _UserLink, data: bytes) -> bool:
+    def _admit(self, link: _UserLink, data: bytes, reserved: dict[_UserLink, int]) -> bool:
         """Whether to handle this frame: yes, unless its user holds more than
         ``max_unacked_reply_bytes`` of our replies unacknowledged and it is a request
         (an ``ack`` always passes: it is how the user gets below the cap again).
 
+        The replies of the frames admitted in this round are not sent yet, so each
+        admitted request reserves what its reply will likely take (``reserved``): the
+        size of the user's last listing for a ``list``, ``SMALL_REPLY`` for the rest.
         A refused request is answered ``error`` 503 while the user holds less than
         twice the cap, and dropped beyond that, so the memory one user can hold stays
         bounded whatever it sends; the first refusal of a streak is logged.
         """
-        cap = self.broker.config.max_unacked_reply_bytes
-        if link.reply_bytes <= cap:
-            link.refusing = False
-            return True
         try:
-            frame = decode(data)
+            frame: Frame | None = decode(data)
         except FrameError:
-            frame = None
+            frame = None  # the core answers it (400); a small reply
         if isinstance(frame, Ack):
+            return True
+        cap = self.broker.config.max_unacked_reply_bytes
+        held = link.reply_bytes + reserved.get(link, 0)
+        if held <= cap:
+            link.refusing = False
+            cost = link.listing_bytes if isinstance(frame, List) else SMALL_REPLY
+            reserved[link] = reserved.get(link, 0) + cost
             return True
         if not link.refusing:
             link.refusing = True
@@ -316,10 +415,10 @@ class BrokerService:
                 "requests_refused",
                 level=logging.WARNING,
                 uri=link.uri,
-                reason=f"{link.reply_bytes} bytes of replies unacknowledged (cap {cap})",
+                reason=f"{held} bytes of replies unacknowledged (cap {cap})",
             )
         self.refused_requests += 1
-        if link.reply_bytes <= 2 * cap:
+        if held <= 2 * cap:
             req = getattr(frame, "req", None)
             text = "too many unacknowledged replies; acknowledge, then retry"
             self._spawn_reply(link, encode(Error(req=req, code=UNAVAILABLE, message=text)))
@@ -337,9 +436,13 @@ class BrokerService:
     async def _deliver(self, link: _UserLink, epoch: int) -> None:
         while link.epoch == epoch:
             try:
-                batch = self.broker.take_batch(link.uri)
+                batch = await self.worker.run(self.broker.take_batch, link.uri)
             except StoreError:
                 batch = []  # retried on the next wake (publish, ack or sweep tick)
+            if link.epoch != epoch:
+                # (Re)connected or dropped during the call: the mark_* queued behind it
+                # put what it took back to be sent from the lowest un-acked nseq.
+                return
             if not batch:
                 await link.wake.wait()
                 link.wake.clear()
@@ -362,17 +465,18 @@ class BrokerService:
     def _unreachable(self, link: _UserLink, epoch: int, reason: str) -> None:
         if epoch != link.epoch or self._users.get(link.uri) is not link:
             return  # a send of an earlier connection: its failure says nothing now
-        if not self.broker.is_connected(link.uri):
+        if not link.delivering:
             return
         if link.delivery is not None:
             link.delivery.cancel()
             link.delivery = None
-        # The in-memory state changed already; the stored status follows at the next
-        # change if the database is down now.
-        with contextlib.suppress(StoreError):
-            self.broker.mark_disconnected(link.uri, f"rudp: {reason}")
+        link.delivering = False
+        # The stored status follows at the next change if the database is down now.
+        self.worker.post(
+            "session status", self.broker.mark_disconnected, link.uri, f"rudp: {reason}"
+        )
         if self.sms is not None:
-            self.sms.kick(link.uri)
+            self._after_db(self.sms.kick, link.uri)
 
     def _heard(self, link: _UserLink) -> None:
         """An authenticated packet (a frame, an ack or a keepalive PING) came from a user
@@ -383,16 +487,15 @@ class BrokerService:
         our retries go to its old address, never got its queue: its own keepalives are
         still acknowledged, so it sends no frame and no re-INVITE, while we waited for one.
         """
-        if self._users.get(link.uri) is not link or self.broker.is_connected(link.uri):
+        if self._users.get(link.uri) is not link or link.delivering:
             return
         # A failed status write leaves delivery enabled; the store follows at the next change.
-        with contextlib.suppress(StoreError):
-            self.connected(link.uri, link.peer.addr, link.key)
+        self.connected(link.uri, link.peer.addr, link.key)
 
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(self.broker.config.sweep_interval)
             with contextlib.suppress(StoreError):
-                self.broker.sweep()
+                await self.worker.run(self.broker.sweep)
             for link in self._users.values():
                 link.wake.set()

@@ -394,7 +394,7 @@ class Story:
         depth = 0
         sees = "-"
         if broker is not None:
-            sees = "CONNECTED" if broker.broker.is_connected(ALICE) else "DISCONNECTED"
+            sees = "CONNECTED" if broker.service.is_connected(ALICE) else "DISCONNECTED"
             with contextlib.suppress(StoreError):
                 depth = broker.store.queues.depth(ALICE)
         status, addr = "-", "-"

@@ -89,7 +89,10 @@ class BrokerProc:
         self.sip = sip
 
     @classmethod
-    async def start(cls, tmp: Path, store_url: str, users: list[str]) -> BrokerProc:
+    async def start(
+        cls, tmp: Path, store_url: str, users: list[str], *, root: Path | None = None
+    ) -> BrokerProc:
+        """``root``: the source tree whose broker runs (default: this one)."""
         lines = [
             'node = "bench"',
             f'domain = "{DOMAIN}"',
@@ -108,7 +111,7 @@ class BrokerProc:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, *PROFILE, "-m", "mdeci", "broker", "--config", str(config),
             "--listen-sip", f"{HOST}:0", "--listen-media", f"{HOST}:0",
-            cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+            cwd=ROOT if root is None else root, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()

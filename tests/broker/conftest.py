@@ -82,6 +82,16 @@ def store(request: pytest.FixtureRequest) -> Iterator[BrokerStore]:
         eng.dispose()
 
 
+@pytest.fixture
+def pg_store(request: pytest.FixtureRequest) -> Iterator[BrokerStore]:
+    """A BrokerStore on a fresh migrated PostgreSQL schema (skipped unless MDECI_TEST_PG_URL)."""
+    eng = _engine(request, "postgresql")
+    try:
+        yield BrokerStore(eng)
+    finally:
+        eng.dispose()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def any_store(request: pytest.FixtureRequest) -> Iterator[BrokerStore]:
     """A BrokerStore on SQLite, then on PostgreSQL (skipped unless MDECI_TEST_PG_URL)."""

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mdeci.broker import Broker, BrokerService, SessionKeyError
+from mdeci.broker import BrokerService, SessionKeyError
 from mdeci.config import QueueConfig, SubscriptionConfig
 from mdeci.frames import (
     Ack,
@@ -95,9 +95,10 @@ async def service(
         await svc.close()
 
 
-def publish(broker: Broker, *msg_ids: str) -> None:
+async def publish(service: BrokerService, *msg_ids: str) -> None:
     for msg_id in msg_ids:
-        [reply] = broker.handle(FEED, Pub(req=1, msg_id=msg_id, subject="news.rio"))
+        pub = Pub(req=1, msg_id=msg_id, subject="news.rio")
+        [reply] = await service.worker.run(service.broker.handle, FEED, pub)
         assert isinstance(reply, PubOk), reply
 
 
@@ -127,8 +128,8 @@ async def test_delivery_in_order_exactly_once_through_the_window(
 ) -> None:
     broker = service.broker
     add_session(store, ALICE)
-    broker.handle(ALICE, Sub(req=1, subject="news.*"))
-    publish(broker, *(f"m{n}" for n in range(1, 11)))  # queued before the session
+    await service.worker.run(broker.handle, ALICE, Sub(req=1, subject="news.*"))
+    await publish(service, *(f"m{n}" for n in range(1, 11)))  # queued before the session
     agent = await Agent.open(service.local_addr)
     try:
         service.connected(ALICE, agent.addr, agent.key)
@@ -137,16 +138,16 @@ async def test_delivery_in_order_exactly_once_through_the_window(
             notify = await agent.next_notify()
             seen.append(notify.nseq)
             # Never more than the window (4) un-acked.
-            assert len(broker.in_flight(ALICE)) <= 4
+            assert len(await service.worker.run(broker.in_flight, ALICE)) <= 4
             if len(seen) == 3:
-                publish(broker, *(f"m{n}" for n in range(11, 26)))  # pushed while running
+                await publish(service, *(f"m{n}" for n in range(11, 26)))  # pushed while running
             if len(seen) % 2 == 0 or len(seen) == 25:
                 await agent.send(Ack(upto=notify.nseq))
         assert seen == list(range(1, 26))
         await sink.wait_for("notify_delivered", ALICE, count=25)
-        assert broker.in_flight(ALICE) == ()
+        assert await service.worker.run(broker.in_flight, ALICE) == ()
         # Nothing is sent twice: the next notify the agent sees is a new one.
-        publish(broker, "m26")
+        await publish(service, "m26")
         assert (await agent.next_notify()).nseq == 26
         assert agent.frames.empty()
         # The delivery task applied the held ack (upto 25) before it sent nseq 26.
@@ -161,17 +162,17 @@ async def test_unreachable_agent_is_disconnected_and_flushed_in_order_on_return(
     broker = service.broker
     loop = asyncio.get_running_loop()
     add_session(store, ALICE)
-    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    await service.worker.run(broker.handle, ALICE, Sub(req=1, subject="news.rio"))
     agent = await Agent.open(service.local_addr)
     service.connected(ALICE, agent.addr, agent.key)
-    publish(broker, "m1", "m2", "m3")
+    await publish(service, "m1", "m2", "m3")
     assert [(await agent.next_notify()).nseq for _ in range(3)] == [1, 2, 3]
     await agent.send(Ack(upto=1))
     await sink.wait_for("notify_delivered", ALICE)
     await agent.close()  # the device leaves: nothing answers at its address any more
 
     started = loop.time()
-    publish(broker, "m4")  # sent, never acknowledged
+    await publish(service, "m4")  # sent, never acknowledged
     gone = await asyncio.wait_for(sink.wait_for("media_disconnected", ALICE), GUARD)
     assert loop.time() - started <= FAILURE_TIME + 1.0
     assert "rudp" in str(gone.fields["reason"])
@@ -179,7 +180,7 @@ async def test_unreachable_agent_is_disconnected_and_flushed_in_order_on_return(
     session = store.sessions.get_session(ALICE)
     assert session is not None and session.status is SessionStatus.DISCONNECTED
 
-    publish(broker, "m5", "m6")  # queued while DISCONNECTED
+    await publish(service, "m5", "m6")  # queued while DISCONNECTED
     assert [n.nseq for n in store.queues.pending(ALICE)] == [2, 3, 4, 5, 6]
 
     # The device is back on a new port (a new RUDP association: new key in the re-INVITE).
@@ -187,6 +188,7 @@ async def test_unreachable_agent_is_disconnected_and_flushed_in_order_on_return(
     back_addr = back.addr
     try:
         service.connected(ALICE, back_addr, back.key)
+        await service.settled()
         session = store.sessions.get_session(ALICE)
         assert session is not None and session.status is SessionStatus.CONNECTED
         seen = [(await back.next_notify()).nseq for _ in range(4)]
@@ -195,7 +197,7 @@ async def test_unreachable_agent_is_disconnected_and_flushed_in_order_on_return(
         assert (await back.next_notify()).nseq == 6
         await back.send(Ack(upto=6))
         await sink.wait_for("notify_delivered", ALICE, count=6)
-        publish(broker, "m7")
+        await publish(service, "m7")
         assert (await back.next_notify()).nseq == 7  # and nothing re-sent before it
         assert back.frames.empty()
         assert [n.nseq for n in store.queues.pending(ALICE)] == [7]  # acks applied
@@ -213,11 +215,11 @@ async def test_reinvite_with_the_same_key_from_a_new_address_sends_nothing_twice
     (it did, on every move, and a device moving often got mostly copies)."""
     broker = service.broker
     add_session(store, ALICE)
-    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    await service.worker.run(broker.handle, ALICE, Sub(req=1, subject="news.rio"))
     agent = await Agent.open(service.local_addr)
     try:
         service.connected(ALICE, agent.addr, agent.key)
-        publish(broker, "m1", "m2")
+        await publish(service, "m1", "m2")
         assert [(await agent.next_notify()).nseq for _ in range(2)] == [1, 2]
         await agent.send(Ack(upto=1))
         await sink.wait_for("notify_delivered", ALICE)
@@ -227,7 +229,7 @@ async def test_reinvite_with_the_same_key_from_a_new_address_sends_nothing_twice
         moved = await sink.wait_for("media_connected", ALICE, count=2)
         assert moved.fields["prev_addr"] == f"{old_addr[0]}:{old_addr[1]}"
         assert moved.fields["addr"] == f"{agent.addr[0]}:{agent.addr[1]}"
-        publish(broker, "m3")
+        await publish(service, "m3")
         # Not nseq 2 again: the next notify is the new one.
         assert (await agent.next_notify()).nseq == 3
         await agent.send(Ack(upto=3))
@@ -248,12 +250,12 @@ async def test_reinvite_after_a_delivery_failure_resends_unacked(
     key's re-INVITE restarts the stream from the lowest un-acked nseq."""
     broker = service.broker
     add_session(store, ALICE)
-    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    await service.worker.run(broker.handle, ALICE, Sub(req=1, subject="news.rio"))
     agent = await Agent.open(service.local_addr)
     try:
         service.connected(ALICE, agent.addr, agent.key)
         agent.endpoint.drop_incoming = True  # the device stops hearing us
-        publish(broker, "m1")
+        await publish(service, "m1")
         await asyncio.wait_for(sink.wait_for("media_disconnected", ALICE), GUARD)
         agent.endpoint.drop_incoming = False
         service.connected(ALICE, agent.addr, agent.key)  # the re-INVITE
@@ -270,14 +272,15 @@ async def test_bye_stops_delivery_and_keeps_the_queue(
 ) -> None:
     broker = service.broker
     add_session(store, ALICE)
-    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    await service.worker.run(broker.handle, ALICE, Sub(req=1, subject="news.rio"))
     agent = await Agent.open(service.local_addr)
     try:
         service.connected(ALICE, agent.addr, agent.key)
         service.disconnected(ALICE, ended=True)
+        await service.settled()
         session = store.sessions.get_session(ALICE)
         assert session is not None and session.status is SessionStatus.ENDED
-        publish(broker, "m1")
+        await publish(service, "m1")
         assert not service.is_connected(ALICE)
         assert [n.nseq for n in store.queues.pending(ALICE)] == [1]
         with pytest.raises(SessionKeyError):
@@ -312,18 +315,18 @@ async def test_a_peer_heard_again_by_keepalives_alone_is_served(
     PINGs alone must bring delivery back (the stall seen under rapid handovers)."""
     broker = service.broker
     add_session(store, ALICE)
-    broker.handle(ALICE, Sub(req=1, subject="news.rio"))
+    await service.worker.run(broker.handle, ALICE, Sub(req=1, subject="news.rio"))
     chatty = dataclasses.replace(FAST, keepalive_interval=0.05, max_retries=200)
     endpoint = await RudpEndpoint.open(HOST, 0, config=chatty)
     key = secrets.token_bytes(32)
     agent = Agent(endpoint, endpoint.peer(key, service.local_addr), key)
     try:
         service.connected(ALICE, agent.addr, key)
-        publish(broker, "m1")
+        await publish(service, "m1")
         assert (await agent.next_notify()).nseq == 1
         await agent.send(Ack(upto=1))
         endpoint.drop_incoming = True  # the device hears nothing: the broker gives up
-        publish(broker, "m2")
+        await publish(service, "m2")
         await asyncio.wait_for(sink.wait_for("media_disconnected", ALICE), GUARD)
         endpoint.drop_incoming = False  # it hears again, and sends only keepalives
         assert (await agent.next_notify()).nseq == 2
@@ -345,7 +348,8 @@ async def test_a_user_that_does_not_acknowledge_cannot_grow_the_broker(
     service = await BrokerService.open(broker, HOST, 0, patient)
     add_session(store, ALICE)
     for n in range(60):
-        [ok] = broker.handle(ALICE, Sub(req=n, subject=f"news.region-{n:03d}.{'x' * 60}"))
+        sub = Sub(req=n, subject=f"news.region-{n:03d}.{'x' * 60}")
+        [ok] = await service.worker.run(broker.handle, ALICE, sub)
         assert isinstance(ok, SubOk)
     # A window wide enough for the 80 requests to leave while nothing comes back.
     key = secrets.token_bytes(32)

@@ -273,7 +273,7 @@ async def test_unregister_and_expiry_are_logged(
     assert (await sink.wait_for("unregistered", ALICE)).uri == ALICE
     assert store.bindings.bindings(ALICE, clock()) == []
     clock.advance(61)
-    assert running.endpoint.expire_now() == 1
+    assert await running.endpoint.expire_now() == 1
     assert (await sink.wait_for("registration_expired", BOB)).uri == BOB
     assert store.bindings.bindings(BOB, clock()) == []
 

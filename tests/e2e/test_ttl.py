@@ -85,7 +85,7 @@ async def test_ttl_expiry_queued_delivery_and_restart(tmp_path: Path) -> None:
         assert await _published(bob, "keep.c", "keep.c") == 1
         alive = store2.subscriptions.list_subscriptions(ALICE, clock())
         assert [s.subject for s in alive] == ["keep.*"]
-        swept = broker.broker.sweep()
+        swept = await broker.service.worker.run(broker.broker.sweep)
         assert [s.subject for s in swept] == ["news.*"]
 
         # Alice comes back: everything queued before expiry arrives, in order, once.

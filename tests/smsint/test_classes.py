@@ -76,17 +76,23 @@ async def test_publish_class_is_checked_and_stored(
     net = network(SmscConfig(), 1)
     broker = await start_broker(tmp_path, store, clock, sink, sms_config(), net.gateway(BROKER_NO))
     try:
-        core = broker.broker
-        sub = core.handle(ALICE, Sub(req=1, subject="a.*"))
+        core, on_core = broker.broker, broker.service.worker.run  # the core's own thread
+        sub = await on_core(core.handle, ALICE, Sub(req=1, subject="a.*"))
         assert sub[0].op == "sub-ok"
-        (bad,) = core.handle(BOB, Pub(req=2, msg_id="m1", subject="a.b", qclass="vip"))
+        (bad,) = await on_core(
+            core.handle, BOB, Pub(req=2, msg_id="m1", subject="a.b", qclass="vip")
+        )
         assert bad.op == "error" and "unknown queue class" in str(bad)
         assert store.queues.pending(ALICE) == []
-        (ok,) = core.handle(BOB, Pub(req=3, msg_id="m2", subject="a.b", qclass="urgent"))
+        (ok,) = await on_core(
+            core.handle, BOB, Pub(req=3, msg_id="m2", subject="a.b", qclass="urgent")
+        )
         assert ok.op == "pub-ok"
         (row,) = store.queues.pending(ALICE)
         assert row.qclass == "urgent" and row.urgent  # a class that may use SMS
-        (ok,) = core.handle(BOB, Pub(req=4, msg_id="m3", subject="a.b", qclass="bulk"))
+        (ok,) = await on_core(
+            core.handle, BOB, Pub(req=4, msg_id="m3", subject="a.b", qclass="bulk")
+        )
         rows = store.queues.pending(ALICE)
         assert (rows[1].qclass, rows[1].urgent) == ("bulk", False)
     finally:

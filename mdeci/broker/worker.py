@@ -1,0 +1,146 @@
+"""The broker's database thread: every call into the core and the store, off the event loop.
+
+Theory of operation
+-------------------
+The store is synchronous (SQLAlchemy); a slow or hung database (a lock held by another
+connection, a network stall up to the store's statement timeout) would stop every SIP
+transaction and RUDP timer of the process if its calls ran on the event loop (issue 12).
+So the asyncio glue (:mod:`mdeci.broker.service`, :mod:`mdeci.broker.endpoint`) never
+calls the store or :class:`~mdeci.broker.core.Broker` itself: it hands each call to ONE
+:class:`DbWorker` thread and awaits the result (:meth:`DbWorker.run`), or only queues
+it when nothing waits for the answer (:meth:`DbWorker.post`).
+
+One thread, first in first out, is what keeps the core's rules without a lock:
+
+- the core stays single-threaded and sans-IO: only this thread runs it once a service
+  owns it (:meth:`Broker.bind_thread` makes any other caller fail loudly);
+- calls run in the order the loop made them, so the loop's order of events is the
+  core's: a ``mark_connected`` posted before a ``take_batch`` runs before it, a
+  publish's ``pub-ok`` is built after its commit and sent after the call returned,
+  an ack held by the core is applied before a later read of the queue;
+- a task cancelled while its call runs (a delivery task stopped by a disconnection)
+  loses only the answer: the state change it made is undone by the call that caused
+  the cancellation, queued behind it (``mark_connected`` / ``mark_disconnected`` reset
+  the window; what was taken and not sent is sent again from the lowest un-acked nseq).
+
+What the core tells the loop (``QueueListener`` calls, churn events) arrives on this
+thread and is handed back with ``call_soon_threadsafe`` (:class:`LoopSink`), in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from mdeci.broker.sink import ChurnSink, FieldValue
+from mdeci.oplog import event as oplog_event
+from mdeci.store.errors import StoreError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+log = logging.getLogger("mdeci.broker")
+
+
+class DbWorker:
+    """One thread running the broker's core and store calls in submission order."""
+
+    def __init__(self, name: str = "mdeci-db") -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._closed = False
+        self.thread_id: int = self._pool.submit(threading.get_ident).result()
+
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` on the worker thread; its result or its exception.
+
+        Cancelling the caller does not stop a call already running (see the module
+        docstring for why that is safe for the broker's calls).
+        """
+        future = self._pool.submit(fn, *args, **kwargs)
+        return await asyncio.wrap_future(future)
+
+    def post(self, what: str, fn: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
+        """Queue ``fn(*args, **kwargs)`` behind every call made so far; nobody waits.
+
+        A :class:`StoreError` is logged as ``database_error`` with ``where=what`` (the
+        write is one the next change repeats, e.g. a session status); any other error
+        is logged with its traceback.
+        """
+        if self._closed:
+            return
+        self._pool.submit(_logged, what, functools.partial(fn, *args, **kwargs))
+
+    def on_thread(self) -> bool:
+        """True when called from the worker thread."""
+        return threading.get_ident() == self.thread_id
+
+    def close(self) -> None:
+        """Run what was queued, then stop the thread (idempotent)."""
+        self._closed = True
+        self._pool.shutdown(wait=True)
+
+
+def _logged(what: str, call: Callable[[], object]) -> None:
+    try:
+        call()
+    except StoreError as exc:
+        oplog_event("database_error", level=logging.ERROR, where=what, error=str(exc))
+    except Exception:
+        log.exception("%s failed on the database thread", what)
+
+
+class LoopQueue:
+    """Calls made from any thread, run on the event loop in the order they were made.
+
+    One loop wake-up per burst, not per call: a drain calls back once per ack.
+    Built on the loop's thread; a call made on that thread runs at once (after what the
+    worker queued earlier, to keep the order).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self._pending: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def call(self, fn: Callable[..., object], *args: object) -> None:
+        if threading.get_ident() == self._loop_thread:
+            self._flush()
+            fn(*args)
+            return
+        with self._lock:
+            self._pending.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, deque()
+            self._scheduled = False
+        for fn, args in batch:
+            fn(*args)
+
+
+class LoopSink:
+    """A :class:`ChurnSink` that may be called from any thread and writes to ``sink`` on
+    the event loop, in call order (the churn log and the metrics are the loop's)."""
+
+    def __init__(self, sink: ChurnSink, queue: LoopQueue) -> None:
+        self.sink = sink
+        self._queue = queue
+
+    def emit(self, event: str, uri: str, **fields: FieldValue) -> None:
+        self._queue.call(self._emit, event, uri, fields)
+
+    def _emit(self, event: str, uri: str, fields: dict[str, FieldValue]) -> None:
+        self.sink.emit(event, uri, **fields)

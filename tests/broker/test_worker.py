@@ -1,0 +1,107 @@
+"""The database thread (mdeci/broker/worker.py): order, the core's thread binding, the
+hand-back to the loop, and the bounded HA1 cache of the SIP side."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from mdeci.broker import BrokerService
+from mdeci.broker.endpoint import CachedCredentials
+from mdeci.broker.errors import WrongThreadError
+from mdeci.broker.worker import DbWorker, LoopQueue
+from mdeci.frames import Sub, SubOk
+from mdeci.store.repo import BrokerStore
+from tests.broker.conftest import FakeClock, WaitingSink, make_broker
+from tests.broker.test_service import FAST, HOST
+
+ALICE = "sip:alice@example.com"
+
+
+async def test_calls_run_on_one_thread_in_the_order_they_were_made() -> None:
+    worker = DbWorker()
+    try:
+        seen: list[tuple[int, int]] = []
+
+        def note(n: int) -> None:
+            seen.append((n, threading.get_ident()))
+
+        for n in range(50):
+            worker.post("test", note, n)
+        last = await worker.run(lambda: len(seen))
+        assert last == 50
+        assert [n for n, _ in seen] == list(range(50))
+        assert {t for _, t in seen} == {worker.thread_id} != {threading.get_ident()}
+    finally:
+        worker.close()
+
+
+async def test_a_failed_posted_call_is_logged_and_the_next_ones_run() -> None:
+    worker = DbWorker()
+    try:
+
+        def boom() -> None:
+            raise ValueError("bug")
+
+        worker.post("test", boom)
+        assert await worker.run(lambda: "still serving") == "still serving"
+    finally:
+        worker.close()
+
+
+async def test_the_core_refuses_calls_from_the_loop_once_a_service_owns_it(
+    store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    broker = make_broker(store, clock, sink)
+    service = await BrokerService.open(broker, HOST, 0, FAST)
+    try:
+        with pytest.raises(WrongThreadError):
+            broker.handle(ALICE, Sub(req=1, subject="a.b"))
+        assert store.subscriptions.list_subscriptions(ALICE, clock()) == []  # no change
+        [ok] = await service.worker.run(broker.handle, ALICE, Sub(req=1, subject="a.b"))
+        assert isinstance(ok, SubOk)
+        # Its churn event was made on the worker and reaches the sink on the loop.
+        event = await asyncio.wait_for(sink.wait_for("subscription_added", ALICE), 10)
+        assert "a.b" in str(event.fields["reason"])
+    finally:
+        await service.close()
+        await service.close()  # idempotent
+
+
+async def test_calls_handed_back_to_the_loop_keep_their_order() -> None:
+    loop = asyncio.get_running_loop()
+    queue = LoopQueue(loop)
+    worker = DbWorker()
+    got: list[tuple[int, bool]] = []
+    loop_thread = threading.get_ident()
+    done = asyncio.Event()
+    try:
+
+        def note(n: int) -> None:
+            got.append((n, threading.get_ident() == loop_thread))
+
+        def from_worker() -> None:
+            for n in range(100):
+                queue.call(note, n)
+            queue.call(done.set)
+
+        await worker.run(from_worker)
+        await asyncio.wait_for(done.wait(), 10)
+        assert got == [(n, True) for n in range(100)]
+    finally:
+        worker.close()
+
+
+def test_the_ha1_cache_is_bounded_and_forgets_the_least_recent(store: BrokerStore) -> None:
+    store.users.add_user("sip:a@d", "d", "pw-a", username="a")
+    store.users.add_user("sip:b@d", "d", "pw-b", username="b")
+    cache = CachedCredentials(store, ("SHA-256",), size=1)
+    assert cache.ha1("a", "d", "SHA-256") is None  # never fetched: unknown
+    cache.keep(cache.fetch("a", "d"))
+    a = cache.ha1("a", "d", "SHA-256")
+    assert a is not None and a == store.users.get_credentials("a", "d", "SHA-256")
+    cache.keep(cache.fetch("b", "d"))
+    assert cache.ha1("b", "d", "SHA-256") is not None
+    assert cache.ha1("a", "d", "SHA-256") is None  # dropped: one entry at most
