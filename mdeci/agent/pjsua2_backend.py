@@ -68,6 +68,9 @@ def worker_settings(config: AgentConfig) -> dict[str, Any]:
         "broker_target": f"sip:{broker.user}@{where}" if broker.user else f"sip:{where}",
         "host": config.sip.host,
         "port": config.sip.port,
+        "t1": config.sip.t1,
+        "t2": config.sip.t2,
+        "t4": config.sip.t4,
     }
 
 

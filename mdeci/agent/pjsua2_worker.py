@@ -18,6 +18,7 @@ usage: python -m mdeci.agent.pjsua2_worker   (settings on the first stdin line)
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import queue
@@ -61,6 +62,28 @@ def with_placeholder(offer: str) -> str:
     session = "".join(line + "\r\n" for line in lines[:first_media] if line)
     media = "".join(line + "\r\n" for line in lines[first_media:] if line)
     return session + AUDIO_PLACEHOLDER + media
+
+
+def set_timers(t1: float, t2: float, t4: float) -> None:
+    """The agent's SIP timers (seconds) for pjsip's transactions.
+
+    pjsua2 has no setting for them; the wheel exports ``pjsip_tsx_set_timers`` (ms; the
+    last value is the 64*T1 give-up time, which also bounds Timer D). They matter beyond
+    retransmissions: a transaction keeps its transport until it ends, and a challenged
+    re-INVITE stays COMPLETED for Timer D (32 s by default), so after many quick moves
+    the old sockets would fill pjlib's ioqueue (64 handles).
+    """
+    lib = ctypes.CDLL(_pjsua2_library())
+    lib.pjsip_tsx_set_timers.argtypes = [ctypes.c_uint] * 4
+    lib.pjsip_tsx_set_timers.restype = ctypes.c_int
+    ms = [max(1, round(v * 1000)) for v in (t1, t2, t4, 64 * t1)]
+    lib.pjsip_tsx_set_timers(*ms)
+
+
+def _pjsua2_library() -> str:
+    import pjsua2._pjsua2 as native  # the extension module PJSIP is linked into
+
+    return str(native.__file__)
 
 
 def body_of(message: str) -> str:
@@ -125,6 +148,7 @@ class Worker:
         cfg.logConfig.consoleLevel = 0
         cfg.medConfig.noVad = True
         ep.libInit(cfg)
+        set_timers(float(self.s["t1"]), float(self.s["t2"]), float(self.s["t4"]))
         ep.audDevManager().setNullDev()
         # A small SDP of pjsua's own (above 1,024 bytes wholeSdp reads back empty).
         for codec in ep.codecEnum2():
