@@ -238,8 +238,8 @@ async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
         p50, p99 = percentile(restore, 0.5), percentile(restore, 0.99)
         rate = sent / publisher_elapsed if publisher_elapsed > 0 else 0.0
         print(
-            f"\nhandover ({sip_stack}): {MOVES} moves while B published {sent} events ({rate:.0f}/s, "
-            f"target {RATE:.0f}/s): 0 lost, 0 duplicated, order kept; restore time "
+            f"\nhandover ({sip_stack}): {MOVES} moves while B published {sent} events "
+            f"({rate:.0f}/s, target {RATE:.0f}/s): 0 lost, 0 duplicated, order kept; restore time "
             f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {max(restore) * 1000:.1f} ms"
         )
     finally:
@@ -341,7 +341,8 @@ async def test_address_change_inside_a_network_namespace(
         log = (tmp_path / "alice" / "churn.log").read_text()
         assert '"event":"ip_changed"' in log and new in log
         print(
-            f"\nnetns ({sip_stack}): {ns_if} {old} -> {new} under the agent; {sent} events, 0 lost, 0 dup"
+            f"\nnetns ({sip_stack}): {ns_if} {old} -> {new} under the agent; "
+            f"{sent} events, 0 lost, 0 dup"
         )
     finally:
         if tail is not None:
