@@ -48,11 +48,13 @@ def emit(**fields: Any) -> None:
 
 
 def keep_stdout_for_us() -> None:
-    """The protocol keeps the real stdout; whatever PJSIP prints (its banner, before any
-    log setting applies) goes to stderr instead."""
+    """The protocol keeps the real stdout; what PJSIP prints there (its banner, before
+    any log setting applies) is dropped. Its assertion messages go to stderr."""
     sys.stdout.flush()
     _Out.stream = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
 
 
 def with_placeholder(offer: str) -> str:

@@ -235,7 +235,13 @@ class AgentProcess(_Child):
     """``python -m mdeci agent`` of ``user`` bound to ``host``, talking to ``broker``."""
 
     def __init__(
-        self, folder: Path, user: str, host: str, broker: BrokerProcess, password: str | None = None
+        self,
+        folder: Path,
+        user: str,
+        host: str,
+        broker: BrokerProcess,
+        password: str | None = None,
+        stack: str = "mdeci",
     ) -> None:
         super().__init__()
         folder.mkdir(parents=True, exist_ok=True)
@@ -247,7 +253,7 @@ class AgentProcess(_Child):
             f'password = "{password or PASSWORDS[user]}"\nstate_dir = "state"\n\n'
             f'[registrar]\naddress = "{address}"\n\n'
             f'[broker]\naor = "{BROKER_AOR}"\naddress = "{address}"\n\n'
-            f'[sip]\nhost = "{host}"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\n\n'
+            f'[sip]\nhost = "{host}"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\nstack = "{stack}"\n\n'
             f'[media]\nhost = "{host}"\n\n{_RUDP_TOML}\n'
             "[reconnect]\nbase = 0.05\nmax = 0.5\njitter = 0.2\n\n"
             # Nothing moves in these tests: the monitor is as good as off.
