@@ -50,22 +50,20 @@ def _hostport(addr: HostPort) -> str:
 
 def worker_settings(config: AgentConfig) -> dict[str, Any]:
     """The child's settings (its first stdin line). Raises :class:`AgentError`."""
+    # The config checked both AORs are sip:user@domain.
     try:
-        aor = SipUri.parse(config.aor)
-        broker = SipUri.parse(config.broker.aor)
+        user, broker = SipUri.parse(config.aor).user, SipUri.parse(config.broker.aor).user
     except SipParseError as exc:
         raise AgentError(f"pjsua2 backend: {exc}") from None
-    if not aor.user:
-        raise AgentError(f"pjsua2 backend: aor {config.aor!r} has no user part")
     where = _hostport(config.broker.address)
     return {
         "aor": config.aor,
-        "user": aor.user,
+        "user": user,
         "password": config.password,
         "registrar": _hostport(config.registrar.address),
         "broker_aor": config.broker.aor,
         # The request goes to the broker's address; To stays its AOR.
-        "broker_target": f"sip:{broker.user}@{where}" if broker.user else f"sip:{where}",
+        "broker_target": f"sip:{broker}@{where}",
         "host": config.sip.host,
         "port": config.sip.port,
         "t1": config.sip.t1,
@@ -110,6 +108,7 @@ class Pjsua2Backend:
         self._on_bye: Callable[[str], None] = lambda call_id: None
         self._call_id: str | None = None
         self._local: Address = (config.sip.host, config.sip.port)
+        self._expires: int | None = None  # of our registration; None: not registered
         self.errors: list[str] = []  # what the child reported from its callbacks
 
     async def start(self, on_bye: Callable[[str], None]) -> Address:
@@ -185,12 +184,16 @@ class Pjsua2Backend:
             call_id, self._call_id = self._call_id, None
             self._on_bye(call_id)
 
+    @property
+    def pid(self) -> int | None:
+        """The pjsua2 process's id; None while none runs."""
+        return self._proc.pid if self._proc is not None else None
+
     async def execute(self, command: SipCommand, *, timeout: float | None = None) -> SipOutcome:
         if self._proc is None:
-            try:
-                await self._spawn()  # the last one died: start over with a fresh one
-            except (AgentError, OSError) as exc:
-                return SipOutcome(status=None, reason=str(exc))
+            restored = await self._respawn(command, timeout)
+            if restored is not None:
+                return restored
         request: dict[str, Any]
         if isinstance(command, Register):
             request = {"op": "register", "expires": command.expires}
@@ -208,11 +211,28 @@ class Pjsua2Backend:
         outcome = outcome_of(reply)
         if outcome.local_addr is not None:
             self._local = outcome.local_addr
-        if isinstance(command, Invite) and outcome.ok:
+        if isinstance(command, Register) and outcome.ok:
+            self._expires = command.expires or None
+        elif isinstance(command, Invite) and outcome.ok:
             self._call_id = outcome.call_id
         elif isinstance(command, Bye):
             self._call_id = None
         return outcome
+
+    async def _respawn(self, command: SipCommand, timeout: float | None) -> SipOutcome | None:
+        """A fresh child after the last one died, where the daemon is now, registered
+        again if the core believes it is (it knows nothing of the child): None, or the
+        failure that ends ``command``."""
+        self._settings = {**self._settings, "host": self._local[0], "port": 0}
+        try:
+            await self._spawn()
+        except (AgentError, OSError) as exc:
+            return SipOutcome(status=None, reason=str(exc))
+        if self._expires is None or isinstance(command, Register):
+            return None
+        limit = timeout if timeout is not None else TIMER_B_T1 * self.config.sip.t1 + 1.0
+        outcome = outcome_of(await self._ask({"op": "register", "expires": self._expires}, limit))
+        return None if outcome.ok else outcome
 
     async def _ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         proc = self._proc

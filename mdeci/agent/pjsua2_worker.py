@@ -232,7 +232,8 @@ class Worker:
 
     def on_reg_state(self, code: int, reason: str, expiration: int, message: str) -> None:
         pending = self.pending
-        if pending is None or pending.op not in ("register", "move") or code in AUTH_CHALLENGES:
+        # pjsua answers a challenge itself and reports only the final state.
+        if pending is None or pending.op not in ("register", "move"):
             self.registered = self.registered and not (200 <= code < 300 and expiration == 0)
             return
         if pending.op == "move" and 200 <= code < 300 and expiration == 0:

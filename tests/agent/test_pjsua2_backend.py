@@ -1,0 +1,128 @@
+"""The pjsua2 SIP backend (issue 11): its SDP layout, and that nothing pjsua2 does can
+end the daemon (the pjsua2 child dying is a lost session the agent recovers from).
+
+The end-to-end suites run on both backends (tests/e2e, the ``sip_stack`` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from mdeci.agent import Agent, Status
+from mdeci.agent.pjsua2_backend import Pjsua2Backend
+from mdeci.config import AgentConfig
+from mdeci.store.repo import BrokerStore
+from sip.sdp import parse_session
+from tests.agent.farend import GUARD, agent_config, lo_only
+from tests.agent.test_real_broker import start_broker
+from tests.broker.conftest import FakeClock, WaitingSink
+from tests.peers import missing
+
+pytestmark = pytest.mark.peer("pjsua2")
+
+
+@pytest.fixture(autouse=True)
+def _pjsua2() -> None:
+    try:
+        import pjsua2  # noqa: F401
+    except ImportError:
+        missing("pjsua2 (PJSIP Python binding)", "pip install pjsua2-python")
+
+
+def pjsua2_config(tmp: Path, user: str, host: str, port: int) -> AgentConfig:
+    config = agent_config(tmp / user, user, host, port)
+    return dataclasses.replace(config, sip=dataclasses.replace(config.sip, stack="pjsua2"))
+
+
+OFFER = (
+    "v=0\r\no=alice 1 1 IN IP4 127.0.0.2\r\ns=mdeci\r\nc=IN IP4 127.0.0.2\r\nt=0 0\r\n"
+    "m=application 40000 UDP/MDECI-RUDP mdeci\r\na=mdeci-version:2\r\n"
+)
+
+
+def test_the_offer_gets_an_inactive_audio_line_before_ours() -> None:
+    from mdeci.agent.pjsua2_worker import with_placeholder
+
+    sdp = with_placeholder(OFFER)
+    lines = sdp.split("\r\n")
+    media = [line for line in lines if line.startswith("m=")]
+    assert media == ["m=audio 9 RTP/AVP 0", "m=application 40000 UDP/MDECI-RUDP mdeci"]
+    assert lines[lines.index(media[0]) + 2] == "a=inactive"
+    assert sdp.startswith(OFFER.split("m=")[0]) and sdp.endswith("a=mdeci-version:2\r\n")
+    # Our parser still finds the application line and its address.
+    session = parse_session(sdp.encode())
+    assert (session.addr, session.port) == ("127.0.0.2", 40000)
+
+
+def test_registrar_contacts_are_read_from_the_response() -> None:
+    from mdeci.agent.pjsua2_worker import contact_hostports
+
+    response = (
+        "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.2:5060\r\n"
+        "Contact: <sip:alice@127.0.0.2:5060;ob>;expires=600, <sip:alice@127.0.0.9:7000>\r\n"
+        "m: <sip:alice@[::1]:5070>\r\nContent-Length: 0\r\n\r\n"
+    )
+    assert contact_hostports(response) == [
+        ("sip:alice@127.0.0.2:5060", "127.0.0.2:5060"),
+        ("sip:alice@127.0.0.9:7000", "127.0.0.9:7000"),
+        ("sip:alice@[::1]:5070", "[::1]:5070"),
+    ]
+
+
+async def test_pjsua2_dying_ends_the_session_not_the_daemon(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    broker = await start_broker(tmp_path, store, clock, sink)
+    port = broker.sip_addr[1]
+    alice = Agent(pjsua2_config(tmp_path, "alice", "127.0.0.2", port), address_source=lo_only)
+    bob = Agent(pjsua2_config(tmp_path, "bob", "127.0.0.4", port), address_source=lo_only)
+    try:
+        await alice.start()
+        await bob.start()
+        await asyncio.wait_for(alice.wait_connected(), GUARD)
+        await asyncio.wait_for(bob.wait_connected(), GUARD)
+        assert alice.status().sip_stack == "pjsua2"
+        await asyncio.wait_for(alice.subscribe("stocks.*"), GUARD)
+        inbox = alice.listen()
+        await asyncio.wait_for(bob.publish("stocks.br", {"n": 1}, b"1"), GUARD)
+        assert (await asyncio.wait_for(inbox.get(), GUARD))["text"] == "1"
+
+        # What a PJSIP assertion does to its process (we started it, through alice).
+        backend = alice.backend
+        assert isinstance(backend, Pjsua2Backend) and backend.pid is not None
+        first = backend.pid
+        os.kill(first, signal.SIGKILL)
+        await asyncio.wait_for(alice.wait_event("session_ended", reason="bye from broker"), GUARD)
+        # A fresh pjsua2 process, registered again, and a new session.
+        await asyncio.wait_for(alice.wait_event("session_started", count=2), GUARD)
+        assert backend.pid is not None and backend.pid != first
+        await asyncio.wait_for(bob.publish("stocks.br", {"n": 2}, b"2"), GUARD)
+        got = await asyncio.wait_for(inbox.get(), GUARD)
+        assert (got["nseq"], got["text"]) == (2, "2")
+        assert alice.status().status is Status.CONNECTED
+    finally:
+        await alice.close()
+        await bob.close()
+        await broker.close()
+
+
+async def test_a_wrong_password_is_an_auth_failure(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    broker = await start_broker(tmp_path, store, clock, sink)
+    config = pjsua2_config(tmp_path, "alice", "127.0.0.2", broker.sip_addr[1])
+    alice = Agent(dataclasses.replace(config, password="wrong"), address_source=lo_only)
+    try:
+        await alice.start()
+        await asyncio.wait_for(
+            alice.wait_until(lambda: alice.status().alerts.get("auth", 0) > 0), GUARD
+        )
+        assert alice.status().status is Status.DISCONNECTED
+    finally:
+        await alice.close()
+        await broker.close()
