@@ -157,7 +157,7 @@ class Pjsua2Backend:
                 if isinstance(msg, dict):
                     self._received(msg)
         finally:
-            self._child_gone()
+            self._child_gone(proc)
 
     def _received(self, msg: dict[str, Any]) -> None:
         event = msg.get("event")
@@ -173,8 +173,10 @@ class Pjsua2Backend:
             if future is not None and not future.done():
                 future.set_result(msg)
 
-    def _child_gone(self) -> None:
+    def _child_gone(self, proc: asyncio.subprocess.Process) -> None:
         """The child ended (an abort inside pjsua2, or we closed it)."""
+        if self._proc is not proc:
+            return  # an earlier child, already replaced
         self._proc = None
         for future in self._waiting.values():
             if not future.done():

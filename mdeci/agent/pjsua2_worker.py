@@ -249,6 +249,9 @@ class Worker:
         if self.acc is None:
             self.reply(pending, None, "not registered")
             return
+        if self.call is not None and self.call.isActive():
+            # A call the daemon stopped waiting for (its timeout): one dialog only.
+            self.call.hangup(pj.CallOpParam(True))
         self.offer = str(msg["offer"])
         self.call = Call(self, self.acc)
         prm = pj.CallOpParam(True)
