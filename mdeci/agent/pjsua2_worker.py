@@ -237,7 +237,7 @@ class Worker:
             self.registered = self.registered and not (200 <= code < 300 and expiration == 0)
             return
         if pending.op == "move" and 200 <= code < 300 and expiration == 0:
-            return  # the old contact removed; the new one is registered next
+            return  # the old contact's removal, should pjsua report it: not the answer
         self.registered = 200 <= code < 300 and expiration > 0
         others = [uri for uri, hp in contact_hostports(message) if hp not in self.own]
         if pending.op == "move":
