@@ -24,6 +24,7 @@ from tests.broker.conftest import FakeClock, WaitingSink
 from tests.peers import missing
 
 pytestmark = pytest.mark.peer("pjsua2")
+ALICE = "sip:alice@localhost"
 
 
 @pytest.fixture(autouse=True)
@@ -123,6 +124,34 @@ async def test_a_wrong_password_is_an_auth_failure(
             alice.wait_until(lambda: alice.status().alerts.get("auth", 0) > 0), GUARD
         )
         assert alice.status().status is Status.DISCONNECTED
+    finally:
+        await alice.close()
+        await broker.close()
+
+
+async def test_moves_leave_one_binding_and_keep_the_session(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    """More moves than the registrar's binding cap (16): pjsua's acc.modify removes each
+    old contact, and every move re-INVITEs the same dialog on the agreed keys."""
+    broker = await start_broker(tmp_path, store, clock, sink)
+    port = broker.sip_addr[1]
+    alice = Agent(pjsua2_config(tmp_path, "alice", "127.0.0.2", port), address_source=lo_only)
+    hosts = [f"127.0.0.{n}" for n in (3, 5, 6, 7)]
+    try:
+        await alice.start()
+        await asyncio.wait_for(alice.wait_connected(), GUARD)
+        call_id = alice.status().call_id
+        for k in range(20):
+            host = hosts[k % len(hosts)]
+            await asyncio.wait_for(alice.move_to(host), GUARD)
+            status = alice.status()
+            assert status.status is Status.CONNECTED and status.sip_addr.startswith(host + ":")
+            assert status.call_id == call_id
+            contacts = [b.contact for b in store.bindings.bindings(ALICE, clock())]
+            assert len(contacts) == 1 and f"@{host}:" in contacts[0], contacts
+        await asyncio.wait_for(alice.wait_event("session_reinvited", count=20), GUARD)
+        assert alice.status().alerts == {}
     finally:
         await alice.close()
         await broker.close()
