@@ -24,6 +24,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,13 @@ import pjsua2 as pj
 # (docs/pjsip.md). Port 9 (discard): the loop media transport never sends to it.
 AUDIO_PLACEHOLDER = "m=audio 9 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\na=inactive\r\n"
 AUTH_CHALLENGES = (401, 407)
-IDLE_POLL_MS = 10  # libHandleEvents while nothing is in flight
-BUSY_POLL_MS = 1  # while a command waits for an answer: it bounds our own delay
+# libHandleEvents returns early for network events, not for our stdin: its timeout is
+# how late a command may be seen. Short while the daemon is likely to send one (a
+# command in flight, or one answered lately: a move is MoveSip then Reinvite), longer
+# when all is quiet.
+IDLE_POLL_MS = 10
+BUSY_POLL_MS = 1
+BUSY_FOR = 0.2  # seconds after an answer
 
 
 class _Out:
@@ -134,6 +140,7 @@ class Worker:
         self.moved = False  # the next re-INVITE updates Contact and Via
         self.registered = False
         self.expires = 3600
+        self.answered_at = 0.0  # time.monotonic() of our last answer
         self.own: set[str] = set()  # host:port of every contact we registered
 
     # ------------------------------------------------------------------ set-up
@@ -195,6 +202,7 @@ class Worker:
     def reply(self, pending: Pending, status: int | None, reason: str, **fields: Any) -> None:
         if self.pending is pending:
             self.pending = None
+        self.answered_at = time.monotonic()
         emit(id=pending.id, status=status, reason=reason, local=list(self.local), **fields)
 
     def fail(self, reason: str) -> None:
@@ -337,7 +345,8 @@ class Worker:
 
     def run(self, inbox: queue.Queue[dict[str, Any] | None]) -> None:
         while True:
-            self.ep.libHandleEvents(BUSY_POLL_MS if self.pending else IDLE_POLL_MS)
+            busy = self.pending is not None or time.monotonic() - self.answered_at < BUSY_FOR
+            self.ep.libHandleEvents(BUSY_POLL_MS if busy else IDLE_POLL_MS)
             while True:
                 try:
                     msg = inbox.get_nowait()
