@@ -127,6 +127,8 @@ class Pending:
 
 
 class Worker:
+    """Owns the Endpoint; runs only in the thread that created it (pjsua2's rule)."""
+
     def __init__(self, settings: dict[str, Any]) -> None:
         self.s = settings
         self.ep = pj.Endpoint()
@@ -184,7 +186,7 @@ class Worker:
         acfg.idUri = s["aor"]
         acfg.regConfig.registrarUri = f"sip:{s['registrar']}"
         acfg.regConfig.registerOnAdd = False
-        acfg.regConfig.timeoutSec = max(expires, 60)
+        acfg.regConfig.timeoutSec = expires  # pjsua refreshes it before it runs out
         acfg.regConfig.retryIntervalSec = 0  # the daemon's core retries, with backoff
         acfg.regConfig.dropCallsOnFail = False
         acfg.sipConfig.authCreds.append(pj.AuthCredInfo("digest", "*", s["user"], 0, s["password"]))
@@ -204,10 +206,6 @@ class Worker:
             self.pending = None
         self.answered_at = time.monotonic()
         emit(id=pending.id, status=status, reason=reason, local=list(self.local), **fields)
-
-    def fail(self, reason: str) -> None:
-        if self.pending is not None:
-            self.reply(self.pending, None, reason)
 
     # ------------------------------------------------------------------ commands
 
