@@ -73,23 +73,27 @@ def worker_settings(config: AgentConfig) -> dict[str, Any]:
 
 
 def _address(value: object) -> Address | None:
-    if isinstance(value, list) and len(value) == 2:
-        return (str(value[0]), int(value[1]))
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
+        return (str(value[0]), value[1])
     return None
 
 
+def _bytes(value: object) -> bytes:
+    return str(value).encode("latin-1", "replace") if isinstance(value, str) else b""
+
+
 def outcome_of(reply: dict[str, Any]) -> SipOutcome:
-    """A child's reply line as an outcome (bodies travel as latin-1 text)."""
-    status = reply.get("status")
-    call_id = reply.get("call_id")
+    """A child's reply line as an outcome (bodies travel as latin-1 text); a field of
+    the wrong type reads as absent."""
+    status, call_id, contacts = reply.get("status"), reply.get("call_id"), reply.get("contacts")
     return SipOutcome(
-        status=int(status) if isinstance(status, int) else None,
+        status=status if isinstance(status, int) and not isinstance(status, bool) else None,
         reason=str(reply.get("reason", "")),
-        body=str(reply.get("body", "")).encode("latin-1"),
-        offer=str(reply.get("offer", "")).encode("latin-1"),
-        call_id=str(call_id) if call_id else None,
+        body=_bytes(reply.get("body")),
+        offer=_bytes(reply.get("offer")),
+        call_id=call_id if isinstance(call_id, str) and call_id else None,
         local_addr=_address(reply.get("local")),
-        contacts=tuple(str(c) for c in reply.get("contacts", ())),
+        contacts=tuple(str(c) for c in contacts) if isinstance(contacts, list) else (),
     )
 
 

@@ -10,11 +10,14 @@ import dataclasses
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mdeci.agent import Agent, Status
-from mdeci.agent.pjsua2_backend import Pjsua2Backend
+from mdeci.agent.pjsua2_backend import Pjsua2Backend, outcome_of
 from mdeci.config import AgentConfig
 from mdeci.store.repo import BrokerStore
 from sip.sdp import parse_session
@@ -155,3 +158,34 @@ async def test_moves_leave_one_binding_and_keep_the_session(
     finally:
         await alice.close()
         await broker.close()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(deadline=None)  # a shared, loaded machine: no per-example time limit
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["id", "status", "reason", "body", "offer", "call_id", "local", "contacts"]
+        ),
+        json_values,
+    )
+)
+def test_any_reply_of_the_child_reads_as_an_outcome(reply: dict[str, Any]) -> None:
+    outcome = outcome_of(reply)
+    assert outcome.status is None or isinstance(reply.get("status"), int)
+    assert outcome.local_addr is None or isinstance(outcome.local_addr[1], int)
+
+
+@settings(deadline=None)
+@given(st.text())
+def test_any_register_response_gives_contacts_or_none(message: str) -> None:
+    from mdeci.agent.pjsua2_worker import contact_hostports
+
+    for uri, hostport in contact_hostports(message):
+        assert isinstance(uri, str) and isinstance(hostport, str)
