@@ -50,6 +50,10 @@ def _hostport(addr: HostPort) -> str:
 
 def worker_settings(config: AgentConfig) -> dict[str, Any]:
     """The child's settings (its first stdin line). Raises :class:`AgentError`."""
+    if "udp" not in config.sip.transports:
+        raise AgentError(
+            f'[sip] stack = "pjsua2" speaks UDP only; transports = {list(config.sip.transports)}'
+        )
     # The config checked both AORs are sip:user@domain.
     try:
         user, broker = SipUri.parse(config.aor).user, SipUri.parse(config.broker.aor).user

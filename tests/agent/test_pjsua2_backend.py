@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.agent import Agent, Status
+from mdeci.agent.errors import AgentError
 from mdeci.agent.pjsua2_backend import Pjsua2Backend, outcome_of
 from mdeci.config import AgentConfig
 from mdeci.store.repo import BrokerStore
@@ -189,3 +190,10 @@ def test_any_register_response_gives_contacts_or_none(message: str) -> None:
 
     for uri, hostport in contact_hostports(message):
         assert isinstance(uri, str) and isinstance(hostport, str)
+
+
+def test_a_config_without_udp_is_refused(tmp_path: Path) -> None:
+    config = pjsua2_config(tmp_path, "alice", "127.0.0.2", 5060)
+    tcp_only = dataclasses.replace(config, sip=dataclasses.replace(config.sip, transports=("tcp",)))
+    with pytest.raises(AgentError, match="UDP only"):
+        Pjsua2Backend(tcp_only, os.urandom)
