@@ -16,6 +16,7 @@ The clock is injected (epoch seconds), so tests and replays control ``ts``.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Final, TypedDict, Unpack
 
+from mdeci import oplog
 from mdeci.errors import ChurnLogError
 
 
@@ -200,6 +202,9 @@ class ChurnLog:
         self._clock = clock
         self._file: BinaryIO | None = None
         self._size = 0
+        self._closed = False  # by close(): only then do writes stop for good
+        self._failing = False  # a rotation or reopen failed; logged once until it works
+        self.rotation_failures = 0
         self._open()
 
     def _open(self) -> None:
@@ -212,6 +217,13 @@ class ChurnLog:
             raise ChurnLogError(f"cannot open churn log {self.path}: {exc.strerror}") from exc
 
     def _rotate(self) -> None:
+        """Shift ``path`` -> ``path.1`` -> ... and start a fresh file.
+
+        A rename that fails (a read-only folder, a full disk, something in the way) must
+        not close the log for good: the current file is reopened and keeps growing past
+        ``max_bytes``, the failure is logged once (``churnlog_error``) and counted in
+        :attr:`rotation_failures`, and the next write tries again.
+        """
         assert self._file is not None
         self._file.close()
         self._file = None
@@ -225,8 +237,20 @@ class ChurnLog:
                         older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
                 self.path.replace(self.path.with_name(f"{self.path.name}.1"))
         except OSError as exc:
-            raise ChurnLogError(f"cannot rotate churn log {self.path}: {exc.strerror}") from exc
+            self.rotation_failures += 1
+            self._report(f"cannot rotate: {exc.strerror or exc}")
         self._open()
+
+    def _report(self, error: str) -> None:
+        if not self._failing:
+            self._failing = True
+            oplog.event(
+                "churnlog_error",
+                logger="churnlog",
+                level=logging.WARNING,
+                path=str(self.path),
+                error=error,
+            )
 
     def write(
         self, event: Event | str, *, uri: str, **fields: Unpack[ChurnFields]
@@ -236,8 +260,15 @@ class ChurnLog:
         Raises :class:`ChurnLogError` for an invalid record (see :func:`make_record`),
         after :meth:`close`, or when the file cannot be written.
         """
-        if self._file is None:
+        if self._closed:
             raise ChurnLogError(f"churn log {self.path} is closed")
+        if self._file is None:
+            # The last open failed (after a rotation, say): try again for this line.
+            try:
+                self._open()
+            except ChurnLogError as exc:
+                self._report(str(exc))
+                raise
         record = make_record(self._clock(), self.node, event, uri=uri, role=self.role, **fields)
         try:
             line = (
@@ -259,17 +290,20 @@ class ChurnLog:
         except OSError as exc:
             raise ChurnLogError(f"cannot write churn log {self.path}: {exc.strerror}") from exc
         self._size += len(line)
+        if self._failing and self._size <= self.max_bytes:
+            self._failing = False  # rotated (or reopened) since: report the next failure
         return record
 
     def close(self) -> None:
         """Close the file; further writes raise :class:`ChurnLogError`. Idempotent."""
+        self._closed = True
         if self._file is not None:
             self._file.close()
             self._file = None
 
     @property
     def closed(self) -> bool:
-        return self._file is None
+        return self._closed
 
     def __enter__(self) -> ChurnLog:
         return self

@@ -104,7 +104,9 @@ SIP_STACKS = ("mdeci", "pjsua2")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SipConfig:
-    """``[sip]`` of the broker: where its SIP endpoint listens, and the RFC 3261 timers (s)."""
+    """``[sip]``: where the SIP endpoint listens, and the RFC 3261 timers (s). The broker
+    listens on every one of ``transports``; the agent also sends its REGISTER and INVITE
+    over the first one (docs/agent.md "SIP transport")."""
 
     host: str = "127.0.0.1"
     port: int = 5060  # RFC 3261 §18 default; the agent's default [sip] has port 0
@@ -217,10 +219,16 @@ class QueueConfig:
     max_per_uri: int = 1000  # queued notifications per user before the overflow policy
     overflow: OverflowPolicy = OverflowPolicy.DROP_OLDEST
     window: int = 32  # notifications sent and not yet acked by the agent, per user
+    # Bytes of replies (sub-ok, subs, pub-ok, error...) sent to one user and not yet
+    # acknowledged by its RUDP. Past it the user's requests (all but `ack`) are answered
+    # `error` 503 instead of being handled, so a user that does not acknowledge cannot
+    # grow the broker's memory (docs/security.md). Notifications are bounded by `window`.
+    max_unacked_reply_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         _whole(self.max_per_uri, "max_per_uri", 1)
         _whole(self.window, "window", 1)
+        _whole(self.max_unacked_reply_bytes, "max_unacked_reply_bytes", 1 << 16)
         _check(self.overflow in OVERFLOW_POLICIES, f"'overflow' must be one of {OVERFLOW_POLICIES}")
 
 
@@ -274,6 +282,10 @@ class BrokerCoreConfig:
     @property
     def window(self) -> int:
         return self.queue.window
+
+    @property
+    def max_unacked_reply_bytes(self) -> int:
+        return self.queue.max_unacked_reply_bytes
 
     @property
     def max_subscriptions(self) -> int:
@@ -463,8 +475,8 @@ class BrokerConfig:
 class IpMonitorMode(StrEnum):
     """How the agent notices that its address changed."""
 
-    NETLINK = "netlink"  # pyroute2 address events (Linux)
-    POLL = "poll"  # read the interface addresses every poll_interval
+    NETLINK = "netlink"  # pyroute2 link, address and route events (Linux)
+    POLL = "poll"  # read links, addresses and routes every poll_interval
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -510,8 +522,10 @@ class IpMonitorConfig:
     """``[ip_monitor]``: address change detection."""
 
     mode: IpMonitorMode = IpMonitorMode.NETLINK
-    poll_interval: float = 2.0  # seconds, in poll mode (and netlink's fallback)
-    interface: str | None = None  # watch only this interface; None: the one of sip.host
+    poll_interval: float = 2.0  # seconds between full dumps (poll mode; netlink's guard)
+    # Pin the agent to this interface (follow its addresses only); None: follow the
+    # source address of the route to the broker, across interfaces.
+    interface: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.poll_interval > 0, "'poll_interval' must be > 0")
@@ -564,7 +578,8 @@ class AgentConfig:
     api_socket: Path = Path("agent.sock")  # Unix socket of the local API; in state_dir
     registrar: AgentRegistrarConfig = field(default_factory=AgentRegistrarConfig)
     broker: BrokerPeerConfig = field(default_factory=BrokerPeerConfig)
-    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0))  # any free port
+    # Any free port (TLS too). The agent sends over the first of sip.transports.
+    sip: SipConfig = field(default_factory=lambda: SipConfig(port=0, tls_port=0))
     media: MediaConfig = field(default_factory=MediaConfig)
     rudp: RudpConfig = field(default_factory=RudpConfig)
     reconnect: ReconnectConfig = field(default_factory=ReconnectConfig)

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from mdeci.agent.core import AgentCore, State, Status
     from mdeci.agent.daemon import RunningAgent, run_agent
     from mdeci.agent.errors import AgentError, ApiError, BrokerRefused, NotConnected, StateError
-    from mdeci.agent.ipmonitor import PollingIpMonitor, make_monitor
+    from mdeci.agent.ipmonitor import PollingIpMonitor, RouteMonitor, make_monitor
+    from mdeci.agent.routes import RouteFollower, RoutingView
 
 _WHERE = {
     "ApiClient": "api",
@@ -37,7 +38,10 @@ _WHERE = {
     "NotConnected": "errors",
     "StateError": "errors",
     "PollingIpMonitor": "ipmonitor",
+    "RouteMonitor": "ipmonitor",
     "make_monitor": "ipmonitor",
+    "RouteFollower": "routes",
+    "RoutingView": "routes",
 }
 
 __all__ = [
@@ -53,6 +57,9 @@ __all__ = [
     "NotConnected",
     "PollingIpMonitor",
     "PubResult",
+    "RouteFollower",
+    "RouteMonitor",
+    "RoutingView",
     "RunningAgent",
     "State",
     "StateError",

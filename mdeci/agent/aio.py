@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import ipaddress
 import logging
 import os
 import random as _random
 import secrets
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from mdeci import oplog
 from mdeci.agent.backend import SipBackend, make_backend
 from mdeci.agent.core import (
     Address,
@@ -58,7 +61,7 @@ from mdeci.agent.core import (
     hostport,
 )
 from mdeci.agent.errors import AgentError, BrokerRefused, NotConnected, StateError
-from mdeci.agent.ipmonitor import AddressSource, PollingIpMonitor, make_monitor
+from mdeci.agent.ipmonitor import AddressSource, Wakeable, make_monitor
 from mdeci.agent.sms import SmsInbox, open_gateway, windowed_gate
 from mdeci.agent.sms import link_config as sms_link_config
 from mdeci.agent.state import (
@@ -123,6 +126,9 @@ class AgentStatus:
     alerts: Mapping[str, int]
     last_error: str | None
     sip_stack: str
+    sip_transport: str  # how it reaches the registrar and the broker
+    sip_received: Mapping[str, int]  # SIP messages received per transport
+    sip_contact: str  # the Contact URI registered (``sips:`` over TLS)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -146,6 +152,9 @@ class AgentStatus:
             "alerts": dict(self.alerts),
             "last_error": self.last_error,
             "sip_stack": self.sip_stack,
+            "sip_transport": self.sip_transport,
+            "sip_received": dict(self.sip_received),
+            "sip_contact": self.sip_contact,
         }
 
 
@@ -157,6 +166,21 @@ class PubResult:
     msg_id: str
     state: str
     matched: int | None = None
+
+
+async def _ip_of(host: str, like: str) -> str | None:
+    """``host`` as an IP address of ``like``'s family (resolved if a name), or None: the
+    IP monitor follows the route to it."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(like).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_UNSPEC
+    try:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, None, family=family, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    return str(infos[0][4][0]) if infos else None
 
 
 def lock_state_dir(state_dir: Path) -> IO[bytes]:
@@ -227,7 +251,7 @@ class Agent:
         self._peer_key: bytes | None = None
         self._reader: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._monitor: PollingIpMonitor | None = None
+        self._monitor: Wakeable | None = None
         self._rebind_error: OSError | None = None
         self._closed = False
         self._lock: IO[bytes] | None = None
@@ -281,7 +305,12 @@ class Agent:
             **kwargs,
         )
         self._spawn(self._sip_worker())
-        self._monitor = make_monitor(cfg.ip_monitor, cfg.sip.host, self.address_source)
+        self._monitor = make_monitor(
+            cfg.ip_monitor,
+            cfg.sip.host,
+            self.address_source,
+            dest=await _ip_of(cfg.broker.address.host, cfg.sip.host),
+        )
         if self._monitor is not None:
             self._spawn(self._monitor.run(self._on_ip_change))
         if cfg.sms.enabled:
@@ -587,13 +616,26 @@ class Agent:
             alerts=dict(core.counters.alerts),
             last_error=core.last_error,
             sip_stack=backend.name,
+            sip_transport=backend.transport,
+            sip_received=backend.received,
+            sip_contact=backend.contact,
         )
 
     # ------------------------------------------------------------------ mobility
 
     async def _on_ip_change(self, host: str) -> None:
-        with contextlib.suppress(OSError, AgentError):
+        core = self.core
+        assert core is not None
+        # The moment of detection (the move's ip_changed comes after the new REGISTER).
+        oplog.event("move_detected", logger="agent", addr=host, prev_addr=core.sip_addr[0])
+        try:
             await self.move_to(host)
+        except (OSError, AgentError):
+            # Not moved (the address cannot be bound yet: an IPv6 address still in
+            # duplicate address detection): the monitor names it again at its next event
+            # or dump instead of taking it for ours.
+            if self._monitor is not None:
+                self._monitor.set_host(core.sip_addr[0])
 
     async def move_to(self, host: str) -> None:
         """Move SIP and RUDP to ``host``: rebind RUDP, REGISTER the new contact, re-INVITE.

@@ -889,6 +889,7 @@ class AgentCore:
                 subject=sent.subject,
                 filter=sent.filter,
                 expires_at=frame.expires_at,
+                qclass=sent.qclass,
             )
             old = pending.restore.sub_id if pending.restore is not None else None
             items = tuple(s for s in self.files.subs.items if s.sub_id not in (old, frame.sub_id))
@@ -903,10 +904,17 @@ class AgentCore:
     def _remember(self, items: tuple[SubInfo, ...]) -> None:
         if self._restore_subs:
             return  # the broker's list is empty until we restored ours
+        # The broker's list does not carry the queue class: ours is kept per sub_id, so
+        # that a restore on a new store asks for it again (issue 11).
+        qclass = {s.sub_id: s.qclass for s in self.files.subs.items}
         self._remember_known(
             tuple(
                 KnownSub(
-                    sub_id=s.sub_id, subject=s.subject, filter=s.filter, expires_at=s.expires_at
+                    sub_id=s.sub_id,
+                    subject=s.subject,
+                    filter=s.filter,
+                    expires_at=s.expires_at,
+                    qclass=qclass.get(s.sub_id, ""),
                 )
                 for s in items
             )
@@ -944,7 +952,13 @@ class AgentCore:
             ttl = int(known.expires_at - now)
             if ttl <= 0:
                 continue
-            frame = Sub(req=self._next_req(), subject=known.subject, filter=known.filter, ttl=ttl)
+            frame = Sub(
+                req=self._next_req(),
+                subject=known.subject,
+                filter=known.filter,
+                ttl=ttl,
+                qclass=known.qclass,
+            )
             self._request(now, frame, restore=known)
             restored += 1
         self._remember_known(tuple(s for s in self.files.subs.items if s.expires_at > now))

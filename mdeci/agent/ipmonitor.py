@@ -1,18 +1,20 @@
-"""Notices when the address the agent is bound to goes away, and names the new one.
+"""Notices when the agent's data address should change, and names the new one.
 
-An *address source* returns the interface addresses with their prefix (``"10.0.0.5/24"``)
-of the watched interface (or of every interface). The agent's address is *held* while it
-equals one of them or lies inside the network of a loopback one (``127.0.0.2`` is held
-by ``127.0.0.1/8`` on ``lo``: the kernel makes the whole prefix local there, and only
-there; ``10.0.0.2`` is not held by ``10.0.0.3/24``). When it is no longer held and
-another address of the same IP version is there, that one is the new address (the
-lowest, for a stable choice).
+On a device (:class:`RouteMonitor`, the default) the address follows the route to the
+broker: the pure :class:`mdeci.agent.routes.RouteFollower` is fed link, address and
+route events (``RTM_NEWLINK``, ``RTM_NEWADDR``/``RTM_DELADDR``,
+``RTM_NEWROUTE``/``RTM_DELROUTE`` on every interface) and names the source address the
+kernel would use to reach the broker; when that changes (the default route went from
+Wi-Fi to cellular, Wi-Fi went down) the agent moves. This module is the thin netlink
+I/O: :func:`translate` turns pyroute2 messages into events, a listener thread pushes
+them (``netlink`` mode), and a full dump every ``poll_interval`` resynchronises (the
+only input in ``poll`` mode).
 
-:class:`PollingIpMonitor` reads the source every ``poll_interval``; the source is
-injected, so tests drive it with a list and call :meth:`PollingIpMonitor.check`.
-:func:`netlink_source` reads addresses over netlink with pyroute2; :func:`make_monitor`
-picks it in both modes (``netlink`` mode also wakes on pyroute2's address events when a
-netlink socket can be bound, and polls as a fallback).
+With an injected *address source* (tests) or a configured ``interface``,
+:class:`PollingIpMonitor` watches one interface's addresses only: the agent's address
+is *held* while it equals one of them or lies inside the network of a loopback one
+(:func:`mdeci.agent.routes.is_held`); when it is no longer held, the interface's lowest
+other address of the same IP version is the new one.
 """
 
 from __future__ import annotations
@@ -20,46 +22,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mdeci.agent.routes import (
+    AddrAdded,
+    AddrRemoved,
+    LinkChanged,
+    LinkRemoved,
+    NetEvent,
+    Resync,
+    Route,
+    RouteAdded,
+    RouteFollower,
+    RouteRemoved,
+    is_held,
+    pick_new,
+)
 from mdeci.config import IpMonitorConfig, IpMonitorMode
+
+__all__ = ["is_held", "pick_new"]  # re-exported: their home is mdeci.agent.routes
 
 AddressSource = Callable[[], frozenset[str]]
 OnChange = Callable[[str], Awaitable[None]]
-
-
-def _version(text: str) -> int:
-    return ipaddress.ip_interface(text).version
-
-
-def is_held(host: str, addresses: frozenset[str]) -> bool:
-    """Whether ``host`` is one of ``addresses`` or inside a loopback one's network.
-
-    Only a loopback prefix makes its whole network local (Linux's ``local 127.0.0.0/8``
-    route): after ``ip addr del 10.0.0.2/24; ip addr add 10.0.0.3/24`` the old address
-    is gone although it lies in the new one's network.
-    """
-    ip = ipaddress.ip_address(host)
-    for text in addresses:
-        iface = ipaddress.ip_interface(text)
-        if iface.ip == ip or (
-            iface.ip.is_loopback and iface.version == ip.version and ip in iface.network
-        ):
-            return True
-    return False
-
-
-def pick_new(host: str, addresses: frozenset[str]) -> str | None:
-    """The address to move to when ``host`` is no longer held, else None."""
-    if is_held(host, addresses):
-        return None
-    version = ipaddress.ip_address(host).version
-    candidates = sorted(
-        (ipaddress.ip_interface(a).ip for a in addresses if _version(a) == version),
-        key=lambda ip: (ip.is_loopback, ip.is_link_local, int(ip)),
-    )
-    return str(candidates[0]) if candidates else None
+Dump = Callable[[], list[NetEvent]]
 
 
 class PollingIpMonitor:
@@ -83,6 +70,10 @@ class PollingIpMonitor:
         """The agent moved by itself (e.g. ``move_to``): watch the new address."""
         self.host = host
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Stop watching at the next wake-up (the task is cancelled by its owner)."""
         self._closed = True
@@ -102,42 +93,195 @@ class PollingIpMonitor:
                 await on_change(new)
 
 
+class RouteMonitor:
+    """Follows the source address of the route to the broker (:class:`RouteFollower`).
+
+    Netlink events arrive with :meth:`push` (from the listener thread, through the
+    loop) and are decided at once; every ``interval`` the whole state is dumped again
+    (poll mode's only input, and netlink mode's guard against lost events).
+    """
+
+    def __init__(self, follower: RouteFollower, dump: Dump, interval: float) -> None:
+        self.follower = follower
+        self.dump = dump
+        self.interval = interval
+        self._pending: list[NetEvent] = []
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._lost = False
+
+    @property
+    def host(self) -> str:
+        return self.follower.host
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def lost(self) -> None:
+        """Netlink lost events: dump the whole state again at once."""
+        self._lost = True
+        self._wake.set()
+
+    def push(self, events: list[NetEvent]) -> None:
+        """Events read from netlink, in order; decided at the next turn of :meth:`run`."""
+        self._pending.extend(events)
+        self._wake.set()
+
+    def check(self, *, resync: bool = False) -> str | None:
+        """Apply what was pushed (then a fresh dump if ``resync``); the new address or None."""
+        events, self._pending = self._pending, []
+        if resync or self._lost:
+            self._lost = False
+            events += self.dump()
+        return self.follower.feed(events)
+
+    def set_host(self, host: str) -> None:
+        self.follower.set_host(host)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, on_change: OnChange) -> None:
+        """Decide on each push, dump every ``interval``; ``await on_change(new_host)``."""
+        resync = True  # at start: the route may already prefer another address
+        while not self._closed:
+            new = self.check(resync=resync)
+            if new is not None:
+                await on_change(new)
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+                resync = False
+            except TimeoutError:
+                resync = True
+            self._wake.clear()
+
+
+# ------------------------------------------------------------------ netlink (pyroute2)
+
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+NLM_F_REPLACE = 0x100
+RT_TABLE_MAIN = 254
+RTN_UNICAST = 1
+# Links, IPv4/IPv6 addresses and routes (rtnetlink multicast groups).
+RTMGRP_WATCHED = 0x1 | 0x10 | 0x40 | 0x100 | 0x400
+
+
+def _address(msg: Any) -> str | None:
+    # IFA_LOCAL is the local end of a point-to-point address; IFA_ADDRESS the peer there.
+    addr = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
+    return f"{addr}/{int(msg['prefixlen'])}" if addr else None
+
+
+def _route(msg: Any) -> Route | None:
+    table = msg.get_attr("RTA_TABLE") or msg["table"]
+    oif = msg.get_attr("RTA_OIF")
+    if int(table) != RT_TABLE_MAIN or int(msg["type"]) != RTN_UNICAST or oif is None:
+        return None  # local/broadcast tables and multipath routes are not followed
+    family_any = "::" if int(msg["family"]) == 10 else "0.0.0.0"
+    dst = msg.get_attr("RTA_DST") or family_any
+    return Route(
+        dst=f"{dst}/{int(msg['dst_len'])}",
+        oif=int(oif),
+        gateway=msg.get_attr("RTA_GATEWAY"),
+        prefsrc=msg.get_attr("RTA_PREFSRC"),
+        metric=int(msg.get_attr("RTA_PRIORITY") or 0),
+    )
+
+
+def translate(msg: Any) -> NetEvent | None:
+    """One pyroute2 rtnetlink message as a :data:`NetEvent` (None: not followed)."""
+    kind = str(msg.get("event", ""))
+    if kind == "RTM_NEWLINK":
+        flags = int(msg["flags"])
+        return LinkChanged(
+            index=int(msg["index"]),
+            name=str(msg.get_attr("IFLA_IFNAME") or ""),
+            up=bool(flags & IFF_UP),
+            carrier=bool(flags & IFF_LOWER_UP),
+        )
+    if kind == "RTM_DELLINK":
+        return LinkRemoved(int(msg["index"]))
+    if kind in ("RTM_NEWADDR", "RTM_DELADDR"):
+        text = _address(msg)
+        if text is None:
+            return None
+        kind_cls = AddrAdded if kind == "RTM_NEWADDR" else AddrRemoved
+        return kind_cls(int(msg["index"]), text)
+    if kind in ("RTM_NEWROUTE", "RTM_DELROUTE"):
+        route = _route(msg)
+        if route is None:
+            return None
+        if kind == "RTM_DELROUTE":
+            return RouteRemoved(route)
+        replace = bool(int(msg["header"].get("flags", 0)) & NLM_F_REPLACE)
+        return RouteAdded(route, replace=replace)
+    return None
+
+
+def _translated(msgs: Any) -> list[NetEvent]:
+    return [e for e in (translate(m) for m in msgs) if e is not None]
+
+
+class _NetlinkWorker:
+    """pyroute2 0.9's synchronous IPRoute runs its own event loop: it refuses to run
+    inside ours, so every netlink call goes to one worker thread (a dump takes ms)."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mdeci-netlink")
+
+    def run(self, fn: Callable[[Any], Any]) -> Any:
+        from pyroute2 import IPRoute
+
+        def call() -> Any:
+            with IPRoute() as ipr:
+                return fn(ipr)
+
+        return self.pool.submit(call).result()
+
+
+def netlink_dump(worker: _NetlinkWorker) -> Dump:
+    """A :data:`Dump` of links, addresses and routes over netlink."""
+
+    def read(ipr: Any) -> list[NetEvent]:
+        events: list[NetEvent] = [Resync()]
+        events += _translated(ipr.get_links())
+        events += _translated(ipr.get_addr())
+        events += _translated(ipr.get_routes())
+        return events
+
+    return lambda: list(worker.run(read))
+
+
 def netlink_source(host: str, interface: str | None = None) -> AddressSource:
     """Addresses of ``interface`` (default: the one holding ``host`` now) via pyroute2.
 
     Raises :class:`ImportError` when pyroute2 is missing.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    import pyroute2  # noqa: F401  (ImportError now rather than in the worker)
 
-    from pyroute2 import IPRoute
-
-    # pyroute2 0.9's synchronous IPRoute runs its own event loop: it refuses to run inside
-    # ours, so every netlink call goes to one worker thread (a dump takes milliseconds).
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mdeci-netlink")
-
-    def in_thread(fn: Callable[[], Any]) -> Any:
-        return worker.submit(fn).result()
+    worker = _NetlinkWorker()
 
     def dump() -> list[tuple[int, str]]:
-        return list(in_thread(_dump))
-
-    def _dump() -> list[tuple[int, str]]:
-        with IPRoute() as ipr:
-            out: list[tuple[int, str]] = []
+        def read(ipr: Any) -> list[tuple[int, str]]:
+            out = []
             for msg in ipr.get_addr():
-                addr = msg.get_attr("IFA_ADDRESS")
-                if addr:
-                    out.append((int(msg["index"]), f"{addr}/{int(msg['prefixlen'])}"))
+                text = _address(msg)
+                if text is not None:
+                    out.append((int(msg["index"]), text))
             return out
+
+        return list(worker.run(read))
 
     index: int | None = None
     if interface is not None:
-
-        def lookup() -> list[int]:
-            with IPRoute() as ipr:
-                return list(ipr.link_lookup(ifname=interface))
-
-        found = in_thread(lookup)
+        found = worker.run(lambda ipr: list(ipr.link_lookup(ifname=interface)))
         index = int(found[0]) if found else -1
     else:
         for idx, text in dump():
@@ -151,33 +295,85 @@ def netlink_source(host: str, interface: str | None = None) -> AddressSource:
     return source
 
 
-def _netlink_events(monitor: PollingIpMonitor, loop: asyncio.AbstractEventLoop) -> Any:
-    """Bind a pyroute2 socket to address events; a daemon thread wakes the monitor."""
+Wakeable = PollingIpMonitor | RouteMonitor
+
+
+def _netlink_events(monitor: Wakeable, loop: asyncio.AbstractEventLoop) -> Any:
+    """Bind a pyroute2 socket to link, address and route events; a daemon thread hands
+    them to the monitor through the loop (it cannot be interrupted in ``get``: it ends
+    with the process, and stops posting once the monitor is closed)."""
     import threading
 
     from pyroute2 import IPRoute
 
+    bound = threading.Event()
+
+    def post(events: list[NetEvent]) -> None:
+        if isinstance(monitor, RouteMonitor):
+            monitor.push(events)
+        else:
+            monitor.wake()
+
+    def lost() -> None:
+        if isinstance(monitor, RouteMonitor):
+            monitor.lost()
+        else:
+            monitor.wake()
+
     def listen() -> None:
-        with contextlib.suppress(Exception):
-            ipr = IPRoute()
-            ipr.bind()
-            while True:
-                for msg in ipr.get():
-                    if str(msg.get("event", "")).endswith("ADDR"):
-                        loop.call_soon_threadsafe(monitor.wake)
+        while not monitor.closed:
+            try:
+                ipr = IPRoute()
+                ipr.bind(groups=RTMGRP_WATCHED)
+            except Exception:  # no netlink here: the periodic dump is all there is
+                bound.set()
+                return
+            bound.set()
+            try:
+                while not monitor.closed:
+                    events = _translated(ipr.get())
+                    if events and not monitor.closed:
+                        loop.call_soon_threadsafe(post, events)
+            except Exception:
+                # Events were lost (ENOBUFS after a burst) or the socket broke: the view
+                # is read again whole, and a new socket listens. The pause only keeps a
+                # socket that fails at once from spinning.
+                with contextlib.suppress(RuntimeError):  # the loop is closed: we are done
+                    loop.call_soon_threadsafe(lost)
+                time.sleep(0.1)
+            finally:
+                with contextlib.suppress(Exception):
+                    ipr.close()
 
     thread = threading.Thread(target=listen, name="mdeci-netlink-events", daemon=True)
     thread.start()
+    # Bound before the first dump, so no event falls between the two.
+    bound.wait(5.0)
     return thread
 
 
+def _resolved(dest: str | None) -> str | None:
+    if dest is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(dest))
+    except ValueError:
+        return None  # a name: resolved by the caller, or only the address rule applies
+
+
 def make_monitor(
-    config: IpMonitorConfig, host: str, source: AddressSource | None = None
-) -> PollingIpMonitor | None:
+    config: IpMonitorConfig,
+    host: str,
+    source: AddressSource | None = None,
+    dest: str | None = None,
+) -> Wakeable | None:
     """The monitor the config asks for, or None when ``host`` is a wildcard/unknown address.
 
-    With no ``source`` it reads netlink through pyroute2; without pyroute2 there is no
-    monitor (None) and only ``move_to`` moves the agent.
+    ``dest`` is the broker's (registrar's) IP address: the agent follows the source
+    address of the route to it. With an injected ``source`` (tests: the addresses of
+    one interface) or a configured ``interface`` it only follows that interface's
+    addresses (:class:`PollingIpMonitor`). Without pyroute2 there is no monitor (None)
+    and only ``move_to`` moves the agent.
     """
     try:
         ip = ipaddress.ip_address(host)
@@ -185,12 +381,19 @@ def make_monitor(
         return None
     if ip.is_unspecified:
         return None
-    if source is None:
-        try:
-            source = netlink_source(host, config.interface)
-        except (ImportError, OSError, RuntimeError):
-            return None
-    monitor = PollingIpMonitor(source, host, config.poll_interval)
+    monitor: Wakeable
+    try:
+        if source is not None or config.interface is not None:
+            if source is None:
+                source = netlink_source(host, config.interface)
+            monitor = PollingIpMonitor(source, host, config.poll_interval)
+        else:
+            dump = netlink_dump(_NetlinkWorker())
+            follower = RouteFollower(host, _resolved(dest))
+            follower.prime(dump())  # fails here, not in run(), when netlink does not work
+            monitor = RouteMonitor(follower, dump, config.poll_interval)
+    except (ImportError, OSError, RuntimeError):
+        return None
     if config.mode is IpMonitorMode.NETLINK:
         with contextlib.suppress(ImportError, OSError):
             _netlink_events(monitor, asyncio.get_running_loop())

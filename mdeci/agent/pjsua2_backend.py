@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mdeci.agent.core import (
@@ -50,9 +50,10 @@ def _hostport(addr: HostPort) -> str:
 
 def worker_settings(config: AgentConfig) -> dict[str, Any]:
     """The child's settings (its first stdin line). Raises :class:`AgentError`."""
-    if "udp" not in config.sip.transports:
+    if config.sip.transports[0] != "udp":
         raise AgentError(
-            f'[sip] stack = "pjsua2" speaks UDP only; transports = {list(config.sip.transports)}'
+            '[sip] stack = "pjsua2" speaks UDP only: transports must start with "udp" '
+            f"(got {list(config.sip.transports)})"
         )
     # The config checked both AORs are sip:user@domain.
     try:
@@ -105,6 +106,7 @@ class Pjsua2Backend:
     """PJSIP in a child process (module docstring)."""
 
     name = "pjsua2"
+    transport = "udp"
 
     def __init__(self, config: AgentConfig, random_bytes: Callable[[int], bytes]) -> None:
         self.config = config
@@ -118,6 +120,20 @@ class Pjsua2Backend:
         self._local: Address = (config.sip.host, config.sip.port)
         self._expires: int | None = None  # of our registration; None: not registered
         self.errors: list[str] = []  # what the child reported from its callbacks
+        self._received = 0  # SIP messages the child saw arrive (all its children together)
+        self._counted = 0  # of the current child
+
+    @property
+    def received(self) -> Mapping[str, int]:
+        return {"udp": self._received + self._counted}
+
+    @property
+    def contact(self) -> str:
+        if self._proc is None:
+            return ""
+        host, port = self._local
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return f"sip:{self._settings['user']}@{where}"
 
     async def start(self, on_bye: Callable[[str], None]) -> Address:
         self._on_bye = on_bye
@@ -163,11 +179,14 @@ class Pjsua2Backend:
                 except ValueError:
                     continue
                 if isinstance(msg, dict):
-                    self._received(msg)
+                    self._message(msg)
         finally:
             self._child_gone(proc)
 
-    def _received(self, msg: dict[str, Any]) -> None:
+    def _message(self, msg: dict[str, Any]) -> None:
+        received = msg.get("received")
+        if isinstance(received, int) and not isinstance(received, bool):
+            self._counted = received
         event = msg.get("event")
         if event == "bye":
             call_id = str(msg.get("call_id", ""))
@@ -186,6 +205,8 @@ class Pjsua2Backend:
         if self._proc is not proc:
             return  # an earlier child, already replaced
         self._proc = None
+        self._received += self._counted
+        self._counted = 0
         for future in self._waiting.values():
             if not future.done():
                 future.set_result({"status": None, "reason": "pjsua2 process ended"})

@@ -46,9 +46,11 @@ BUSY_FOR = 0.2  # seconds after an answer
 
 class _Out:
     stream = sys.stdout
+    received = 0  # SIP messages pjsua reported to us (responses, in-dialog requests)
 
 
 def emit(**fields: Any) -> None:
+    fields["received"] = _Out.received
     _Out.stream.write(json.dumps(fields) + "\n")
     _Out.stream.flush()
 
@@ -372,6 +374,7 @@ class Account(pj.Account):  # type: ignore[misc]
     def onRegState(self, prm: pj.OnRegStateParam) -> None:
         def go() -> None:
             message = str(prm.rdata.wholeMsg) if prm.rdata is not None else ""
+            _Out.received += bool(message)
             self.worker.on_reg_state(int(prm.code), str(prm.reason), int(prm.expiration), message)
 
         guarded("onRegState", go)
@@ -416,6 +419,8 @@ class Call(pj.Call):  # type: ignore[misc]
         def go() -> None:
             e = prm.e.body.tsxState
             tsx = e.tsx
+            if e.type == pj.PJSIP_EVENT_RX_MSG:
+                _Out.received += 1
             if tsx.method != "INVITE" or tsx.role != pj.PJSIP_ROLE_UAC:
                 return
             if e.type == pj.PJSIP_EVENT_TX_MSG and tsx.state == pj.PJSIP_TSX_STATE_CALLING:

@@ -303,6 +303,7 @@ class KnownSub:
     subject: str
     filter: str
     expires_at: float
+    qclass: str = ""  # the queue class asked for (issue 13); the broker's list omits it
 
 
 class SubsRecord:
@@ -320,6 +321,7 @@ class SubsRecord:
                         subject=str(obj["subject"]),
                         filter=str(obj.get("filter", "")),
                         expires_at=float(obj["expires_at"]),
+                        qclass=str(obj.get("qclass", "")),
                     )
                 )
         except FileNotFoundError:
@@ -338,6 +340,7 @@ class SubsRecord:
                 "subject": s.subject,
                 "filter": s.filter,
                 "expires_at": s.expires_at,
+                "qclass": s.qclass,
             }
             for s in items
         ]

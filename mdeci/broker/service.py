@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass, field
 
 from mdeci.broker.core import Broker
 from mdeci.broker.errors import SessionKeyError
 from mdeci.broker.sms import SmsFallback
 from mdeci.errors import FrameError
-from mdeci.frames import CalendarOk, Error, encode
+from mdeci.frames import UNAVAILABLE, Ack, CalendarOk, Error, decode, encode
+from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
 from mdeci.store.sessions import SessionStatus
 from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
@@ -50,6 +52,9 @@ class _UserLink:
     reader: asyncio.Task[None] | None = None
     delivery: asyncio.Task[None] | None = None
     sends: set[asyncio.Task[None]] = field(default_factory=set)
+    # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
+    reply_bytes: int = 0
+    refusing: bool = False  # over the cap: its requests are answered 503, logged once
 
 
 def _addr_text(addr: tuple[str, int]) -> str:
@@ -73,6 +78,7 @@ class BrokerService:
         self._inbound: list[tuple[_UserLink, bytes]] = []
         # The channel selector and SMS side when set (run_broker; see the sms property).
         self._sms: SmsFallback | None = None
+        self.refused_requests = 0  # requests answered 503 or dropped by _admit
         broker.listener = self
 
     @property
@@ -270,6 +276,7 @@ class BrokerService:
 
     def _handle_inbound(self) -> None:
         batch, self._inbound = self._inbound, []
+        batch = [(link, data) for link, data in batch if self._admit(link, data)]
         replies = self.broker.handle_frames([(link.uri, data) for link, data in batch])
         for (link, _), frames in zip(batch, replies, strict=True):
             if self._users.get(link.uri) is not link:
@@ -281,7 +288,50 @@ class BrokerService:
                     reply = encode(frame)
                 except FrameError as exc:  # e.g. a `subs` listing over the frame limit
                     reply = encode(Error(req=exc.req, code=exc.code, message=exc.message))
-                self._spawn_send(link, reply)
+                self._spawn_reply(link, reply)
+
+    def _admit(self, link: _UserLink, data: bytes) -> bool:
+        """Whether to handle this frame: yes, unless its user holds more than
+        ``max_unacked_reply_bytes`` of our replies unacknowledged and it is a request
+        (an ``ack`` always passes: it is how the user gets below the cap again).
+
+        A refused request is answered ``error`` 503 while the user holds less than
+        twice the cap, and dropped beyond that, so the memory one user can hold stays
+        bounded whatever it sends; the first refusal of a streak is logged.
+        """
+        cap = self.broker.config.max_unacked_reply_bytes
+        if link.reply_bytes <= cap:
+            link.refusing = False
+            return True
+        try:
+            frame = decode(data)
+        except FrameError:
+            frame = None
+        if isinstance(frame, Ack):
+            return True
+        if not link.refusing:
+            link.refusing = True
+            oplog_event(
+                "requests_refused",
+                level=logging.WARNING,
+                uri=link.uri,
+                reason=f"{link.reply_bytes} bytes of replies unacknowledged (cap {cap})",
+            )
+        self.refused_requests += 1
+        if link.reply_bytes <= 2 * cap:
+            req = getattr(frame, "req", None)
+            text = "too many unacknowledged replies; acknowledge, then retry"
+            self._spawn_reply(link, encode(Error(req=req, code=UNAVAILABLE, message=text)))
+        return False
+
+    def _spawn_reply(self, link: _UserLink, data: bytes) -> None:
+        link.reply_bytes += len(data)
+        task = self._spawn_send(link, data)
+        task.add_done_callback(lambda _: self._replied(link, len(data)))
+
+    @staticmethod
+    def _replied(link: _UserLink, size: int) -> None:
+        link.reply_bytes -= size
 
     async def _deliver(self, link: _UserLink, epoch: int) -> None:
         while link.epoch == epoch:
@@ -296,10 +346,11 @@ class BrokerService:
             for item in batch:
                 self._spawn_send(link, item.data)
 
-    def _spawn_send(self, link: _UserLink, data: bytes) -> None:
+    def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Task[None]:
         task = asyncio.create_task(self._send(link, data, link.epoch))
         link.sends.add(task)
         task.add_done_callback(link.sends.discard)
+        return task
 
     async def _send(self, link: _UserLink, data: bytes, epoch: int) -> None:
         try:

@@ -9,7 +9,8 @@ Limits (issue 12): at most ``StreamLimits.max_connections`` accepted connections
 are closed at once), a connection idle for ``idle_timeout`` seconds is closed, and a
 stream message body may be at most ``max_body`` bytes (a larger Content-Length closes
 the connection without buffering it). A double CRLF "ping" on a stream gets a single
-CRLF "pong" (RFC 5626 §3.5.1).
+CRLF "pong" (RFC 5626 §3.5.1); :meth:`Transports.ping_streams` sends such pings on the
+connections we opened.
 
 TLS (``sips:``, §26.2) listens on its own port with an :class:`ssl.SSLContext` for the
 server side, and connects out with a client context that verifies the peer.
@@ -235,6 +236,7 @@ class Transports:
                         port=dest[1],
                         ssl=self.tls_client,
                         server_hostname=dest[0],
+                        local_addr=(self.local[0], 0),  # from our host, as TCP (a move)
                     )
                 else:
                     _t, conn = await loop.create_connection(
@@ -248,6 +250,18 @@ class Transports:
             return
         if self.udp is not None:
             self.udp.sendto(data, dest)
+
+    def ping_streams(self) -> int:
+        """A CRLFCRLF keep-alive (RFC 5626 §3.5.1) on every stream connection we opened;
+        how many. It keeps a flow the peer sends its requests back over open through its
+        idle timeout (and ours: its CRLF pong counts as traffic)."""
+        sent = 0
+        for conn in self.conns.values():
+            transport = conn.transport
+            if not conn.accepted and transport is not None and not transport.is_closing():
+                transport.write(b"\r\n\r\n")
+                sent += 1
+        return sent
 
     def send_soon(self, data: bytes, dest: Address, transport: str) -> None:
         """Send without awaiting (UDP at once; streams on a task)."""

@@ -336,6 +336,40 @@ def test_new_store_incarnation_resets_gate_and_restores_subscriptions(tmp_path: 
     assert list(tmp_path.glob("inbox.store-1-*.jsonl"))  # the old records are kept aside
 
 
+def test_restored_subscriptions_keep_their_queue_class(tmp_path: Path) -> None:
+    """Issue 11: the broker's ``subs`` list has no qclass; a restore on a new store used
+    to send the subscription without it (its notifications fell into the default class)."""
+    rig = Rig(tmp_path)
+    rig.connect(store="store-1")
+    core = rig.core
+    req = core.subscribe(rig.now, "news.#", "price < 10", 3600, qclass="bulk")
+    core.frame_received(rig.now, encode(SubOk(req=req, sub_id="7", expires_at=rig.now + 3600)))
+    rig.commands()
+    # A reconnection to the same store: the probe's list (without qclass) is remembered.
+    core.peer_lost(rig.now, "rudp: 1 messages failed")
+    reinvite = rig.sip(rig.commands())
+    after = rig.ok(reinvite, rig.answer(reinvite.offer, "store-1"))  # type: ignore[union-attr]
+    (probe,) = [f for f in rig.frames(after) if isinstance(f, List)]
+    listed = SubInfo(sub_id="7", subject="news.#", filter="price < 10", expires_at=rig.now + 3600)
+    core.frame_received(rig.now, encode(Subs(req=probe.req, items=(listed,))))
+    assert [s.qclass for s in SubsRecord(tmp_path / SUBS_FILE).items] == ["bulk"]
+    # Then the broker comes back on a new database: the restore asks for the same class.
+    rig.now += 10
+    core.peer_lost(rig.now, "rudp: 1 messages failed")
+    reinvite = rig.sip(rig.commands())
+    after = rig.ok(reinvite, rig.answer(reinvite.offer, "store-2"))  # type: ignore[union-attr]
+    (probe,) = [f for f in rig.frames(after) if isinstance(f, List)]
+    core.frame_received(rig.now, encode(Subs(req=probe.req)))
+    restored = [f for f in rig.frames(rig.commands()) if isinstance(f, Sub)]
+    assert [(s.subject, s.filter, s.ttl, s.qclass) for s in restored] == [
+        ("news.#", "price < 10", 3590, "bulk")
+    ]
+    core.frame_received(
+        rig.now, encode(SubOk(req=restored[0].req, sub_id="1", expires_at=rig.now + 3590))
+    )
+    assert [(s.sub_id, s.qclass) for s in rig.files.subs.items] == [("1", "bulk")]
+
+
 def test_outbox_is_replayed_after_connection_with_the_same_msg_id(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     core = rig.core

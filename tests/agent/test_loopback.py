@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 
 from mdeci.agent import Agent, Status
 from mdeci.broker import Broker
+from mdeci.config import IpMonitorConfig, IpMonitorMode
 from mdeci.store.repo import BrokerStore
 from tests.agent.farend import GUARD, FarEnd, agent_config, lo_only
 from tests.broker.conftest import FakeClock, WaitingSink, make_broker
@@ -36,6 +39,21 @@ async def start_agent(tmp: Path, user: str, host: str, far: FarEnd) -> Agent:
     await agent.start()
     await asyncio.wait_for(agent.wait_connected(), GUARD)
     return agent
+
+
+class MoveDetections(logging.Handler):
+    """Collects the agent's ``move_detected`` operator lines; ``twice`` is set at the second."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen = 0
+        self.twice = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() == "move_detected":
+            self.seen += 1
+            if self.seen >= 2:
+                self.twice.set()
 
 
 async def next_record(queue: asyncio.Queue[dict[str, Any]]) -> dict[str, Any]:
@@ -143,3 +161,29 @@ async def test_restart_never_hands_over_twice(
     finally:
         await alice.close()
         await bob.close()
+
+
+async def test_a_move_that_cannot_bind_is_tried_again(tmp_path: Path, far: FarEnd) -> None:
+    """The monitor took a named address for ours even when the agent could not bind it
+    (an IPv6 address still in duplicate address detection): it never named it again, so
+    the agent stayed on the old address for good. Now each check names it again."""
+    addresses = [frozenset({"127.0.0.1/8"})]
+    cfg = agent_config(tmp_path / "alice", "alice", "127.0.0.2", far)
+    cfg = dataclasses.replace(
+        cfg, ip_monitor=IpMonitorConfig(mode=IpMonitorMode.POLL, poll_interval=0.05)
+    )
+    agent = Agent(cfg, address_source=lambda: addresses[0])
+    logger = logging.getLogger("mdeci.agent")
+    level, catch = logger.level, MoveDetections()
+    logger.setLevel(logging.INFO)
+    logger.addHandler(catch)
+    try:
+        await agent.start()
+        await asyncio.wait_for(agent.wait_connected(), GUARD)
+        addresses[0] = frozenset({"192.0.2.77/32"})  # TEST-NET-1: not local, cannot bind
+        await asyncio.wait_for(catch.twice.wait(), GUARD)
+        assert agent.status().sip_addr.startswith("127.0.0.2:")
+    finally:
+        logger.removeHandler(catch)
+        logger.setLevel(level)
+        await agent.close()

@@ -91,7 +91,11 @@ async def test_pjsua2_dying_ends_the_session_not_the_daemon(
         await bob.start()
         await asyncio.wait_for(alice.wait_connected(), GUARD)
         await asyncio.wait_for(bob.wait_connected(), GUARD)
-        assert alice.status().sip_stack == "pjsua2"
+        status = alice.status()
+        assert (status.sip_stack, status.sip_transport) == ("pjsua2", "udp")
+        assert status.sip_contact == f"sip:alice@{status.sip_addr}"
+        # At least the REGISTER's and the INVITE's final answers.
+        assert status.sip_received["udp"] >= 2
         await asyncio.wait_for(alice.subscribe("stocks.*"), GUARD)
         inbox = alice.listen()
         await asyncio.wait_for(bob.publish("stocks.br", {"n": 1}, b"1"), GUARD)
@@ -106,6 +110,8 @@ async def test_pjsua2_dying_ends_the_session_not_the_daemon(
         # A fresh pjsua2 process, registered again, and a new session.
         await asyncio.wait_for(alice.wait_event("session_started", count=2), GUARD)
         assert backend.pid is not None and backend.pid != first
+        # Counted across both processes.
+        assert alice.status().sip_received["udp"] >= status.sip_received["udp"] + 2
         await asyncio.wait_for(bob.publish("stocks.br", {"n": 2}, b"2"), GUARD)
         got = await asyncio.wait_for(inbox.get(), GUARD)
         assert (got["nseq"], got["text"]) == (2, "2")
@@ -194,6 +200,9 @@ def test_any_register_response_gives_contacts_or_none(message: str) -> None:
 
 def test_a_config_without_udp_is_refused(tmp_path: Path) -> None:
     config = pjsua2_config(tmp_path, "alice", "127.0.0.2", 5060)
-    tcp_only = dataclasses.replace(config, sip=dataclasses.replace(config.sip, transports=("tcp",)))
-    with pytest.raises(AgentError, match="UDP only"):
-        Pjsua2Backend(tcp_only, os.urandom)
+    for transports in (("tcp",), ("tcp", "udp")):
+        other = dataclasses.replace(
+            config, sip=dataclasses.replace(config.sip, transports=transports)
+        )
+        with pytest.raises(AgentError, match="UDP only"):
+            Pjsua2Backend(other, os.urandom)

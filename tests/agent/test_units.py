@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from mdeci.agent.backend import MdeciSipBackend
 from mdeci.agent.backoff import Backoff
+from mdeci.agent.core import Register
+from mdeci.agent.errors import AgentError
 from mdeci.agent.ipmonitor import PollingIpMonitor, is_held, pick_new
 from mdeci.agent.state import Inbox, NseqState, Outbox, OutgoingPub
-from mdeci.config import ReconnectConfig
+from mdeci.config import ReconnectConfig, load_agent_config
+from tests.agent.farend import GUARD, agent_config
+from tests.sip.certs import make_certs
 
 
 def test_nseq_survives_restart_and_refuses_duplicates(tmp_path: Path) -> None:
@@ -106,3 +113,69 @@ def test_an_address_replaced_in_the_same_network_is_not_held() -> None:
     assert not is_held("10.77.20.2", frozenset({"10.77.20.3/24"}))
     assert pick_new("10.77.20.2", frozenset({"10.77.20.3/24", "fe80::1/64"})) == "10.77.20.3"
     assert is_held("10.77.20.3", frozenset({"10.77.20.3/24"}))
+
+
+@pytest.mark.parametrize(
+    ("sip", "transport", "listens_tls"),
+    [
+        ("", "udp", False),
+        ('transports = ["tcp"]\n', "tcp", False),
+        ('transports = ["tls"]\ntls_ca = "certs/ca.pem"\n', "tls", False),
+        ('transports = ["tls", "udp"]\ntls_ca = "certs/ca.pem"\n'
+         'tls_cert = "certs/server.pem"\ntls_key = "certs/server.key"\n', "tls", True),
+    ],
+)  # fmt: skip
+def test_backend_transport_comes_from_agent_toml(
+    tmp_path: Path, sip: str, transport: str, listens_tls: bool
+) -> None:
+    """``[sip] transports``: the first is how the agent reaches registrar and broker; TLS
+    verifies with ``tls_ca`` (resolved beside the file); a TLS listener only with a
+    certificate, on any free port by default (the broker's 5061 is not the agent's)."""
+    certs = make_certs(tmp_path / "certs")
+    path = tmp_path / "agent.toml"
+    path.write_text(f'aor = "sip:alice@localhost"\npassword = "pw"\n[sip]\n{sip}')
+    config = load_agent_config(path, env={})
+    backend = MdeciSipBackend(config, lambda n: bytes(n))
+    ua = backend.ua.config
+    assert backend.transport == transport
+    assert ua.tcp == ("tcp" in config.sip.transports)
+    assert ua.tls_ca == (str(certs.ca) if transport == "tls" else None)
+    assert (ua.tls_cert is not None) == listens_tls
+    assert ua.tls_port == 0
+
+
+def test_unreadable_tls_ca_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(
+        'aor = "sip:alice@localhost"\npassword = "pw"\n'
+        '[sip]\ntransports = ["tls"]\ntls_ca = "missing.pem"\n'
+    )
+    with pytest.raises(AgentError, match=r"^\[sip\] tls_ca/tls_cert/tls_key: .*No such file"):
+        MdeciSipBackend(load_agent_config(path, env={}), lambda n: bytes(n))
+
+
+async def test_backend_keeps_its_stream_to_the_registrar_alive(tmp_path: Path) -> None:
+    """Over TCP/TLS the agent pings its connection (CRLFCRLF, RFC 5626 §3.5.1) every
+    ``keepalive`` seconds, so the flow the broker sends its BYE over does not idle out."""
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def registrar(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.put_nowait(await reader.readuntil(b"\r\n\r\n"))  # the REGISTER's head
+        received.put_nowait(await reader.readexactly(4))
+        writer.close()
+
+    server = await asyncio.start_server(registrar, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    base = agent_config(tmp_path, "alice", "127.0.0.1", port)
+    config = dataclasses.replace(base, sip=dataclasses.replace(base.sip, transports=("tcp",)))
+    backend = MdeciSipBackend(config, lambda n: bytes(n), keepalive=0.05)
+    await backend.start(lambda call_id: None)
+    registering = asyncio.create_task(backend.execute(Register(600)))
+    try:
+        head = await asyncio.wait_for(received.get(), GUARD)
+        assert head.startswith(b"REGISTER ") and b"SIP/2.0/TCP" in head
+        assert await asyncio.wait_for(received.get(), GUARD) == b"\r\n\r\n"
+    finally:
+        registering.cancel()
+        await backend.close()
+        server.close()

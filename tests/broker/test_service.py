@@ -11,7 +11,20 @@ import pytest
 
 from mdeci.broker import Broker, BrokerService, SessionKeyError
 from mdeci.config import QueueConfig, SubscriptionConfig
-from mdeci.frames import Ack, Error, Frame, Notify, Pub, PubOk, Sub, SubOk, decode, encode
+from mdeci.frames import (
+    Ack,
+    Error,
+    Frame,
+    List,
+    Notify,
+    Pub,
+    PubOk,
+    Sub,
+    SubOk,
+    Subs,
+    decode,
+    encode,
+)
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from rudp.aio import RudpEndpoint, RudpPeer
@@ -317,3 +330,60 @@ async def test_a_peer_heard_again_by_keepalives_alone_is_served(
         assert service.is_connected(ALICE)
     finally:
         await agent.close()
+
+
+async def test_a_user_that_does_not_acknowledge_cannot_grow_the_broker(
+    store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    """Issue 12's probe: 60 subscriptions and 80 `list` requests whose replies are never
+    acknowledged grew the broker by 34 MB. Past ``max_unacked_reply_bytes`` of held
+    replies the user's requests are answered `error` 503 instead of being handled."""
+    cap = 1 << 16
+    broker = make_broker(store, clock, sink, queue=QueueConfig(max_unacked_reply_bytes=cap))
+    # Patient enough that the broker does not give up while the agent is deaf.
+    patient = RudpConfig(rto_initial=0.2, rto_min=0.1, rto_max=0.5, max_retries=12)
+    service = await BrokerService.open(broker, HOST, 0, patient)
+    add_session(store, ALICE)
+    for n in range(60):
+        [ok] = broker.handle(ALICE, Sub(req=n, subject=f"news.region-{n:03d}.{'x' * 60}"))
+        assert isinstance(ok, SubOk)
+    # A window wide enough for the 80 requests to leave while nothing comes back.
+    key = secrets.token_bytes(32)
+    endpoint = await RudpEndpoint.open(HOST, 0, config=dataclasses.replace(patient, window=256))
+    agent = Agent(endpoint, endpoint.peer(key, service.local_addr), key)
+    try:
+        service.connected(ALICE, agent.addr, agent.key)
+        await agent.send(List(req=1))
+        listing = await agent.next()
+        assert isinstance(listing, Subs) and len(listing.items) == 60
+        size = len(encode(listing))
+        agent.endpoint.drop_incoming = True  # deaf: acknowledges nothing from now on
+        sends = [asyncio.create_task(agent.peer.send(encode(List(req=100 + i)))) for i in range(80)]
+        [(_, peer)] = service.peers()
+
+        async def all_handled() -> None:
+            # No event marks "handled"; the broker's reply count is the state to watch.
+            while peer.stats.messages_sent < 1 + 80:
+                await asyncio.sleep(0.005)
+
+        await asyncio.wait_for(all_handled(), GUARD)
+        assert service.refused_requests > 0
+        agent.endpoint.drop_incoming = False  # the broker's retransmissions now arrive
+        answers = [await agent.next() for _ in range(80)]
+        listings = [a for a in answers if isinstance(a, Subs)]
+        refusals = [a for a in answers if isinstance(a, Error)]
+        assert len(listings) + len(refusals) == 80
+        assert {(e.code, e.req is not None) for e in refusals} == {(503, True)}
+        # Held replies never exceeded the cap by more than one listing.
+        assert len(listings) * size <= cap + size
+        assert len(refusals) == service.refused_requests >= 80 - (cap // size + 1)
+        # Acknowledged again: requests are handled again.
+        await agent.send(List(req=999))
+        again = await agent.next()
+        assert isinstance(again, Subs) and again.req == 999
+        for task in sends:
+            task.cancel()
+        await asyncio.gather(*sends, return_exceptions=True)
+    finally:
+        await agent.close()
+        await service.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -198,16 +199,17 @@ class _Child:
 
 
 class BrokerProcess(_Child):
-    """``python -m mdeci broker`` on loopback with users alice and bob."""
+    """``python -m mdeci broker`` on loopback with users alice and bob; ``sip``: more
+    lines of its ``[sip]`` table (e.g. transports and TLS files)."""
 
-    def __init__(self, folder: Path, store_url: str | None = None) -> None:
+    def __init__(self, folder: Path, store_url: str | None = None, sip: str = "") -> None:
         super().__init__()
         folder.mkdir(parents=True, exist_ok=True)
         self.config = folder / "broker.toml"
         store = "" if store_url is None else f'[store]\nurl = "{store_url}"\n\n'
         self.config.write_text(
             f'node = "broker-e2e"\ndomain = "{DOMAIN}"\ndata_dir = "data"\n\n'
-            '[sip]\nhost = "127.0.0.1"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\n\n'
+            f'[sip]\nhost = "127.0.0.1"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\n{sip}\n'
             f"{_RUDP_TOML}\n{store}"
             + "".join(
                 f'[[auth.users]]\nuser = "{u}"\npassword = "{p}"\n\n' for u, p in PASSWORDS.items()
@@ -216,6 +218,7 @@ class BrokerProcess(_Child):
         self.loaded = load_broker_config(self.config)  # a bad file fails here, not in the child
         self.sip_addr: tuple[str, int] = ("127.0.0.1", 0)
         self.media_addr: tuple[str, int] = ("127.0.0.1", 0)
+        self.tls_addr: tuple[str, int] | None = None
 
     async def start(self) -> BrokerProcess:
         """Start (again, on the same ports once they are known) and await the ready line."""
@@ -228,11 +231,26 @@ class BrokerProcess(_Child):
         assert words[:2] == ["broker", "listening"], line
         self.sip_addr = _hostport(words[2].removeprefix("sip="))
         self.media_addr = _hostport(words[3].removeprefix("media="))
+        for word in words[4:]:
+            if word.startswith("tls="):
+                self.tls_addr = _hostport(word.removeprefix("tls="))
         return self
+
+    async def admin(self, *args: str) -> tuple[int, str, str]:
+        """``python -m mdeci admin <args> --config <this broker's file>``."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "mdeci", "admin", *args, "--config", str(self.config),
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), START_GUARD)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
 
 
 class AgentProcess(_Child):
-    """``python -m mdeci agent`` of ``user`` bound to ``host``, talking to ``broker``."""
+    """``python -m mdeci agent`` of ``user`` bound to ``host``, talking to ``broker``
+    (its SIP address, or ``address`` when given: a TLS port, a proxy); ``sip``: more
+    lines of its ``[sip]`` table (transports, TLS files)."""
 
     def __init__(
         self,
@@ -241,19 +259,22 @@ class AgentProcess(_Child):
         host: str,
         broker: BrokerProcess,
         password: str | None = None,
-        stack: str = "mdeci",
+        *,
+        address: tuple[str, int] | None = None,
+        sip: str = "",
     ) -> None:
         super().__init__()
         folder.mkdir(parents=True, exist_ok=True)
         self.user = user
         self.config = folder / "agent.toml"
-        address = f"127.0.0.1:{broker.sip_addr[1]}"
+        where = address or ("127.0.0.1", broker.sip_addr[1])
+        password = password or PASSWORDS[user]
         self.config.write_text(
             f'node = "{user}-e2e"\naor = "{uri(user)}"\n'
-            f'password = "{password or PASSWORDS[user]}"\nstate_dir = "state"\n\n'
-            f'[registrar]\naddress = "{address}"\n\n'
-            f'[broker]\naor = "{BROKER_AOR}"\naddress = "{address}"\n\n'
-            f'[sip]\nhost = "{host}"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\nstack = "{stack}"\n\n'
+            f'password = "{password}"\nstate_dir = "state"\n\n'
+            f'[registrar]\naddress = "{where[0]}:{where[1]}"\n\n'
+            f'[broker]\naor = "{BROKER_AOR}"\naddress = "{where[0]}:{where[1]}"\n\n'
+            f'[sip]\nhost = "{host}"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\n{sip}\n'
             f'[media]\nhost = "{host}"\n\n{_RUDP_TOML}\n'
             "[reconnect]\nbase = 0.05\nmax = 0.5\njitter = 0.2\n\n"
             # Nothing moves in these tests: the monitor is as good as off.
@@ -262,6 +283,7 @@ class AgentProcess(_Child):
         loaded = load_agent_config(self.config)
         self.state_dir = loaded.state_dir
         self.socket = loaded.api_socket
+        self.churn_log = loaded.churnlog.path
 
     async def start(self) -> AgentProcess:
         line = await self._spawn("agent", "--config", str(self.config))
@@ -285,6 +307,18 @@ class AgentProcess(_Child):
     async def publish(self, subject: str, text: str, **attrs: Any) -> dict[str, Any]:
         return await self.call({"op": "pub", "subject": subject, "attrs": attrs, "text": text})
 
+    def churn(self) -> list[dict[str, Any]]:
+        """The records of its churn log so far (JSON lines)."""
+        if not self.churn_log.exists():
+            return []
+        lines = self.churn_log.read_text().splitlines()
+        return [json.loads(line) for line in lines if line]
+
+    async def move(self, host: str) -> None:
+        """``mdeci move HOST``, as an operator (or a network script) runs it."""
+        code, out, err = await self.cli("move", host)
+        assert code == 0, out + err
+
     async def subscribe(self, subject: str, filter: str = "", ttl: int | None = None) -> str:
         answer = await self.call({"op": "sub", "subject": subject, "filter": filter, "ttl": ttl})
         return str(answer["sub_id"])
@@ -298,6 +332,58 @@ class AgentProcess(_Child):
         out, err = await asyncio.wait_for(proc.communicate(), START_GUARD)
         assert proc.returncode is not None
         return proc.returncode, out.decode(), err.decode()
+
+
+class ApiPublisher:
+    """bob (an `mdeci agent` process) publishing ``t<i>`` at ``rate`` per second through
+    its local API, one request at a time on one connection: the broker gets them in the
+    order sent, so alice's order can be checked."""
+
+    def __init__(self, agent: AgentProcess, subject: str, rate: float) -> None:
+        self.agent = agent
+        self.subject = subject
+        self.interval = 1.0 / rate
+        self.sent = 0
+        self.elapsed = 0.0
+        self.latencies: list[float] = []  # seconds each `pub` call took (its answer)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> ApiPublisher:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        async with ApiClient(self.agent.socket) as client:
+            while not self._stop.is_set() and self.sent < 5000:
+                delay = start + self.sent * self.interval - loop.time()
+                if delay > 0:  # pacing (the offered load), not synchronisation
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), delay)
+                    if self._stop.is_set():
+                        break
+                request = {
+                    "op": "pub", "subject": self.subject, "attrs": {"i": self.sent},
+                    "text": f"t{self.sent}",
+                }  # fmt: skip
+                began = loop.time()
+                await asyncio.wait_for(client.call(request), GUARD)
+                self.latencies.append(loop.time() - began)
+                self.sent += 1
+        self.elapsed = loop.time() - start
+
+    async def stop(self) -> int:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.wait_for(self._task, GUARD)
+        return self.sent
+
+
+def at_least(n: int) -> Callable[[list[dict[str, Any]]], bool]:
+    """A :meth:`TailCollector.wait_for` condition: ``n`` notifications or more."""
+    return lambda records: len(records) >= n
 
 
 @dataclass(eq=False)

@@ -82,8 +82,8 @@ async def test_broker_kill9_mid_stream(
     tmp_path: Path, store_url: str | None, sip_stack: str
 ) -> None:
     broker = await BrokerProcess(tmp_path / "broker", store_url).start()
-    alice = AgentProcess(tmp_path / "a", "alice", "127.0.0.2", broker, stack=sip_stack)
-    bob = AgentProcess(tmp_path / "b", "bob", "127.0.0.4", broker, stack=sip_stack)
+    alice = AgentProcess(tmp_path / "a", "alice", "127.0.0.2", broker, sip=f'stack = "{sip_stack}"')
+    bob = AgentProcess(tmp_path / "b", "bob", "127.0.0.4", broker, sip=f'stack = "{sip_stack}"')
     tail: TailCollector | None = None
     try:
         await alice.start()
@@ -134,8 +134,8 @@ async def eventually_empty_outbox(agent: AgentProcess) -> None:
 
 async def test_agent_kill9_mid_stream(tmp_path: Path, sip_stack: str) -> None:
     broker = await BrokerProcess(tmp_path / "broker").start()
-    alice = AgentProcess(tmp_path / "a", "alice", "127.0.0.2", broker, stack=sip_stack)
-    bob = AgentProcess(tmp_path / "b", "bob", "127.0.0.4", broker, stack=sip_stack)
+    alice = AgentProcess(tmp_path / "a", "alice", "127.0.0.2", broker, sip=f'stack = "{sip_stack}"')
+    bob = AgentProcess(tmp_path / "b", "bob", "127.0.0.4", broker, sip=f'stack = "{sip_stack}"')
     tail: TailCollector | None = None
     try:
         await alice.start()

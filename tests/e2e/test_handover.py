@@ -15,8 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +363,159 @@ async def test_address_change_inside_a_network_namespace(
             run_ip("netns", "del", ns)
         with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):
             run_ip("link", "del", host_if)  # normally gone with the namespace
+
+
+def _churn(path: Path, event: str) -> list[dict[str, Any]]:
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["event"] == event]
+
+
+def _epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def _detections(child: Child) -> list[tuple[float, str]]:
+    """The agent's ``move_detected`` operator lines (time, addr), from its stderr."""
+    found = []
+    for line in child.stderr().splitlines():
+        fields = dict(word.partition("=")[::2] for word in line.split())
+        if fields.get("event") == "move_detected":
+            found.append((_epoch(fields["ts"]), fields["addr"]))
+    return found
+
+
+async def test_default_route_from_wifi_to_cell_then_wifi_down(
+    tmp_path: Path,
+    store: BrokerStore,
+) -> None:
+    """Issue 11, criterion 3: the agent follows the default route across interfaces.
+
+    The device namespace has two veths, ``wifi`` and ``cell``, each paired with one in
+    the root namespace. The broker's address is a /32 on the root side of ``cell``:
+    off-link for the device on both interfaces, so only the default route decides which
+    one (and which source address) reaches it (the root namespace takes packets for a
+    local address on any interface). The agent (``mdeci agent`` in the namespace,
+    netlink mode, a 30 s poll interval so that only netlink events can make it move in
+    time) starts on Wi-Fi; the default route is replaced by one via ``cell``; then
+    ``wifi`` goes down. Times are wall-clock, from just before ``ip route replace`` to
+    the agent's ``move_detected`` line (ms resolution): the ``ip`` process start is
+    counted, so the measure errs long.
+    """
+    _require_netns()
+    tag = os.getpid() % 10000
+    n = 20 + os.getpid() % 200
+    ns, wifi_h, cell_h = f"mdeci-e2ew-{tag}", f"mdw{tag}", f"mdc{tag}"
+    wifi_ip, cell_ip, broker_ip = f"10.78.{n}.2", f"10.79.{n}.2", f"10.80.{n}.1"
+    a: Child | None = None
+    b: RunningAgent | None = None
+    broker: RunningBroker | None = None
+    publisher: Publisher | None = None
+    tail: Tail | None = None
+    try:
+        run_ip("netns", "add", ns)
+        for host_if, ns_if, net in ((wifi_h, "wifi", f"10.78.{n}"), (cell_h, "cell", f"10.79.{n}")):
+            run_ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+            run_ip("link", "set", ns_if, "netns", ns)
+            run_ip("addr", "add", f"{net}.1/24", "dev", host_if)
+            run_ip("link", "set", host_if, "up")
+            run_ip("-n", ns, "addr", "add", f"{net}.2/24", "dev", ns_if)
+            run_ip("-n", ns, "link", "set", ns_if, "up")
+        run_ip("addr", "add", f"{broker_ip}/32", "dev", cell_h)
+        run_ip("-n", ns, "link", "set", "lo", "up")
+        run_ip("-n", ns, "route", "add", "default", "via", f"10.78.{n}.1", "dev", "wifi")
+
+        sink = WaitingSink()
+        broker = await _broker(tmp_path, store, sink, host=broker_ip)
+        sip = broker.sip_addr
+        a, a_sock = await start_agent(
+            tmp_path,
+            "alice",
+            agent_toml(
+                tmp_path / "alice",
+                "alice",
+                wifi_ip,
+                sip,
+                ip_monitor='mode = "netlink"\npoll_interval = 30.0',
+            ),
+            prefix=("ip", "netns", "exec", ns),
+        )
+        b = await run_agent(
+            agent_config(tmp_path / "bob", "bob", broker_ip, sip[1], broker_ip),
+            address_source=lo_only,
+        )
+        await wait_status(a_sock, is_connected)
+        await asyncio.wait_for(b.wait_connected(), GUARD)
+        async with ApiClient(a_sock) as client:
+            await client.call({"op": "sub", "subject": "roam.tick", "ttl": 600})
+        tail = await Tail(a_sock).start()
+        publisher = Publisher(b, "roam.tick", 100.0).start()
+        await asyncio.wait_for(tail.wait_count(20), GUARD)
+        aor = "sip:alice@localhost"
+        assert [x.contact for x in store.bindings.bindings(aor, time.time())] != []
+        assert all(wifi_ip in x.contact for x in store.bindings.bindings(aor, time.time()))
+
+        # Wi-Fi -> cellular: one RTM_NEWROUTE (NLM_F_REPLACE), the addresses unchanged.
+        changed_at = time.time()  # before the change: the measure can only be longer
+        run_ip("-n", ns, "route", "replace", "default", "via", f"10.79.{n}.1", "dev", "cell")
+        await wait_status(
+            a_sock,
+            lambda s: (
+                s["media_addr"].startswith(cell_ip + ":")
+                and s["sip_addr"].startswith(cell_ip + ":")
+            ),
+        )
+        await asyncio.wait_for(sink.wait_for("session_reinvited", aor), GUARD)
+        await asyncio.wait_for(sink.wait_for("unregistered", aor), GUARD)  # the Wi-Fi contact
+        churn = tmp_path / "alice" / "churn.log"
+        moves = _churn(churn, "ip_changed")
+        assert len(moves) == 1 and moves[0]["addr"].startswith(cell_ip + ":"), moves
+        # Detected: the operator line written when the monitor names the new address;
+        # moved: ip_changed, written once REGISTER from there is answered.
+        detections = _detections(a)
+        assert [addr for _, addr in detections] == [cell_ip], detections
+        detected = detections[0][0] - changed_at
+        moved = _epoch(moves[0]["ts"]) - changed_at
+        mark = len(tail.records)
+        await asyncio.wait_for(tail.wait_count(mark + 20), GUARD)  # flowing over cell
+
+        # Wi-Fi goes away altogether: the agent is already on cell, nothing moves.
+        run_ip("-n", ns, "link", "set", "wifi", "down")
+        mark = len(tail.records)
+        await asyncio.wait_for(tail.wait_count(mark + 20), GUARD)
+        sent = await publisher.stop()
+        publisher = None
+        records = await asyncio.wait_for(tail.wait_count(sent), GUARD)
+        check_exactly(records, [f"t{i}" for i in range(sent)])
+        status = await wait_status(a_sock, lambda s: s["highest_nseq"] >= sent)
+        assert status["highest_nseq"] == sent and status["status"] == "CONNECTED"
+        assert status["sip_addr"].startswith(cell_ip + ":")
+        assert len(_churn(churn, "ip_changed")) == 1
+        assert len(_detections(a)) == 1
+        contacts = [x.contact for x in store.bindings.bindings(aor, time.time())]
+        assert len(contacts) == 1 and cell_ip in contacts[0], contacts
+        assert detected < 0.2, f"move detected {detected * 1000:.0f} ms after the route change"
+        print(
+            f"\nroaming: default route wifi -> cell, then wifi down: move detected in "
+            f"{detected * 1000:.0f} ms, moved (REGISTER answered) in {moved * 1000:.0f} ms; "
+            f"{sent} events, 0 lost, 0 dup, 1 contact left ({contacts[0]})"
+        )
+    finally:
+        if tail is not None:
+            await tail.close()
+        if publisher is not None:
+            with contextlib.suppress(Exception):
+                await publisher.stop()
+        if a is not None:
+            await stop(a)
+        if b is not None:
+            await b.close()
+        if broker is not None:
+            await broker.close()
+        with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):
+            run_ip("netns", "del", ns)
+        for host_if in (wifi_h, cell_h):  # normally gone with the namespace
+            with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):
+                run_ip("link", "del", host_if)
 
 
 # ------------------------------------------------------------------ the fix it needed

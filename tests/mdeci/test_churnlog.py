@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -200,6 +201,45 @@ def test_rotation_without_backups(tmp_path: Path) -> None:
             log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=i + 1)
     assert [p.name for p in tmp_path.iterdir()] == ["churn.log"]
     assert lines(path)[-1]["nseq"] == 10
+
+
+def test_a_failed_rotation_keeps_the_log_open_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 12's finding: a rotation that failed left the log closed for good (every
+    later line lost). Now the current file keeps growing, the failure is logged once, and
+    rotation works again as soon as the obstacle is gone."""
+    caplog.set_level(logging.WARNING, logger="mdeci.churnlog")
+    path = tmp_path / "churn.log"
+    blocker = tmp_path / "churn.log.1"
+    blocker.mkdir()
+    (blocker / "in-the-way").write_text("x")  # a non-empty folder: the rename fails
+    with ChurnLog(path, "n", Clock(), max_bytes=300, backups=1) as log:
+        for i in range(20):
+            log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=i + 1)
+        assert not log.closed and log.rotation_failures > 1
+        assert [r["nseq"] for r in lines(path)] == list(range(1, 21))  # nothing lost
+        warnings = [r for r in caplog.records if r.getMessage() == "churnlog_error"]
+        assert len(warnings) == 1  # once per failure streak, not per line
+        blocker.joinpath("in-the-way").unlink()
+        blocker.rmdir()
+        log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=21)
+    assert [r["nseq"] for r in lines(path)] == [21]
+    assert [r["nseq"] for r in lines(blocker)] == list(range(1, 21))
+
+
+def test_a_failed_reopen_is_retried_on_the_next_line(tmp_path: Path) -> None:
+    path = tmp_path / "churn.log"
+    with ChurnLog(path, "n", Clock(), max_bytes=1, backups=0) as log:  # rotate every line
+        log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=1)
+        path.unlink()
+        path.mkdir()  # something in the way: neither removed nor opened as a file
+        with pytest.raises(ChurnLogError, match="cannot open"):
+            log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=2)
+        path.rmdir()
+        log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=3)
+        assert not log.closed
+    assert [r["nseq"] for r in lines(path)] == [3]
 
 
 def test_oversize_line_goes_alone_into_a_fresh_file(tmp_path: Path) -> None:

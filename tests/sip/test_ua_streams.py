@@ -5,7 +5,7 @@ UA level; issue 12's TCP bounds).
   callee's BYE follows the caller's ``;transport=tcp`` Contact); no UDP message at all.
 - TLS: a ``sips:`` call to the TLS port, both sides verifying certificates made here;
   the callee's BYE goes over TLS to the caller's ``sips:`` Contact.
-- The RFC 5626 CRLF keep-alive gets its pong.
+- The RFC 5626 CRLF keep-alive gets its pong; we ping the connections we opened.
 - Bounds: a connection limit, an idle timeout, a body limit.
 """
 
@@ -144,6 +144,39 @@ async def test_crlf_keepalive_gets_a_pong() -> None:
         writer.close()
     finally:
         await ua.close()
+
+
+async def test_keepalive_pings_only_the_connections_we_opened() -> None:
+    """``ping_streams`` writes CRLFCRLF on our own connection (a flow the peer sends its
+    requests back over), not on connections others opened to us."""
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.put_nowait(await reader.readuntil(b"\r\n\r\n"))  # our OPTIONS' head
+        received.put_nowait(await reader.readexactly(4))
+        writer.close()
+
+    server = await asyncio.start_server(peer, "127.0.0.1", 0)
+    addr = server.sockets[0].getsockname()[:2]
+    ua = UserAgent(UaConfig(aor="sip:ua@example.org", timers=FAST))
+    await ua.start("127.0.0.1")
+    asking: asyncio.Task[object] | None = None
+    writer: asyncio.StreamWriter | None = None
+    try:
+        _, writer = await tcp_client(ua.local_addr)  # a connection to us: never pinged
+        request = ua.build_request("OPTIONS", "sip:peer@127.0.0.1", to="<sip:peer@127.0.0.1>")
+        asking = asyncio.create_task(ua.request(request, addr, "tcp"))
+        head = await asyncio.wait_for(received.get(), GUARD)
+        assert head.startswith(b"OPTIONS ")
+        assert ua.transports.ping_streams() == 1
+        assert await asyncio.wait_for(received.get(), GUARD) == b"\r\n\r\n"
+    finally:
+        if asking is not None:
+            asking.cancel()
+        if writer is not None:
+            writer.close()
+        await ua.close()
+        server.close()
 
 
 async def test_connection_limit_and_idle_timeout() -> None:

@@ -6,7 +6,10 @@ JSON object per line on stdout for every step; the test reads them. The recipe
 audio line before our application line, written in ``onCallSdpCreated``.
 
 usage: pjsua_peer.py REGISTRAR_HOST:PORT UAS_HOST:PORT USER PASSWORD DOMAIN NEW_HOST
-       [PROXY_HOST:PORT]
+       [PROXY_HOST:PORT [TRANSPORT [CA CERT KEY]]]
+
+TRANSPORT is udp (default), tcp or tls; with tls, CA verifies the proxy's certificate and
+CERT/KEY are the device's own (its TLS listener, which a proxy connects to).
 """
 
 from __future__ import annotations
@@ -96,6 +99,28 @@ def main() -> int:
     # Optional 7th argument: an outbound proxy (Kamailio); the call then goes to
     # sip:broker@<domain> through it, as a device of a proxied domain calls.
     proxy = sys.argv[7] if len(sys.argv) > 7 else None
+    transport = sys.argv[8] if len(sys.argv) > 8 else "udp"
+    kind = {
+        "udp": pj.PJSIP_TRANSPORT_UDP,
+        "tcp": pj.PJSIP_TRANSPORT_TCP,
+        "tls": pj.PJSIP_TRANSPORT_TLS,
+    }[transport]
+    param = "" if transport == "udp" else f";transport={transport}"
+
+    def transport_config(host: str) -> pj.TransportConfig:
+        tcfg = pj.TransportConfig()
+        tcfg.boundAddress = host
+        tcfg.publicAddress = host
+        tcfg.port = 0
+        if transport == "tls":
+            ca, cert, key = sys.argv[9:12]
+            tcfg.tlsConfig.CaListFile = ca
+            tcfg.tlsConfig.certFile = cert
+            tcfg.tlsConfig.privKeyFile = key
+            tcfg.tlsConfig.verifyServer = True
+            tcfg.tlsConfig.method = pj.PJSIP_TLSV1_2_METHOD
+        return tcfg
+
     ep = pj.Endpoint()
     ep.libCreate()
     cfg = pj.EpConfig()
@@ -107,11 +132,7 @@ def main() -> int:
     ep.audDevManager().setNullDev()
     for codec in ep.codecEnum2():
         ep.codecSetPriority(codec.codecId, 255 if codec.codecId.startswith("PCMU") else 0)
-    tcfg = pj.TransportConfig()
-    tcfg.boundAddress = "127.0.0.2"
-    tcfg.publicAddress = "127.0.0.2"
-    tcfg.port = 0
-    tid1 = ep.transportCreate(pj.PJSIP_TRANSPORT_UDP, tcfg)
+    tid1 = ep.transportCreate(kind, transport_config("127.0.0.2"))
     ep.libStart()
     host = ["127.0.0.2"]
 
@@ -125,12 +146,12 @@ def main() -> int:
 
     acfg = pj.AccountConfig()
     acfg.idUri = f"sip:{user}@{domain}"
-    acfg.regConfig.registrarUri = f"sip:{registrar}"
+    acfg.regConfig.registrarUri = f"sip:{registrar}{param}"
     acfg.regConfig.timeoutSec = 600
     acfg.sipConfig.authCreds.append(pj.AuthCredInfo("digest", "*", user, 0, password))
     acfg.sipConfig.transportId = tid1
     if proxy is not None:
-        acfg.sipConfig.proxies.append(f"sip:{proxy};lr")
+        acfg.sipConfig.proxies.append(f"sip:{proxy}{param};lr")
     acfg.mediaConfig.useLoopMedTp = True
     acfg.natConfig.sipOutboundUse = 0
     acfg.natConfig.contactRewriteUse = 0
@@ -153,11 +174,7 @@ def main() -> int:
         return 1
 
     # Move: a transport on another loopback address, re-REGISTER there, re-INVITE.
-    tcfg2 = pj.TransportConfig()
-    tcfg2.boundAddress = new_host
-    tcfg2.publicAddress = new_host
-    tcfg2.port = 0
-    tid2 = ep.transportCreate(pj.PJSIP_TRANSPORT_UDP, tcfg2)
+    tid2 = ep.transportCreate(kind, transport_config(new_host))
     host[0] = new_host
     acfg.sipConfig.transportId = tid2
     acc.reg_codes.clear()

@@ -1,0 +1,117 @@
+"""Issue 10, criterion 2: the agent scenario over SIP/TCP and SIP/TLS, without Kamailio.
+
+A broker process listens on UDP, TCP and TLS (a certificate from ``tests/sip/certs.py``);
+two ``mdeci agent`` processes are configured with ``[sip] transports = ["tcp"]`` or
+``["tls"]`` (with ``tls_ca`` to verify the broker) and the broker's TCP or TLS address.
+alice subscribes with a filter; bob publishes at ``RATE`` per second while alice moves
+``MOVES`` times with ``mdeci move``: 0 lost, 0 duplicated, order kept. Then
+``mdeci admin kick`` makes the broker send its own in-dialog request (BYE) to alice: it
+arrives over the dialog's stream transport (alice's SIP counters show no UDP message at
+all), alice logs ``session_ended`` (``bye from broker``) and comes back over the same
+transport. The agents' clean stop BYEs their sessions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness_a import check_exactly
+from tests.e2e.harness_b import (
+    AgentProcess,
+    ApiPublisher,
+    BrokerProcess,
+    TailCollector,
+    at_least,
+    eventually,
+    uri,
+)
+from tests.sip.certs import make_certs
+
+MOVES = 5
+RATE = 50.0
+HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+SUBJECT = "st.tick"
+
+
+@pytest.mark.parametrize("transport", ["tcp", "tls"])
+async def test_agent_processes_over_a_stream_transport(tmp_path: Path, transport: str) -> None:
+    certs = make_certs(tmp_path / "certs")
+    broker = BrokerProcess(
+        tmp_path / "broker",
+        sip=(
+            'transports = ["udp", "tcp", "tls"]\ntls_port = 0\n'
+            f'tls_cert = "{certs.cert}"\ntls_key = "{certs.key}"\n'
+        ),
+    )
+    agents: list[AgentProcess] = []
+    tail: TailCollector | None = None
+    publisher: ApiPublisher | None = None
+    try:
+        await broker.start()
+        dest = broker.tls_addr if transport == "tls" else broker.sip_addr
+        assert dest is not None, "the broker printed no tls= address"
+        sip = f'transports = ["{transport}"]\n'
+        if transport == "tls":
+            sip += f'tls_ca = "{certs.ca}"\n'
+        alice = AgentProcess(tmp_path / "alice", "alice", HOSTS[0], broker, address=dest, sip=sip)
+        bob = AgentProcess(tmp_path / "bob", "bob", "127.0.0.100", broker, address=dest, sip=sip)
+        for agent in (alice, bob):
+            agents.append(await agent.start())
+        for agent in agents:
+            await agent.wait_connected()
+            status = await agent.status()
+            assert status["sip_transport"] == transport
+
+        tail = TailCollector(alice.socket).start()
+        await alice.subscribe(SUBJECT, "exists(i)", ttl=600)
+        for _ in range(3):  # filtered out: never reaches alice
+            await bob.publish(SUBJECT, "noise", noise=1)
+        publisher = ApiPublisher(bob, SUBJECT, RATE).start()
+        await tail.wait_for(at_least(1))
+        for k in range(1, MOVES + 1):
+            mark = len(tail.records)
+            host = HOSTS[k % len(HOSTS)]
+            await alice.move(host)
+            assert (await alice.status())["sip_addr"].startswith(f"{host}:")
+            # Two notifications at the new address before the next move.
+            await tail.wait_for(at_least(mark + 2))
+        sent = await publisher.stop()
+        publisher = None
+        await tail.wait_for(at_least(sent))
+        check_exactly(tail.records, [f"t{i}" for i in range(sent)])
+        assert sent >= 2 * MOVES + 1
+
+        # The broker's own in-dialog request: `mdeci admin kick` sends alice a BYE. It
+        # goes where the dialog's remote target says (over the stream alice reached it
+        # by), never as a UDP datagram.
+        before = (await alice.status())["sip_received"]
+        code, out, err = await broker.admin("kick", uri("alice"))
+        assert code == 0, out + err
+
+        async def bye_seen() -> bool:
+            return any(
+                r["event"] == "session_ended" and r.get("reason") == "bye from broker"
+                for r in alice.churn()
+            )
+
+        await eventually(bye_seen)
+        await alice.wait_connected()  # back, over the same transport
+        after = (await alice.status())["sip_received"]
+        assert after[transport] > before[transport]
+        for agent in agents:
+            received = (await agent.status())["sip_received"]
+            assert received.get("udp", 0) == 0 and received[transport] > 0, received
+        print(
+            f"\n{transport}: {MOVES} moves while bob (a process) published {sent}: "
+            f"0 lost, 0 duplicated, order kept; kick BYE over {transport}"
+        )
+    finally:
+        if publisher is not None:
+            await publisher.stop()
+        if tail is not None:
+            await tail.close()
+        for agent in agents:
+            assert await agent.stop() == 0, agent.stderr.decode()
+        await broker.stop()
