@@ -195,12 +195,15 @@ class SipOutcome:
 
     ``status`` None: no answer at all (timeout, socket error); ``body``: the answer's SDP;
     ``call_id``: the dialog's; ``local_addr``: the UA's address after the command;
-    ``contacts``: the other contacts the registrar listed for our AOR.
+    ``contacts``: the other contacts the registrar listed for our AOR; ``offer``: our
+    offer as it went on the wire when the stack rewrote it (pjsua2 adds an audio line),
+    empty when it went as given (the key agreement binds the bytes sent).
     """
 
     status: int | None
     reason: str = ""
     body: bytes = b""
+    offer: bytes = b""
     call_id: str | None = None
     local_addr: Address | None = None
     contacts: tuple[str, ...] = ()
@@ -480,8 +483,9 @@ class AgentCore:
         )
         return self._offered
 
-    def _agree(self, answer: Answer, body: bytes) -> str | None:
-        """Take the keys of the broker's ``answer``: None, or why it gives none."""
+    def _agree(self, answer: Answer, offer: bytes, body: bytes) -> str | None:
+        """Take the keys of the broker's ``answer`` to ``offer``: None, or why it gives
+        none."""
         if answer.public is None:
             if self._fresh_kx or self._key is None:
                 return "the broker's answer has no a=mdeci-kx"
@@ -491,7 +495,7 @@ class AgentCore:
         realm = self.config.broker.realm or domain
         psk = session_psk(self._user, realm, self.config.password)
         try:
-            self._key = agree(self._kx, answer.public, psk, self._offered, body)
+            self._key = agree(self._kx, answer.public, psk, offer, body)
         except KeyAgreementError as exc:
             return str(exc)
         return None
@@ -621,7 +625,7 @@ class AgentCore:
         first = isinstance(command, Invite)
         if outcome.call_id is not None:
             self.call_id = outcome.call_id
-        refused = self._agree(answer, outcome.body)
+        refused = self._agree(answer, outcome.offer or self._offered, outcome.body)
         if refused is not None:
             # Fail closed: no media on keys we could not agree; the next attempt
             # offers a new value.

@@ -427,3 +427,18 @@ def test_a_rekey_after_media_loss_offers_a_new_value(tmp_path: Path) -> None:
     after = rig.ok(reinvite, rig.answer(reinvite.offer))
     assert rig.secret is not None and rig.secret != offered
     assert AttachMedia(rig.secret, BROKER_MEDIA) in after
+
+
+def test_the_key_agreement_binds_the_offer_as_the_stack_sent_it(tmp_path: Path) -> None:
+    """pjsua2 sends our offer with an audio line in front (docs/pjsip.md); the broker
+    binds what it got, so the core must bind the same bytes (``SipOutcome.offer``)."""
+    rig = Rig(tmp_path)
+    core = rig.core
+    core.start(rig.now)
+    invite = rig.sip(rig.ok(rig.sip(rig.commands())))
+    assert isinstance(invite, Invite)
+    head, sep, rest = invite.offer.decode().partition("m=")
+    sent = f"{head}m=audio 9 RTP/AVP 0\r\na=inactive\r\n{sep}{rest}".encode()
+    after = rig.ok(invite, rig.answer(sent), offer=sent)
+    assert rig.secret is not None and AttachMedia(rig.secret, BROKER_MEDIA) in after
+    assert state_of(core) is State.PROBING

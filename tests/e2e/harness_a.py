@@ -89,8 +89,10 @@ def agent_toml(
     *,
     rudp: str = "",
     ip_monitor: str = 'mode = "poll"\npoll_interval = 600.0',
+    stack: str = "mdeci",
 ) -> str:
-    """An agent of ``user`` (password ``<user>-secret``) bound to ``host``."""
+    """An agent of ``user`` (password ``<user>-secret``) bound to ``host``, on the SIP
+    backend ``stack``."""
     address = f"{broker[0]}:{broker[1]}"
     return (
         "\n".join(
@@ -110,6 +112,7 @@ def agent_toml(
                 "t1 = 0.05",
                 "t2 = 0.4",
                 "t4 = 0.5",
+                f'stack = "{stack}"',
                 "[media]",
                 f'host = "{host}"',
                 "[rudp]",

@@ -78,10 +78,12 @@ async def _publish_all(bob: AgentProcess, texts: list[str]) -> dict[str, str]:
     return states
 
 
-async def test_broker_kill9_mid_stream(tmp_path: Path, store_url: str | None) -> None:
+async def test_broker_kill9_mid_stream(
+    tmp_path: Path, store_url: str | None, sip_stack: str
+) -> None:
     broker = await BrokerProcess(tmp_path / "broker", store_url).start()
-    alice = AgentProcess(tmp_path / "a", "alice", "127.0.0.2", broker)
-    bob = AgentProcess(tmp_path / "b", "bob", "127.0.0.4", broker)
+    alice = AgentProcess(tmp_path / "a", "alice", "127.0.0.2", broker, sip=f'stack = "{sip_stack}"')
+    bob = AgentProcess(tmp_path / "b", "bob", "127.0.0.4", broker, sip=f'stack = "{sip_stack}"')
     tail: TailCollector | None = None
     try:
         await alice.start()
@@ -130,10 +132,10 @@ async def eventually_empty_outbox(agent: AgentProcess) -> None:
     await eventually(empty)
 
 
-async def test_agent_kill9_mid_stream(tmp_path: Path) -> None:
+async def test_agent_kill9_mid_stream(tmp_path: Path, sip_stack: str) -> None:
     broker = await BrokerProcess(tmp_path / "broker").start()
-    alice = AgentProcess(tmp_path / "a", "alice", "127.0.0.2", broker)
-    bob = AgentProcess(tmp_path / "b", "bob", "127.0.0.4", broker)
+    alice = AgentProcess(tmp_path / "a", "alice", "127.0.0.2", broker, sip=f'stack = "{sip_stack}"')
+    bob = AgentProcess(tmp_path / "b", "bob", "127.0.0.4", broker, sip=f'stack = "{sip_stack}"')
     tail: TailCollector | None = None
     try:
         await alice.start()

@@ -10,6 +10,7 @@ resumed with SIGCONT; B is an in-process agent. The broker's RUDP gives up after
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -87,6 +88,7 @@ async def test_silenced_agent_is_disconnected_queued_and_drained_in_order(
     tmp_path: Path,
     store: BrokerStore,
     silence: float,
+    sip_stack: str,
 ) -> None:
     sink = WaitingSink()
     broker = await _broker(tmp_path, store, sink)
@@ -99,10 +101,12 @@ async def test_silenced_agent_is_disconnected_queued_and_drained_in_order(
         a, a_sock = await start_agent(
             tmp_path,
             "alice",
-            agent_toml(tmp_path / "alice", "alice", "127.0.0.2", sip, rudp=A_RUDP),
+            agent_toml(tmp_path / "alice", "alice", "127.0.0.2", sip, rudp=A_RUDP, stack=sip_stack),
         )
+        bob = agent_config(tmp_path / "bob", "bob", "127.0.0.4", sip[1])
         b = await run_agent(
-            agent_config(tmp_path / "bob", "bob", "127.0.0.4", sip[1]), address_source=lo_only
+            dataclasses.replace(bob, sip=dataclasses.replace(bob.sip, stack=sip_stack)),
+            address_source=lo_only,
         )
         await wait_status(a_sock, is_connected)
         await asyncio.wait_for(b.wait_connected(), GUARD)

@@ -94,12 +94,18 @@ async def _broker(
 
 
 def agent_config(
-    state: Path, user: str, host: str, port: int, broker_host: str = "127.0.0.1"
+    state: Path,
+    user: str,
+    host: str,
+    port: int,
+    broker_host: str = "127.0.0.1",
+    stack: str = "mdeci",
 ) -> AgentConfig:
     config = farend_agent_config(state, user, host, port)
     where = HostPort(broker_host, port)
     return dataclasses.replace(
         config,
+        sip=dataclasses.replace(config.sip, stack=stack),
         rudp=RUDP,
         registrar=dataclasses.replace(config.registrar, address=where),
         broker=dataclasses.replace(config.broker, address=where),
@@ -165,15 +171,18 @@ class Publisher:
 async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
     tmp_path: Path,
     store: BrokerStore,
+    sip_stack: str,
 ) -> None:
     sink = WaitingSink()
     broker = await _broker(tmp_path, store, sink)
     port = broker.sip_addr[1]
     a = await run_agent(
-        agent_config(tmp_path / "alice", "alice", A_HOSTS[0], port), address_source=lo_only
+        agent_config(tmp_path / "alice", "alice", A_HOSTS[0], port, stack=sip_stack),
+        address_source=lo_only,
     )
     b = await run_agent(
-        agent_config(tmp_path / "bob", "bob", "127.0.0.100", port), address_source=lo_only
+        agent_config(tmp_path / "bob", "bob", "127.0.0.100", port, stack=sip_stack),
+        address_source=lo_only,
     )
     publisher: Publisher | None = None
     loop = asyncio.get_running_loop()
@@ -232,8 +241,8 @@ async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
         p50, p99 = percentile(restore, 0.5), percentile(restore, 0.99)
         rate = sent / publisher_elapsed if publisher_elapsed > 0 else 0.0
         print(
-            f"\nhandover: {MOVES} moves while B published {sent} events ({rate:.0f}/s, "
-            f"target {RATE:.0f}/s): 0 lost, 0 duplicated, order kept; restore time "
+            f"\nhandover ({sip_stack}): {MOVES} moves while B published {sent} events "
+            f"({rate:.0f}/s, target {RATE:.0f}/s): 0 lost, 0 duplicated, order kept; restore time "
             f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {max(restore) * 1000:.1f} ms"
         )
     finally:
@@ -252,6 +261,7 @@ async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
 async def test_address_change_inside_a_network_namespace(
     tmp_path: Path,
     store: BrokerStore,
+    sip_stack: str,
 ) -> None:
     require_netns()
     tag = os.getpid() % 10000
@@ -285,11 +295,12 @@ async def test_address_change_inside_a_network_namespace(
                 old,
                 sip,
                 ip_monitor='mode = "netlink"\npoll_interval = 1.0',
+                stack=sip_stack,
             ),
             prefix=("ip", "netns", "exec", ns),
         )
         b = await run_agent(
-            agent_config(tmp_path / "bob", "bob", f"{net}.1", sip[1], f"{net}.1"),
+            agent_config(tmp_path / "bob", "bob", f"{net}.1", sip[1], f"{net}.1", sip_stack),
             address_source=lo_only,
         )
         await wait_status(a_sock, is_connected)
@@ -319,7 +330,10 @@ async def test_address_change_inside_a_network_namespace(
         assert status["highest_nseq"] == sent and status["status"] == "CONNECTED"
         log = (tmp_path / "alice" / "churn.log").read_text()
         assert '"event":"ip_changed"' in log and new in log
-        print(f"\nnetns: {ns_if} {old} -> {new} under the agent; {sent} events, 0 lost, 0 dup")
+        print(
+            f"\nnetns ({sip_stack}): {ns_if} {old} -> {new} under the agent; "
+            f"{sent} events, 0 lost, 0 dup"
+        )
     finally:
         if tail is not None:
             await tail.close()

@@ -33,18 +33,20 @@ from tests.e2e.harness_a import (
 EVENTS = 1000
 
 
-async def test_a_gets_exactly_the_matching_subset_in_order(tmp_path: Path) -> None:
+async def test_a_gets_exactly_the_matching_subset_in_order(tmp_path: Path, sip_stack: str) -> None:
     children: list[Child] = []
     tail: Tail | None = None
     try:
         broker, sip = await start_broker(tmp_path, broker_toml(tmp_path / "broker"))
         children.append(broker)
         a, a_sock = await start_agent(
-            tmp_path, "alice", agent_toml(tmp_path / "alice", "alice", "127.0.0.2", sip)
+            tmp_path,
+            "alice",
+            agent_toml(tmp_path / "alice", "alice", "127.0.0.2", sip, stack=sip_stack),
         )
         children.append(a)
         b, b_sock = await start_agent(
-            tmp_path, "bob", agent_toml(tmp_path / "bob", "bob", "127.0.0.4", sip)
+            tmp_path, "bob", agent_toml(tmp_path / "bob", "bob", "127.0.0.4", sip, stack=sip_stack)
         )
         children.append(b)
         await wait_status(a_sock, is_connected)

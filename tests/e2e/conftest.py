@@ -1,0 +1,21 @@
+"""The SIP backends the end-to-end suites run with (issue 11, criterion 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.peers import missing
+
+STACKS = ("mdeci", "pjsua2")
+
+
+@pytest.fixture(params=STACKS)
+def sip_stack(request: pytest.FixtureRequest) -> str:
+    """The agent's ``[sip] stack``; pjsua2 needs its binding (a real peer)."""
+    stack = str(request.param)
+    if stack == "pjsua2":
+        try:
+            import pjsua2  # noqa: F401
+        except ImportError:
+            missing("pjsua2 (PJSIP Python binding)", "pip install pjsua2-python")
+    return stack
