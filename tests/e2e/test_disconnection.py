@@ -170,6 +170,7 @@ async def test_silenced_agent_is_disconnected_queued_and_drained_in_order(
         await asyncio.wait_for(
             sink.wait_for("notify_delivered", ALICE, count=BEFORE + QUEUE_MAX), GUARD
         )
+        await broker.service.settled()  # the held ack is applied after the last event
         assert store.queues.depth(ALICE) == 0
         print(f"\nsilence {silence:.0f} s: {len(dropped)} dropped, {QUEUE_MAX} drained in order")
     finally:

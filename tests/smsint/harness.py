@@ -126,16 +126,30 @@ async def ip_back(agent: Agent, host: str = "127.0.0.3") -> None:
 class Sink(WaitingSink):
     """A :class:`WaitingSink` that can also wait for any condition on its events."""
 
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        """Return once ``predicate()`` holds; checked after each broker churn event."""
-        while not predicate():
+    async def wait_until(
+        self, predicate: Callable[[], bool], settle: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Return once ``predicate()`` holds; checked after each broker churn event.
+
+        ``settle`` (the broker's ``service.settled``) first, for a predicate on the store:
+        the broker's database thread sends an event before it has finished the call that
+        made it (a held ack is applied after its ``notify_delivered``), so the store is
+        read only once that thread ran everything queued so far.
+        """
+        while True:
             self._changed.clear()
-            await self._changed.wait()
+            if settle is not None:
+                await settle()
+            if predicate():
+                return
+            await self._changed.wait()  # at once if an event came during settle
 
 
-async def until(sink: Sink, predicate: Callable[[], bool]) -> None:
-    """``sink.wait_until(predicate)`` (without a hang guard: callers add it)."""
-    await sink.wait_until(predicate)
+async def until(
+    sink: Sink, predicate: Callable[[], bool], settle: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """``sink.wait_until(predicate, settle)`` (without a hang guard: callers add it)."""
+    await sink.wait_until(predicate, settle)
 
 
 def network(config: SmscConfig, seed: int) -> SimulatedNetwork:

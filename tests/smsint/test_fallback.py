@@ -111,7 +111,7 @@ async def test_urgent_by_sms_exactly_once_or_undeliverable(
         deaf.on = False
         await ip_back(alice)
         await guard(alice.wait_until(lambda: set(_inbox(alice)) >= normal))
-        await guard(until(sink, lambda: not store.queues.pending(ALICE)))
+        await guard(until(sink, lambda: not store.queues.pending(ALICE), broker.service.settled))
         assert max(_inbox(alice).values()) == 1
     finally:
         await alice.close()
@@ -148,7 +148,7 @@ async def test_ip_back_midway_shows_no_duplicate(
         await _publish(bob, rng, range(N // 2, N))
         everything = set(range(1, N + 1))
         await guard(alice.wait_until(lambda: set(_inbox(alice)) >= everything))
-        await guard(until(sink, lambda: not store.queues.pending(ALICE)))
+        await guard(until(sink, lambda: not store.queues.pending(ALICE), broker.service.settled))
         got = _inbox(alice)
         assert set(got.values()) == {1}  # every one exactly once
         by = Counter(

@@ -76,7 +76,7 @@ async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
 
         deaf.on = False
         await ip_back(alice)
-        await guard(until(sink, lambda: not store.queues.pending(ALICE)))
+        await guard(until(sink, lambda: not store.queues.pending(ALICE), broker.service.settled))
         await guard(alice.wait_until(lambda: len(alice.delivered_since(0)) == 7))
         got = Counter(int(r["nseq"]) for r in alice.delivered_since(0))
         assert got == Counter(range(1, 8))
