@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,10 +158,19 @@ def _users_days(events: int) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def class_archive(tmp_path_factory: pytest.TempPathFactory) -> None:
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def class_archive(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch
+) -> None:
     """One churn run on a tiny log first: it writes the class archive if there is none."""
     from analytics.spark import class_archive
 
+    monkeypatch_module.setenv("MDECI_SPARK_CLASS_CACHE", "on")
     archive = class_archive()
     existed = archive is not None and archive.is_file()
     base = tmp_path_factory.mktemp("warm")
