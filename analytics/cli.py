@@ -205,7 +205,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _churn(args: argparse.Namespace) -> int:
     from analytics.churn import find_inputs, run_churn
     from analytics.jobs import JobConfig, TimeWindow
-    from analytics.spark import session, stop
+    from analytics.spark import finish, session
 
     since = parse_time(args.since, "--since") if args.since else None
     until = parse_time(args.until, "--until") if args.until else None
@@ -251,7 +251,7 @@ def _churn(args: argparse.Namespace) -> int:
             step=say,
         )
     finally:
-        stop(spark)
+        finish(spark)
     s = result.summary
     took = time.perf_counter() - begun
     print(

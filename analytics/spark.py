@@ -51,7 +51,7 @@ def session(
 
     With ``class_cache`` the driver JVM maps the classes of an earlier run from a
     class-data archive (:func:`class_archive`), and the first run writes one when it
-    ends; call :func:`stop` to finish that run.
+    ends; call :func:`finish` at the end of the run.
 
     Raises:
         JobError: if pyspark is not installed or the JVM cannot start.
@@ -119,7 +119,7 @@ def session(
     return spark
 
 
-# Where a JVM of this run dumps the classes it loaded, to be renamed by stop().
+# Where a JVM of this run dumps the classes it loaded, to be renamed by finish().
 _DUMPING: list[Path] = []
 
 
@@ -174,19 +174,20 @@ def _archive_options() -> list[str]:
     return [f"-XX:ArchiveClassesAtExit={partial}", *quiet]
 
 
-def stop(spark: SparkSession) -> None:
-    """Stop ``spark``; when its JVM is writing the class archive (the first run with
-    ``class_cache``), wait for it to exit and put the archive in place.
+def finish(spark: SparkSession) -> None:
+    """End a run of ``spark``. When its JVM is writing the class archive (the first run
+    with ``class_cache``), stop Spark, wait for the JVM to exit and put the archive in
+    place; otherwise nothing: the JVM exits with this process, as it always has.
 
     The JVM writes the archive as it exits, to a name of this process; the rename makes
     it visible whole or not at all to the runs that start meanwhile.
     """
     from pyspark import SparkContext
 
-    gateway = SparkContext._gateway
-    spark.stop()
     if not _DUMPING:
         return
+    gateway = SparkContext._gateway
+    spark.stop()
     partial = _DUMPING.pop()
     proc = getattr(gateway, "proc", None)
     try:

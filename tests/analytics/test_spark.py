@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +59,9 @@ def test_first_run_writes_a_private_file_then_runs_read_the_archive(cache: Path)
     assert f"-XX:SharedArchiveFile={archive}" in later
     assert not any(o.startswith("-XX:ArchiveClassesAtExit") for o in later)
     assert S._DUMPING == []
+
+
+def test_finishing_a_run_that_writes_no_archive_leaves_the_session_alone(spark: Any) -> None:
+    assert S._DUMPING == []
+    S.finish(spark)
+    assert spark.range(3).count() == 3
