@@ -66,9 +66,19 @@ class Inputs:
             return self.rows is not None and self.rows <= SMALL_INPUT_ROWS
         return self.size is not None and self.size <= SMALL_INPUT_BYTES
 
+    @property
+    def moderate(self) -> bool:
+        """A log of at most a few million lines: the run lasts tens of seconds."""
+        if self.fmt == "parquet":
+            return self.rows is not None and self.rows <= QUICK_JIT_ROWS
+        return self.size is not None and self.size <= QUICK_JIT_BYTES
+
 
 SMALL_INPUT_BYTES = 16 << 20
 SMALL_INPUT_ROWS = 100_000
+# Up to here the quick JIT alone is cheaper than the optimising one (see spark.session).
+QUICK_JIT_BYTES = 1 << 30
+QUICK_JIT_ROWS = 4_000_000
 
 # How much of a file is read to tell a churn log from anything else.
 SNIFF_BYTES = 64 * 1024

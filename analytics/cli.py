@@ -205,7 +205,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _churn(args: argparse.Namespace) -> int:
     from analytics.churn import find_inputs, run_churn
     from analytics.jobs import JobConfig, TimeWindow
-    from analytics.spark import session
+    from analytics.spark import finish, session
 
     since = parse_time(args.since, "--since") if args.since else None
     until = parse_time(args.until, "--until") if args.until else None
@@ -235,18 +235,23 @@ def _churn(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         progress=not args.quiet,
         small_input=inputs.small,
+        class_cache=True,
+        quick_jit=inputs.moderate,
     )
     say(f"Spark {spark.version} on {spark.sparkContext.master}")
-    result = run_churn(
-        spark,
-        args.input,
-        args.output,
-        cfg,
-        fmt=args.format,
-        csv=not args.no_csv,
-        keep_extra=args.keep_extra,
-        step=say,
-    )
+    try:
+        result = run_churn(
+            spark,
+            args.input,
+            args.output,
+            cfg,
+            fmt=args.format,
+            csv=not args.no_csv,
+            keep_extra=args.keep_extra,
+            step=say,
+        )
+    finally:
+        finish(spark)
     s = result.summary
     took = time.perf_counter() - begun
     print(

@@ -6,6 +6,7 @@ and the UI (a port per session) is off.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(
                 pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
             )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_class_archive() -> Iterator[None]:
+    """The CLI runs of the tests leave the JVM's class archive alone: the first run that
+    writes one waits for it (a minute or more on 2 cores) and would blow their timeouts.
+    The benchmark turns it on; ``test_spark.py`` tests the archive's key."""
+    saved = os.environ.get("MDECI_SPARK_CLASS_CACHE")
+    os.environ["MDECI_SPARK_CLASS_CACHE"] = "off"
+    yield
+    if saved is None:
+        del os.environ["MDECI_SPARK_CLASS_CACHE"]
+    else:
+        os.environ["MDECI_SPARK_CLASS_CACHE"] = saved
 
 
 @pytest.fixture(scope="session")
