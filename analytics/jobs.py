@@ -27,8 +27,9 @@ can follow them:
 - episode: starts at a ``media_disconnected`` that follows a connected state (or no
   media event at all), ends at the next ``media_connected``, or at a ``session_ended``
   (the session it broke is gone; what follows is no session, not an outage); further
-  disconnects inside an episode belong to it, and a disconnect after a session ended
-  (the broker's "session ended" tear-down) starts none. At the same millisecond a
+  disconnects inside an episode belong to it, and neither a disconnect after a session
+  ended nor the broker's tear-down of an ended session (reason ``session ended``, which
+  may be logged just before its ``session_ended``) starts one. At the same millisecond a
   session end sorts first, then a disconnect, then a connect;
 - restore latency: ``latency_ms`` of ``media_connected`` events; percentiles are exact
   with linear interpolation between closest ranks (``numpy.percentile``'s default);
@@ -271,9 +272,15 @@ def _episode_starts(events: DataFrame) -> DataFrame:
     """The ``media_disconnected`` lines that open an episode, with ``_next_ts`` (the
     instant of the edge that closes it, null while open) and their ``addr``."""
     state = ("media_disconnected", "media_connected", "session_ended")
+    # The broker's tear-down of an ended session (reason "session ended") is no outage,
+    # whichever of it and session_ended was logged first (as the streaming query and
+    # the broker's disconnections metric count it).
+    teardown = _is("media_disconnected") & (
+        F.coalesce(F.col("reason"), F.lit("")) == F.lit("session ended")
+    )
     media = (
         facts(events)
-        .where(F.col("event").isin(*state))
+        .where(F.col("event").isin(*state) & ~teardown)
         .select("uri", "ts_ms", "event", "addr", _rank().alias("_rank"))
     )
     by_user = Window.partitionBy("uri").orderBy("ts_ms", "_rank")

@@ -60,6 +60,7 @@ class Event:
     cost: float | None
     fact: bool = True  # the line of the event's authoritative role (or of no role)
     restore: float | None = None  # latency_ms of an agent's (or role-less) media_connected
+    reason: str | None = None
 
 
 @dataclass
@@ -133,6 +134,7 @@ def read(directory: Path) -> Parsed:
                     None if cost is None else float(cost),
                     fact=role is None or role == owner,
                     restore=float(lat) if device and lat is not None else None,
+                    reason=r.get("reason"),
                 )
             )
     return out
@@ -155,6 +157,8 @@ def episodes(events: list[Event], since: int, until: int) -> list[tuple[str, int
     media: dict[str, list[tuple[int, int]]] = defaultdict(list)
     kinds = {"session_ended": 0, "media_disconnected": 1, "media_connected": 2}
     for e in events:
+        if e.event == "media_disconnected" and e.reason == "session ended":
+            continue  # the broker's tear-down of an ended session: no outage
         if e.fact and e.event in kinds:
             media[e.uri].append((e.ts_ms, kinds[e.event]))
     out = []

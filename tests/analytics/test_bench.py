@@ -91,7 +91,7 @@ def _pandas_per_user(parquet: Path) -> tuple[float, int]:
     import pyarrow.parquet as pq
 
     started = time.perf_counter()
-    cols = ["ts", "role", "event", "uri", "latency_ms", "cost"]
+    cols = ["ts", "role", "event", "uri", "latency_ms", "cost", "reason"]
     df = pq.read_table(parquet).to_pandas().drop_duplicates()[cols]
     df["ts_ms"] = pd.to_datetime(df["ts"], format="ISO8601").astype("int64") // 1_000_000
     owner = df["event"].eq("ip_changed").map({True: "agent", False: "broker"})
@@ -103,7 +103,8 @@ def _pandas_per_user(parquet: Path) -> tuple[float, int]:
     pct = restores.quantile([0.5, 0.95, 0.99]).unstack()
     sms = facts[facts["event"] == "sms_sent"].groupby("uri")["cost"].sum()
     kinds = {"session_ended": 0, "media_disconnected": 1, "media_connected": 2}
-    media = facts[facts["event"].isin(list(kinds))].copy()
+    teardown = facts["event"].eq("media_disconnected") & facts["reason"].eq("session ended")
+    media = facts[facts["event"].isin(list(kinds)) & ~teardown].copy()
     media["rank"] = media["event"].map(kinds).astype("int8")
     media = media.sort_values(["uri", "ts_ms", "rank"])
     prev = media.groupby("uri")["event"].shift()

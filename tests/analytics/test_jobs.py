@@ -167,6 +167,27 @@ def test_episodes_touching_the_window_edges(spark: Any) -> None:
     assert rows == [(A, ms(10), 40_000)]  # clipped at until
 
 
+def test_the_tear_down_of_an_ended_session_is_no_episode_in_either_order(spark: Any) -> None:
+    """The broker's database thread logs the tear-down (``media_disconnected``, reason
+    ``session ended``) before ``session_ended``; the old order was the reverse. Neither
+    is an outage (the demo's logs counted 3 disconnections instead of 1)."""
+    log = [
+        line(0, "media_connected", A, latency_ms=10.0),
+        line(10, "media_disconnected", A, reason="session ended"),
+        line(11, "session_ended", A),
+        line(0, "media_connected", B, latency_ms=10.0),
+        line(10, "session_ended", B),
+        line(11, "media_disconnected", B, reason="session ended"),
+        line(0, "media_connected", C, latency_ms=10.0),
+        line(10, "media_disconnected", C, reason="rudp: no ACK after retries"),
+        line(11, "session_ended", C),
+    ]
+    eps = jobs.episodes(events(spark, log), jobs.TimeWindow())
+    assert [(r["uri"], r["start_ms"], r["end_ms"]) for r in eps.collect()] == [
+        (C, ms(10), ms(11))  # an outage that the session's end closed
+    ]
+
+
 # ----------------------------------------------------------------------- per user
 
 
