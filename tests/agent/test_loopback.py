@@ -128,6 +128,8 @@ async def test_broker_unreachable_then_back(
         assert inbox.empty()
         # Each publish went out once: two notifications, both acked, none left.
         await asyncio.wait_for(sink.wait_for("notify_delivered", alice.config.aor, 2), GUARD)
+        assert far.service is not None
+        await far.service.settled()  # the broker applies the held ack after its event
         assert store.queues.depth(alice.config.aor) == 0
     finally:
         await alice.close()

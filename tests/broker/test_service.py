@@ -237,6 +237,7 @@ async def test_reinvite_with_the_same_key_from_a_new_address_sends_nothing_twice
         assert agent.frames.empty()
         [(_, peer)] = service.peers()
         assert peer.stats.messages_sent == 3
+        await service.settled()  # the held ack is applied after its event
         assert store.queues.depth(ALICE) == 0
         assert service.is_connected(ALICE)
     finally:
@@ -262,6 +263,7 @@ async def test_reinvite_after_a_delivery_failure_resends_unacked(
         assert (await agent.next_notify()).nseq == 1
         await agent.send(Ack(upto=1))
         await sink.wait_for("notify_delivered", ALICE)
+        await service.settled()  # the held ack is applied after its event
         assert store.queues.depth(ALICE) == 0
     finally:
         await agent.close()
