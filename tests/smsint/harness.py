@@ -8,8 +8,9 @@ with the thesis' delay distribution scaled down (``SCALE``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -96,6 +97,34 @@ def sms_agent(tmp: Path, port: int, gateway: SmsGateway | None) -> Agent:
 
 def plain_agent(tmp: Path, user: str, host: str, port: int) -> Agent:
     return Agent(agent_config(tmp / user, user, host, port), address_source=lo_only)
+
+
+@contextlib.asynccontextmanager
+async def sms_world(
+    tmp: Path,
+    store: BrokerStore,
+    clock: FakeClock,
+    sink: WaitingSink,
+    sms: BrokerSmsConfig,
+    net: SimulatedNetwork,
+    channels: ChannelsConfig | None = None,
+) -> AsyncIterator[tuple[RunningBroker, Agent, Agent]]:
+    """The broker with SMS on ``net``, alice (an SMS inbox on ``net``) and bob (IP only),
+    both connected; all three closed at the end."""
+    broker = await start_broker(tmp, store, clock, sink, sms, net.gateway(BROKER_NO), channels)
+    port = broker.sip_addr[1]
+    alice = sms_agent(tmp, port, net.gateway(ALICE_NO))
+    bob = plain_agent(tmp, "bob", "127.0.0.4", port)
+    try:
+        await alice.start()
+        await bob.start()
+        await guard(alice.wait_connected())
+        await guard(bob.wait_connected())
+        yield broker, alice, bob
+    finally:
+        await alice.close()
+        await bob.close()
+        await broker.close()
 
 
 class Deaf:

@@ -21,17 +21,13 @@ from mdeci.store.repo import BrokerStore
 from tests.broker.conftest import FakeClock
 from tests.smsint.harness import (
     ALICE,
-    ALICE_NO,
-    BROKER_NO,
     Deaf,
     Sink,
     guard,
     ip_back,
     network,
-    plain_agent,
-    sms_agent,
     sms_config,
-    start_broker,
+    sms_world,
     until,
 )
 
@@ -57,17 +53,11 @@ async def test_bulk_waits_for_ip_as_the_calendar_says_then_goes_by_sms(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink, with_calendar: bool
 ) -> None:
     net = network(SmscConfig(time_scale=0.001), 5)
-    broker = await start_broker(
-        tmp_path, store, clock, sink, sms_config(ttl=86400.0), net.gateway(BROKER_NO), CHANNELS
-    )
-    port = broker.sip_addr[1]
-    alice = sms_agent(tmp_path, port, net.gateway(ALICE_NO))
-    bob = plain_agent(tmp_path, "bob", "127.0.0.4", port)
-    try:
-        await alice.start()
-        await bob.start()
-        await guard(alice.wait_connected())
-        await guard(bob.wait_connected())
+    async with sms_world(tmp_path, store, clock, sink, sms_config(ttl=86400.0), net, CHANNELS) as (
+        _broker,
+        alice,
+        bob,
+    ):
         await guard(alice.subscribe("news.*"))
         if with_calendar:
             ok = await guard(alice.send_calendar([CalendarRule(channel="ip", p=0.5)]))
@@ -102,10 +92,6 @@ async def test_bulk_waits_for_ip_as_the_calendar_says_then_goes_by_sms(
         await ip_back(alice)
         await guard(alice.wait_until(lambda: len(alice.delivered_since(0)) == 3))
         assert sorted(int(r["nseq"]) for r in alice.delivered_since(0)) == [1, 2, 3]
-    finally:
-        await alice.close()
-        await bob.close()
-        await broker.close()
 
 
 async def test_a_bad_calendar_is_refused_and_changes_nothing(

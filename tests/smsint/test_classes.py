@@ -14,16 +14,14 @@ from mdeci.store.repo import BrokerStore
 from tests.broker.conftest import FakeClock
 from tests.smsint.harness import (
     ALICE,
-    ALICE_NO,
     BOB,
     BROKER_NO,
     Deaf,
     Sink,
     guard,
     network,
-    plain_agent,
-    sms_agent,
     sms_config,
+    sms_world,
     start_broker,
     until,
 )
@@ -33,17 +31,11 @@ async def test_subscription_and_publish_classes_choose_the_policy(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:
     net = network(SmscConfig(time_scale=0.001), 5)
-    broker = await start_broker(
-        tmp_path, store, clock, sink, sms_config(ttl=600.0), net.gateway(BROKER_NO)
-    )
-    port = broker.sip_addr[1]
-    alice = sms_agent(tmp_path, port, net.gateway(ALICE_NO))
-    bob = plain_agent(tmp_path, "bob", "127.0.0.4", port)
-    try:
-        await alice.start()
-        await bob.start()
-        await guard(alice.wait_connected())
-        await guard(bob.wait_connected())
+    async with sms_world(tmp_path, store, clock, sink, sms_config(ttl=600.0), net) as (
+        _broker,
+        alice,
+        bob,
+    ):
         with pytest.raises(BrokerRefused, match="unknown queue class 'vip'"):
             await guard(alice.subscribe("x.*", qclass="vip"))
         await guard(alice.subscribe("alarms.*", qclass="urgent"))  # everything urgent
@@ -64,10 +56,6 @@ async def test_subscription_and_publish_classes_choose_the_policy(
         # Only nseq 1 went by SMS (a slow ack may make the link send it again: the test's
         # ack timeout is 50 ms, and copies are the link's business, docs/sms.md).
         assert {e.fields["nseq"] for e in sink.named("sms_sent")} == {1}
-    finally:
-        await alice.close()
-        await bob.close()
-        await broker.close()
 
 
 async def test_publish_class_is_checked_and_stored(

@@ -21,17 +21,14 @@ from tests.broker.conftest import FakeClock
 from tests.smsint.harness import (
     ALICE,
     ALICE_NO,
-    BROKER_NO,
     THESIS_SMSC,
     Deaf,
     Sink,
     guard,
     ip_back,
     network,
-    plain_agent,
-    sms_agent,
     sms_config,
-    start_broker,
+    sms_world,
     until,
 )
 
@@ -65,15 +62,11 @@ async def test_urgent_by_sms_exactly_once_or_undeliverable(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink, seed: int
 ) -> None:
     net = network(THESIS_SMSC, seed)
-    broker = await start_broker(tmp_path, store, clock, sink, sms_config(), net.gateway(BROKER_NO))
-    port = broker.sip_addr[1]
-    alice = sms_agent(tmp_path, port, net.gateway(ALICE_NO))
-    bob = plain_agent(tmp_path, "bob", "127.0.0.4", port)
-    try:
-        await alice.start()
-        await bob.start()
-        await guard(alice.wait_connected())
-        await guard(bob.wait_connected())
+    async with sms_world(tmp_path, store, clock, sink, sms_config(), net) as (
+        broker,
+        alice,
+        bob,
+    ):
         await guard(alice.subscribe("alerts.*"))
         session = store.sessions.get_session(ALICE)
         assert session is not None and session.msisdn == ALICE_NO  # from the user record
@@ -113,27 +106,17 @@ async def test_urgent_by_sms_exactly_once_or_undeliverable(
         await guard(alice.wait_until(lambda: set(_inbox(alice)) >= normal))
         await guard(until(sink, lambda: not store.queues.pending(ALICE), broker.service.settled))
         assert max(_inbox(alice).values()) == 1
-    finally:
-        await alice.close()
-        await bob.close()
-        await broker.close()
 
 
 async def test_ip_back_midway_shows_no_duplicate(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:
     net = network(THESIS_SMSC, 7)
-    broker = await start_broker(
-        tmp_path, store, clock, sink, sms_config(ttl=600.0), net.gateway(BROKER_NO)
-    )
-    port = broker.sip_addr[1]
-    alice = sms_agent(tmp_path, port, net.gateway(ALICE_NO))
-    bob = plain_agent(tmp_path, "bob", "127.0.0.4", port)
-    try:
-        await alice.start()
-        await bob.start()
-        await guard(alice.wait_connected())
-        await guard(bob.wait_connected())
+    async with sms_world(tmp_path, store, clock, sink, sms_config(ttl=600.0), net) as (
+        broker,
+        alice,
+        bob,
+    ):
         await guard(alice.subscribe("alerts.*"))
         deaf = Deaf(alice)
         deaf.on = True
@@ -156,7 +139,3 @@ async def test_ip_back_midway_shows_no_duplicate(
         )
         assert by["sms"] >= 5 and by["ip"] >= N // 2
         assert broker.sms is not None and broker.sms.in_flight(ALICE) == ()
-    finally:
-        await alice.close()
-        await bob.close()
-        await broker.close()

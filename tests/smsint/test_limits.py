@@ -15,17 +15,13 @@ from mdeci.store.usage import SqlUsage
 from tests.broker.conftest import FakeClock
 from tests.smsint.harness import (
     ALICE,
-    ALICE_NO,
-    BROKER_NO,
     Deaf,
     Sink,
     guard,
     ip_back,
     network,
-    plain_agent,
-    sms_agent,
     sms_config,
-    start_broker,
+    sms_world,
     until,
 )
 
@@ -41,17 +37,11 @@ async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:
     net = network(SmscConfig(time_scale=0.001), 5)  # 1-5 ms, no loss, no duplicates
-    broker = await start_broker(
-        tmp_path, store, clock, sink, sms_config(month_messages=LIMIT), net.gateway(BROKER_NO)
-    )
-    port = broker.sip_addr[1]
-    alice = sms_agent(tmp_path, port, net.gateway(ALICE_NO))
-    bob = plain_agent(tmp_path, "bob", "127.0.0.4", port)
-    try:
-        await alice.start()
-        await bob.start()
-        await guard(alice.wait_connected())
-        await guard(bob.wait_connected())
+    async with sms_world(tmp_path, store, clock, sink, sms_config(month_messages=LIMIT), net) as (
+        broker,
+        alice,
+        bob,
+    ):
         await guard(alice.subscribe("alerts.*"))
         deaf = Deaf(alice)
         deaf.on = True
@@ -80,7 +70,3 @@ async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
         await guard(alice.wait_until(lambda: len(alice.delivered_since(0)) == 7))
         got = Counter(int(r["nseq"]) for r in alice.delivered_since(0))
         assert got == Counter(range(1, 8))
-    finally:
-        await alice.close()
-        await bob.close()
-        await broker.close()
