@@ -32,6 +32,7 @@ from mdeci.broker.metrics import BrokerMetrics, MetricsServer, MetricsSink, Metr
 from mdeci.broker.service import BrokerService
 from mdeci.broker.sink import ChurnLogSink, ChurnSink
 from mdeci.broker.sms import SmsFallback, make_gateway
+from mdeci.broker.worker import DbWorker
 from mdeci.churnlog import ChurnLog, Role
 from mdeci.config import BrokerConfig
 from mdeci.errors import ConfigError
@@ -196,14 +197,17 @@ async def run_broker(
     admin: AdminServer | None = None
     service: BrokerService | None = None
     sms: SmsFallback | None = None
+    # The core and the store run on this thread from the first statement on: even the
+    # core's start-up read of the subscriptions keeps off the event loop.
+    worker = DbWorker()
     try:
-        broker = Broker(store, config.core, clock, sink)
+        broker = await worker.run(Broker, store, config.core, clock, sink)
         broker.classes = frozenset(c.name for c in config.channels.classes)
         broker.sms_classes = frozenset(
             c.name for c in config.channels.classes if "sms" in c.channels
         )
         try:
-            service = await BrokerService.open(broker, media_host, media_port, config.rudp)
+            service = await BrokerService.open(broker, media_host, media_port, config.rudp, worker)
         except OSError as exc:
             raise BrokerError(
                 f"cannot listen for media on {media_host}:{media_port}: {exc.strerror or exc}"
@@ -244,6 +248,8 @@ async def run_broker(
             await sms.close()
         if service is not None:
             await service.close()
+        else:
+            worker.close()
         if owned_log is not None:
             owned_log.close()
         if owns_store:

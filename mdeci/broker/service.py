@@ -136,6 +136,7 @@ class BrokerService:
         self._sms = sms
         if sms is not None:
             sms.tell = self._tell
+            sms.worker = self.worker
             sms.connected = self.is_connected
             sms.handle_frame = self._sms_frame
             sms.sub_class = self._sub_class
@@ -143,14 +144,20 @@ class BrokerService:
 
     @classmethod
     async def open(
-        cls, broker: Broker, host: str, port: int = 0, rudp_config: RudpConfig | None = None
+        cls,
+        broker: Broker,
+        host: str,
+        port: int = 0,
+        rudp_config: RudpConfig | None = None,
+        worker: DbWorker | None = None,
     ) -> BrokerService:
-        """Bind the RUDP endpoint on ``host:port`` (0: any free port).
+        """Bind the RUDP endpoint on ``host:port`` (0: any free port); ``worker`` as for
+        the constructor.
 
         Raises :class:`OSError` if the address cannot be bound.
         """
         config = rudp_config if rudp_config is not None else RudpConfig()
-        return cls(broker, await RudpEndpoint.open(host, port, config=config))
+        return cls(broker, await RudpEndpoint.open(host, port, config=config), worker)
 
     @property
     def local_addr(self) -> tuple[str, int]:

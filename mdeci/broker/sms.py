@@ -31,6 +31,23 @@ deleted as well. When IP comes back (:meth:`SmsFallback.ip_back`) every buffer o
 user still in flight is cancelled; those notifications are still queued and the IP
 flush sends them; if an SMS copy got there first, the agent's gate refuses the IP copy
 (and still acks it), so nothing reaches the application twice.
+
+Threads. Like the core, every store call of this side runs on the service's database
+thread (:class:`~mdeci.broker.worker.DbWorker`), never on the event loop, so a hung
+database cannot stall SIP and RUDP (issue 12). A look at a user is split in two:
+
+- *plan*, on the database thread: read the session and the queued rows, run the
+  selector (the usage sums, the calendar and the subscriptions' classes live there),
+  count the usage of each SMS it decides to send, delete rows whose TTL ended; the
+  answer is a :class:`_Plan`, a list of steps;
+- *act*, on the loop: hand the frames to the SMS link, log, arm retry timers, tell the
+  device of limits (the link, the timers and the log are the loop's).
+
+At most one look per user runs at a time; a kick meanwhile runs one more look after it,
+so a plan always knows which notifications are on their way. A plan that comes back
+after IP returned or the calendar changed is stale: only its deletions are reported
+(the usage it counted for SMS it then does not send stays counted; usage only grows,
+and the window is one database round trip).
 """
 
 from __future__ import annotations
@@ -45,8 +62,9 @@ from datetime import date
 
 import cbor2
 
-from mdeci.broker.errors import BrokerError
+from mdeci.broker.errors import BrokerError, WrongThreadError
 from mdeci.broker.sink import ChurnSink
+from mdeci.broker.worker import DbWorker
 from mdeci.channels import (
     CachedUsage,
     Channel,
@@ -187,6 +205,63 @@ class _InFlight:
     published_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """What the loop knows when a look at ``uri`` starts (the plan's input)."""
+
+    uri: str
+    msisdn: str
+    connected: bool
+    after: int  # connected users: the highest nseq already decided
+    flying: frozenset[int]  # nseqs on their way by SMS
+    policy: SelectorPolicy
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    nseq: int
+    published_at: float
+    frame: bytes
+    ttl: float
+    qclass: str
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Dropped:
+    """The row's TTL ended while the user was away: deleted by the plan."""
+
+    nseq: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Note:
+    nseq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Limit:
+    channel: str
+    limit: str
+    qclass: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    delay: float
+
+
+_Step = _Send | _Dropped | _Note | _Limit | _Retry
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    steps: tuple[_Step, ...]
+    decided: int  # the highest nseq looked at
+
+
 def _quantum(value: float) -> float:
     """Two significant figures: live figures move a cached policy only when they move."""
     return float(f"{value:.2g}")
@@ -197,7 +272,8 @@ class SmsFallback:
 
     ``clock`` is the broker's (epoch seconds: TTLs, limits' calendar periods, latencies);
     the link's retransmission timers run on the event loop's clock. ``tell`` (set by the
-    service) sends a frame to a user over IP and says whether it could.
+    service) sends a frame to a user over IP and says whether it could; ``worker`` (set
+    by the service) is its database thread, where every store call of this side runs.
     """
 
     def __init__(
@@ -238,6 +314,7 @@ class SmsFallback:
         self.link = SmsLink(config.number, self.link_config)
         self.runner = LinkRunner(self.link, gateway, self._on_event)
         self.tell: Callable[[str, bytes], bool] | None = None
+        self.worker: DbWorker | None = None
         self.connected: Callable[[str], bool] | None = None  # is its IP channel up
         self._defaults = dict(default_msisdns or {})
         self._uri_by_number = {number: uri for uri, number in self._defaults.items()}
@@ -257,6 +334,9 @@ class SmsFallback:
         self._ip_seen: dict[str, tuple[int, int]] = {}  # RUDP (sent, retransmitted) seen
         self._users_by_number: dict[str, str] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._looking: dict[str, asyncio.Task[None]] = {}  # uri -> its look (one at a time)
+        self._again: dict[str, bool] = {}  # kicked during its look: connected, last said
+        self._epochs: dict[str, int] = {}  # bumped when a running plan becomes stale
         self.received: list[tuple[str, bytes]] = []  # MO frames (sender, frame)
         self.errors = 0
         self._started = False
@@ -272,18 +352,34 @@ class SmsFallback:
         )
 
     async def start(self) -> None:
-        """Start the gateway, then look at every user stored DISCONNECTED."""
+        """Start the gateway, then look at every user stored DISCONNECTED.
+
+        Raises :class:`BrokerError` when no service gave it its database thread.
+        """
+        if self.worker is None:
+            raise BrokerError("the SMS side needs a broker service's database thread")
         await self.runner.start()
         self._started = True
-        with contextlib.suppress(StoreError):
-            for rec in self.store.sessions.sessions_with_status(SessionStatus.DISCONNECTED):
-                self.kick(rec.uri)
+        try:
+            away = await self.worker.run(
+                self.store.sessions.sessions_with_status, SessionStatus.DISCONNECTED
+            )
+        except StoreError as exc:
+            self.errors += 1  # they are looked at again when something is queued for them
+            log.warning("channel selection at start: %s", exc)
+            return
+        for rec in away:
+            self.kick(rec.uri)
 
     async def close(self) -> None:
         self._started = False
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        looks = list(self._looking.values())
+        for task in looks:
+            task.cancel()
+        await asyncio.gather(*looks, return_exceptions=True)
         await self.runner.close()
 
     # ------------------------------------------------------------------ the service's calls
@@ -335,16 +431,27 @@ class SmsFallback:
         docstring); ``connected``: its IP channel is up."""
         if not self._started:
             return
-        try:
-            self._kick(uri, connected)
-        except StoreError as exc:
-            self.errors += 1  # retried at the next kick (publish, disconnection, start)
-            log.warning("channel selection for %s: %s", uri, exc)
+        msisdn = self._msisdn(uri)
+        if msisdn is None or not (self._urgent_sms or self._normal_sms):
+            return  # IP only: the IP path delivers in order when it is up
+        self._users_by_number[msisdn] = uri
+        if uri in self._looking:
+            self._again[uri] = connected
+            return
+        self._looking[uri] = asyncio.create_task(self._look(uri, msisdn, connected))
+
+    async def idle(self) -> None:
+        """Return once no look at any user is running (for tests and shutdown)."""
+        while self._looking:
+            await asyncio.gather(*self._looking.values(), return_exceptions=True)
 
     def calendar_changed(self, uri: str) -> None:
         """``uri``'s device sent a new calendar: forget the old one and decide again for
         what is held or refused."""
-        self._calendars.pop(uri, None)
+        if self.worker is not None:
+            # The cache is the database thread's; queued before the look below.
+            self.worker.post("sms calendar", self._calendars.pop, uri, None)
+        self._epochs[uri] = self._epochs.get(uri, 0) + 1
         timer = self._timers.pop(uri, None)
         if timer is not None:
             timer.cancel()
@@ -352,8 +459,9 @@ class SmsFallback:
         self._decided.pop(uri, None)
         self.kick(uri, connected=self.connected is not None and self.connected(uri))
 
-    def calendar(self, uri: str) -> WeeklyCalendar | None:
-        """``uri``'s calendar as its device last sent it (read from SQL once), or None."""
+    def _calendar(self, uri: str) -> WeeklyCalendar | None:
+        """``uri``'s calendar as its device last sent it (read from SQL once), or None.
+        On the database thread."""
         if uri not in self._calendars:
             stored = self._calendar_store.get(uri)
             self._calendars[uri] = None if stored is None else stored.calendar()
@@ -365,6 +473,7 @@ class SmsFallback:
         timer = self._timers.pop(uri, None)
         if timer is not None:
             timer.cancel()
+        self._epochs[uri] = self._epochs.get(uri, 0) + 1
         flying = self._by_user.pop(uri, {})
         for buffer_id in flying.values():
             self.link.cancel(buffer_id)
@@ -385,26 +494,94 @@ class SmsFallback:
         # for SMS to a number of its choosing (the SDP's a=mdeci-msisdn is ignored).
         return self._defaults.get(uri)
 
-    def _kick(self, uri: str, connected: bool) -> None:
-        msisdn = self._msisdn(uri) if self._started else None
-        if msisdn is None or not (self._urgent_sms or self._normal_sms):
-            return  # IP only: the IP path delivers in order when it is up
-        if not connected:
-            session = self.store.sessions.get_session(uri)
+    async def _look(self, uri: str, msisdn: str, connected: bool) -> None:
+        """Plan on the database thread, act on the loop; again while kicked meanwhile."""
+        assert self.worker is not None  # start() checked
+        try:
+            while self._started:
+                epoch = self._epochs.get(uri, 0)
+                look = _Look(
+                    uri=uri,
+                    msisdn=msisdn,
+                    connected=connected,
+                    after=self._decided.get(uri, 0) if connected else 0,
+                    flying=frozenset(self._by_user.get(uri, ())),
+                    policy=self.policy(uri),
+                    now=self.clock(),
+                )
+                try:
+                    plan = await self.worker.run(self._plan, look)
+                except StoreError as exc:
+                    self.errors += 1  # retried at the next kick (publish, disconnection, start)
+                    log.warning("channel selection for %s: %s", uri, exc)
+                    plan = None
+                if plan is not None:
+                    self._act(look, plan, stale=self._epochs.get(uri, 0) != epoch)
+                if uri not in self._again:
+                    return
+                connected = self._again.pop(uri)
+        finally:
+            self._looking.pop(uri, None)
+            self._again.pop(uri, None)
+
+    def _plan(self, look: _Look) -> _Plan | None:
+        """The decisions for ``look.uri``'s queued rows (None: it is not away).
+
+        On the database thread: it reads and writes the store and the usage counters.
+        """
+        if self.worker is None or not self.worker.on_thread():
+            raise WrongThreadError("SMS plans run on the broker's database thread")
+        if not look.connected:
+            session = self.store.sessions.get_session(look.uri)
             if session is None or session.status is not SessionStatus.DISCONNECTED:
-                return
-        self._users_by_number[msisdn] = uri
-        flying = self._by_user.setdefault(uri, {})
-        after = self._decided.get(uri, 0) if connected else 0
+                return None
         rows = self.store.queues.pending(
-            uri, after_nseq=after, limit=len(flying) + BATCH, urgent_only=not self._normal_sms
+            look.uri,
+            after_nseq=look.after,
+            limit=len(look.flying) + BATCH,
+            urgent_only=not self._normal_sms,
         )
-        now = self.clock()
+        steps: list[_Step] = []
         for row in rows:
-            if row.nseq not in flying:
-                self._offer(uri, msisdn, row, now, connected)
-            if connected:
-                self._decided[uri] = max(self._decided.get(uri, 0), row.nseq)
+            if row.nseq not in look.flying:
+                steps.extend(self._decide(look, row))
+        return _Plan(tuple(steps), max((row.nseq for row in rows), default=0))
+
+    def _act(self, look: _Look, plan: _Plan, *, stale: bool) -> None:
+        """Carry ``plan`` out on the loop (a stale one: only its deletions are logged)."""
+        uri = look.uri
+        for step in plan.steps:
+            if isinstance(step, _Dropped):
+                self.log.emit(
+                    "notify_dropped", uri, nseq=step.nseq, channel=SMS_CHANNEL, reason="ttl ended"
+                )
+            elif stale or not self._started:
+                continue
+            elif isinstance(step, _Send):
+                self._send(look, step)
+            elif isinstance(step, _Note):
+                self._note(uri, step.nseq, step.reason)
+            elif isinstance(step, _Limit):
+                self._limit_reached(uri, step.channel, step.limit, step.qclass, look.now)
+            else:
+                self._retry_at(uri, step.delay)
+        if look.connected and not stale:
+            self._decided[uri] = max(self._decided.get(uri, 0), plan.decided)
+
+    def _send(self, look: _Look, step: _Send) -> None:
+        buffer_id = self.runner.send_frame(look.msisdn, step.frame, ttl=step.ttl)
+        self._buffers[buffer_id] = _InFlight(look.uri, step.nseq, step.published_at)
+        self._by_user.setdefault(look.uri, {})[step.nseq] = buffer_id
+        how = "both: sms beats ip" if look.connected else "ip down"
+        self.log.emit(
+            "sms_sent",
+            look.uri,
+            nseq=step.nseq,
+            channel=SMS_CHANNEL,
+            bytes=len(step.frame),
+            cost=step.cost,
+            reason=f"to {look.msisdn} ({how}, class {step.qclass})",
+        )
 
     def _qclass(self, row: QueuedNotification) -> str:
         """The publish's class, else its subscription's, else by ``urgent``."""
@@ -416,71 +593,63 @@ class SmsFallback:
                 return named
         return self.channels.urgent_class if row.urgent else self.channels.default_class
 
-    def _offer(
-        self, uri: str, msisdn: str, row: QueuedNotification, now: float, connected: bool
-    ) -> None:
+    def _decide(self, look: _Look, row: QueuedNotification) -> list[_Step]:
+        """The selector's answer for one row, as steps; on the database thread (an SMS
+        it sends is counted here, so the next plan of any user sees it)."""
+        uri, now, connected = look.uri, look.now, look.connected
         left = row.published_at + self.config.ttl - now
         if left <= 0 and not connected:
             remove_delivered(self.store.engine, uri, row.nseq)
-            self.log.emit(
-                "notify_dropped", uri, nseq=row.nseq, channel=SMS_CHANNEL, reason="ttl ended"
-            )
-            return
+            return [_Dropped(row.nseq)]
         frame = _notify_frame(row)
         if frame is None:
-            return  # unsendable rows are the IP path's to report
+            return []  # unsendable rows are the IP path's to report
         qclass = self._qclass(row)
         message = Outgoing(user=uri, qclass=qclass, size=len(frame), first_seen=row.published_at)
         available = {IP_CHANNEL} if connected else set()
-        policy = self.policy(uri)
+        policy = look.policy
         over_global = self._over_global(message, policy, now)
         if over_global is None:
             available.add(SMS_CHANNEL)
-        calendar = self.calendar(uri)
         decision = select(
-            policy, message, available=available, usage=self.usage, now=now, calendar=calendar
+            policy,
+            message,
+            available=available,
+            usage=self.usage,
+            now=now,
+            calendar=self._calendar(uri),
         )
         if over_global is not None and not isinstance(decision, SendNow | Hold):
             decision = NoChannel("every channel is blocked", ((SMS_CHANNEL, over_global),))
         if isinstance(decision, Hold):
-            self._note(uri, row.nseq, f"held until {decision.until:.0f} for {decision.waiting_for}")
-            self._retry_at(uri, decision.until - now)
-            return
+            why = f"held until {decision.until:.0f} for {decision.waiting_for}"
+            return [_Note(row.nseq, why), _Retry(decision.until - now)]
         if isinstance(decision, NoChannel):
-            for channel, limit in decision.blocked:
-                self._limit_reached(uri, channel, limit, qclass, now)
+            steps: list[_Step] = [
+                _Limit(channel, limit, qclass) for channel, limit in decision.blocked
+            ]
             if decision.blocked or not connected:
                 why = "; ".join(f"{ch}: {limit}" for ch, limit in decision.blocked)
-                self._note(uri, row.nseq, f"sms not used ({decision.reason}) {why}".strip())
-            return
+                steps.append(_Note(row.nseq, f"sms not used ({decision.reason}) {why}".strip()))
+            return steps
         if decision.channel.name != SMS_CHANNEL:
             # IP it is: the IP path carries every queued notification in order. Was SMS
             # the better choice, but for a limit? Then that limit is what decided.
             stopped = self._sms_stopped(uri, message, policy, over_global, connected, now)
-            if stopped is not None:
-                self._limit_reached(uri, SMS_CHANNEL, stopped, qclass, now)
-                self._note(uri, row.nseq, f"sms not used (limit reached) sms: {stopped}")
-            return
+            if stopped is None:
+                return []
+            return [
+                _Limit(SMS_CHANNEL, stopped, qclass),
+                _Note(row.nseq, f"sms not used (limit reached) sms: {stopped}"),
+            ]
         if left <= 0:
-            return
-        buffer_id = self.runner.send_frame(msisdn, frame, ttl=left)
-        self._buffers[buffer_id] = _InFlight(uri, row.nseq, row.published_at)
-        self._by_user.setdefault(uri, {})[row.nseq] = buffer_id
+            return []
         record_send(self.usage, message, decision, at=now)
         if self._global_limits:
             self.usage.add(
                 GLOBAL_USER, SMS_CHANNEL, qclass, now, Usage(1, len(frame), decision.cost)
             )
-        how = "both: sms beats ip" if connected else "ip down"
-        self.log.emit(
-            "sms_sent",
-            uri,
-            nseq=row.nseq,
-            channel=SMS_CHANNEL,
-            bytes=len(frame),
-            cost=decision.cost,
-            reason=f"to {msisdn} ({how}, class {qclass})",
-        )
+        return [_Send(row.nseq, row.published_at, frame, left, qclass, decision.cost)]
 
     def _sms_stopped(
         self,
@@ -588,11 +757,12 @@ class SmsFallback:
         if flight is None:
             return
         self._by_user.get(flight.uri, {}).pop(flight.nseq, None)
-        try:
-            remove_delivered(self.store.engine, flight.uri, flight.nseq)
-        except StoreError:
-            # Stays queued: IP delivers it again later and the agent's gate refuses it.
-            self.errors += 1
+        if self.worker is not None:
+            # On the database thread, before any later plan; if it fails the row stays
+            # queued (logged): IP delivers it again later and the agent's gate refuses it.
+            self.worker.post(
+                "sms done", remove_delivered, self.store.engine, flight.uri, flight.nseq
+            )
         if isinstance(event, BufferAcknowledged) and self.delivered is not None:
             self.delivered(flight.uri, flight.nseq)
         if isinstance(event, BufferAcknowledged):

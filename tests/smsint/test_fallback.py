@@ -94,6 +94,7 @@ async def test_urgent_by_sms_exactly_once_or_undeliverable(
             assert nseq in undeliverable, f"{nseq} lost without a report"
         assert len(delivered) >= 0.9 * len(urgent)
         assert not set(got) & normal  # normal notifications never go by SMS
+        await broker.service.settled()  # the acked rows are deleted on the database thread
         assert {n.nseq for n in store.queues.pending(ALICE)} == normal
         sent = [e for e in sink.named("sms_sent") if e.uri == ALICE]
         assert {e.fields["nseq"] for e in sent} == urgent

@@ -71,6 +71,13 @@ async def _world(
     return broker, alice, bob
 
 
+async def _decided(broker: RunningBroker) -> None:
+    """Return once the SMS side decided for everything queued so far: a publish's
+    ``pub-ok`` comes after the kick that starts its look (on the database thread)."""
+    assert broker.sms is not None
+    await guard(broker.sms.idle())
+
+
 async def _close(broker: RunningBroker, *agents: Agent) -> None:
     for agent in agents:
         await agent.close()
@@ -99,7 +106,7 @@ async def test_price_and_ip_reliability_flip_the_live_decision(
     try:
         inbox = alice.listen()
         await guard(bob.publish("alerts.fire", {"level": 3}, b"x" * 50, urgent=True))
-        # The decision is taken while the publish is handled, before pub-ok.
+        await _decided(broker)
         sent = sink.named("sms_sent")
         assert [e.fields["nseq"] for e in sent] == ([1] if by_sms else [])
         record = await guard(inbox.get())
@@ -110,6 +117,7 @@ async def test_price_and_ip_reliability_flip_the_live_decision(
             await guard(sink.wait_for("notify_delivered", ALICE))
         # A normal one never goes by SMS (its class allows IP only).
         await guard(bob.publish("alerts.info", {}, b"y", urgent=False))
+        await _decided(broker)
         record = await guard(inbox.get())
         assert record["nseq"] == 2
         assert len(sink.named("sms_sent")) == len(sent)
@@ -157,6 +165,7 @@ async def test_each_limit_kind_stops_sms_and_tells_the_device(
         payload = b"x" * 40
         for i in range(3):
             await guard(bob.publish("alerts.fire", {"i": i}, payload, urgent=True))
+        await _decided(broker)
         sent = sink.named("sms_sent")
         assert [e.fields["nseq"] for e in sent] == [1, 2]
         for e in sent:
@@ -178,6 +187,7 @@ async def test_each_limit_kind_stops_sms_and_tells_the_device(
         assert sorted(int(r["nseq"]) for r in alice.delivered_since(0)) == [1, 2, 3]
         # A fourth is refused SMS too, and the device is not told again.
         await guard(bob.publish("alerts.fire", {"i": 4}, payload, urgent=True))
+        await _decided(broker)
         assert len(sink.named("sms_sent")) == 2
         await guard(alice.wait_until(lambda: len(alice.delivered_since(0)) == 4))
         assert len(alice.limits) == 1
