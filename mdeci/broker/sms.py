@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
@@ -108,6 +109,7 @@ GLOBAL_USER = "*"
 _EPOCH_DATE = date(1970, 1, 1)
 # Urgent rows read per look at a user beyond those already in flight.
 BATCH = 32
+RECENT_MO = 64
 
 
 def sms_channel(config: BrokerSmsConfig, link: SmsConfig | None, figures: Figures) -> Channel:
@@ -337,7 +339,9 @@ class SmsFallback:
         self._looking: dict[str, asyncio.Task[None]] = {}  # uri -> its look (one at a time)
         self._again: dict[str, bool] = {}  # kicked during its look: connected, last said
         self._epochs: dict[str, int] = {}  # bumped when a running plan becomes stale
-        self.received: list[tuple[str, bytes]] = []  # MO frames (sender, frame)
+        # The latest MO frames (sender, frame), for tests and debugging: bounded, since
+        # anybody can send SMS to the broker's number.
+        self.received: deque[tuple[str, bytes]] = deque(maxlen=RECENT_MO)
         self.errors = 0
         self._started = False
         # Only the classes that may use SMS are looked at; rows carry only "urgent".

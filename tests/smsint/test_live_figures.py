@@ -4,11 +4,12 @@ SMS wins for an urgent notification; SMS delivery reports move SMS's figures."""
 from __future__ import annotations
 
 from mdeci.broker.sink import MemorySink
-from mdeci.broker.sms import SmsFallback
+from mdeci.broker.sms import RECENT_MO, SmsFallback
 from mdeci.channels import Outgoing, SendNow, select
 from mdeci.channels.config import ChannelsConfig
 from mdeci.channels.live import Figures, LiveFigures
 from mdeci.sms.gateway import SimulatedNetwork
+from mdeci.sms.link import FrameReceived
 from mdeci.store.repo import BrokerStore
 from tests.broker.conftest import FakeClock
 from tests.smsint.harness import ALICE, BROKER_NO, sms_config
@@ -72,3 +73,15 @@ def test_sms_delivery_reports_move_latency_and_reliability() -> None:
     live.delivered("u", "sms", 0.0, weight=10)  # capped at one full step
     assert live.get("u", "sms").coverage == 1e-3  # the floor: ln(1/V) stays finite
     assert live.get("v", "sms") == Figures(10_000.0, 1.0)
+
+
+def test_sms_from_anybody_cannot_grow_the_broker(store: BrokerStore, clock: FakeClock) -> None:
+    """Probe: 1,000 MO frames from unknown numbers; the broker keeps only the latest."""
+    sink = MemorySink()
+    fallback = SmsFallback(store, sms_config(), SimulatedNetwork().gateway(BROKER_NO), sink, clock)
+    for i in range(1000):
+        # What the link runner hands over for each reassembled MO frame.
+        fallback._on_event(FrameReceived(sender=f"+1555{i:07d}", frame=b"junk"))
+    assert len(fallback.received) == RECENT_MO
+    assert fallback.received[-1][0] == "+15550000999"
+    assert len(sink.named("sms_received")) == 1000  # each one logged
