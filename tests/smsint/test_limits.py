@@ -49,6 +49,9 @@ async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
             await guard(bob.publish("alerts.fire", {"i": i}, b"x" * 50, urgent=True))
         await guard(sink.wait_for("media_disconnected", ALICE))
         await guard(until(sink, lambda: len(sink.named("notify_delivered")) >= LIMIT))
+        assert broker.sms is not None
+        await guard(broker.sms.idle())  # every look decided ...
+        await broker.service.settled()  # ... and its writes (usage, deletions) are done
 
         sent = [e.fields["nseq"] for e in sink.named("sms_sent")]
         assert sent == [1, 2, 3]
@@ -61,6 +64,7 @@ async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
 
         # A new urgent one is still refused SMS; the queue keeps it.
         await guard(bob.publish("alerts.fire", {"i": 7}, b"y", urgent=True))
+        await guard(broker.sms.idle())
         assert [n.nseq for n in store.queues.pending(ALICE)] == [4, 5, 6, 7]
         assert len(sink.named("sms_sent")) == LIMIT
 

@@ -64,6 +64,7 @@ async def test_urgent_notification_through_smpp_and_ack_back(
         assert record["nseq"] == 1
         done = await guard(sink.wait_for("notify_delivered", ALICE))
         assert done.fields["channel"] == "sms" and done.fields["nseq"] == 1
+        await broker.service.settled()  # the row is deleted on the database thread
         assert store.queues.pending(ALICE) == []
         size = sink.named("sms_sent")[0].fields["bytes"]
         assert isinstance(size, int) and len(smsc.submitted) == segments_needed(size) == 4
