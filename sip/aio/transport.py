@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sip.errors import SipParseError
@@ -30,6 +30,9 @@ from sip.message import StreamFramer
 
 Address = tuple[str, int]
 STREAMS = ("tcp", "tls")
+# Datagrams read per wake in batch mode: enough to amortise the loop's cost at 10k/s,
+# few enough that the loop still turns (timers, TCP) under a flood.
+UDP_BATCH = 64
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +61,82 @@ class _Udp(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         self.owner.errors += 1  # ICMP unreachable etc.: the transaction timers cope
+
+
+class _BatchUdp:
+    """A UDP socket read in batches: every wake drains up to :data:`UDP_BATCH`
+    datagrams and hands them over in one call, so a registrar can answer a burst with
+    one store commit. asyncio's datagram transport reads one datagram per loop turn,
+    and at thousands per second that turn costs more than the SIP work. Sends go
+    straight to the socket; a full send buffer drops the datagram (UDP's own terms: the
+    client retransmits)."""
+
+    def __init__(
+        self, owner: Transports, sock: socket.socket, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.owner = owner
+        self.sock = sock
+        self.loop = loop
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        batch: list[tuple[bytes, Address]] = []
+        recvfrom = self.sock.recvfrom
+        for _ in range(UDP_BATCH):
+            try:
+                data, addr = recvfrom(65535)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.owner.errors += 1  # ICMP unreachable etc.
+                continue
+            batch.append((data, (addr[0], addr[1])))
+        if batch and self.owner.on_datagrams is not None:
+            self.owner.on_datagrams(batch)
+
+    def sendto(self, data: bytes, addr: Address) -> None:
+        try:
+            self.sock.sendto(data, addr)
+        except OSError:
+            self.owner.errors += 1
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+
+def bind_sockets(
+    host: str, port: int, *, reuse_port: bool = False
+) -> tuple[socket.socket, socket.socket]:
+    """A UDP socket and a listening TCP socket on the same host and port (port 0: a port
+    free for both). With ``reuse_port`` both carry SO_REUSEPORT, so worker processes that
+    are handed them (or bind their own) share the port; the kernel spreads datagrams by
+    their source and destination addresses, so one client always reaches one worker."""
+    family = _family(host)
+    for _ in range(20):
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        tcp = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            for sock in (udp, tcp):
+                if reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # A burst of thousands of REGISTERs must wait in the kernel, not be dropped.
+            udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            udp.bind((host, port))
+            bound = _norm(udp.getsockname())
+            tcp.bind((host, bound[1]))
+            tcp.listen(128)
+        except OSError:
+            udp.close()
+            tcp.close()
+            if port:
+                raise
+            continue
+        return udp, tcp
+    raise OSError("no port free for both UDP and TCP")
 
 
 class _StreamConn(asyncio.Protocol):
@@ -155,7 +234,9 @@ class Transports:
         self.limits = limits or StreamLimits()
         self.tls_server = tls_server
         self.tls_client = tls_client
-        self.udp: asyncio.DatagramTransport | None = None
+        self.udp: asyncio.DatagramTransport | _BatchUdp | None = None
+        # Set before opening to read UDP in batches (see _BatchUdp); None: one by one.
+        self.on_datagrams: Callable[[Sequence[tuple[bytes, Address]]], None] | None = None
         self.tcp_server: asyncio.Server | None = None
         self.tls_listener: asyncio.Server | None = None
         self.conns: dict[tuple[str, Address], _StreamConn] = {}
@@ -220,6 +301,23 @@ class Transports:
             self.tls_listener = listener
             self.tls_local = _norm(listener.sockets[0].getsockname())
         return bound
+
+    async def open_sockets(self, udp: socket.socket, tcp: socket.socket | None) -> Address:
+        """Serve on sockets bound beforehand (:func:`bind_sockets`, or handed down by a
+        parent process); no TLS. UDP is read in batches when :attr:`on_datagrams` is set."""
+        loop = asyncio.get_running_loop()
+        if self.on_datagrams is not None:
+            self.udp = _BatchUdp(self, udp, loop)
+        else:
+            udp.setblocking(False)
+            self.udp, _proto = await loop.create_datagram_endpoint(lambda: _Udp(self), sock=udp)
+        self.local = _norm(udp.getsockname())
+        if tcp is not None:
+            tcp.setblocking(False)
+            self.tcp_server = await loop.create_server(
+                lambda: _StreamConn(self, "tcp", accepted=True), sock=tcp
+            )
+        return self.local
 
     async def send(self, data: bytes, dest: Address, transport: str) -> None:
         """Send one message; over a stream, connect first if there is no connection."""

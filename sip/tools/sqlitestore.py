@@ -1,0 +1,128 @@
+"""Bindings in one SQLite file (WAL), shared by the worker processes of
+``python -m sip registrar --workers N``: a REGISTER taken by one worker is seen by all.
+
+SQL lives here and not in ``mdeci/store`` because the SIP stack must not import mdeci
+(tests/test_layering.py); the broker keeps its bindings through
+``mdeci.store.bindings.SqlBindingStore``. Only the standard library's ``sqlite3``.
+
+Writes are serialised by SQLite's write lock (``BEGIN IMMEDIATE``), so the registrar's
+read-check-write of one REGISTER (§10.3 steps 6-7) is atomic across workers. Between
+:meth:`SqliteBindingStore.begin` and :meth:`~SqliteBindingStore.commit` every call joins
+one transaction (a batch of REGISTERs, one commit); outside, each call commits alone.
+``synchronous=NORMAL``: a commit survives the process, not a power cut (a registrar's
+bindings are refreshed by their clients anyway; Kamailio's default keeps them in memory
+only).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from sip.registrar import Binding
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS bindings (aor TEXT NOT NULL, contact TEXT NOT NULL, "
+    "expires_at REAL NOT NULL, call_id TEXT NOT NULL, cseq INTEGER NOT NULL, "
+    "q REAL NOT NULL, source TEXT, PRIMARY KEY (aor, contact)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS bindings_expires ON bindings (expires_at)",
+)
+_COLUMNS = "aor, contact, expires_at, call_id, cseq, q, source"
+
+
+class SqliteBindingStore:
+    """A :class:`sip.registrar.BindingStore` in a SQLite file (module docstring).
+
+    Raises :class:`sqlite3.Error` when the database fails (the caller answers 500)."""
+
+    def __init__(self, path: Path, busy_timeout: float = 10.0) -> None:
+        self._db = sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._batch = False
+        with self._transaction():
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+
+    def close(self) -> None:
+        """Close the connection (a batch still open is rolled back)."""
+        self._db.close()
+
+    # ------------------------------------------------------------ batches
+
+    def begin(self) -> None:
+        """Start a batch: the calls until :meth:`commit` form one transaction, opened
+        at the first of them (a batch that touches nothing costs nothing)."""
+        self._batch = True
+
+    def commit(self) -> None:
+        """End the batch, committing what it did."""
+        self._batch = False
+        if self._db.in_transaction:
+            self._db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        """End the batch, undoing what it did."""
+        self._batch = False
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    def _transaction(self) -> _Txn:
+        return _Txn(self._db, self._batch)
+
+    # ------------------------------------------------------------ BindingStore
+
+    def bindings(self, aor: str, now: float) -> list[Binding]:
+        """Unexpired bindings of ``aor``."""
+        with self._transaction():
+            rows = self._db.execute(
+                f"SELECT {_COLUMNS} FROM bindings WHERE aor = ? AND expires_at > ?", (aor, now)
+            ).fetchall()
+        return [Binding(*row) for row in rows]
+
+    def put(self, binding: Binding) -> None:
+        """Insert or replace by (aor, contact)."""
+        with self._transaction():
+            self._db.execute(
+                f"INSERT OR REPLACE INTO bindings ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (binding.aor, binding.contact, binding.expires_at, binding.call_id,
+                 binding.cseq, binding.q, binding.source),
+            )  # fmt: skip
+
+    def remove(self, aor: str, contact: str) -> None:
+        """Delete one binding if present."""
+        with self._transaction():
+            self._db.execute("DELETE FROM bindings WHERE aor = ? AND contact = ?", (aor, contact))
+
+    def remove_all(self, aor: str) -> None:
+        """Delete every binding of ``aor``."""
+        with self._transaction():
+            self._db.execute("DELETE FROM bindings WHERE aor = ?", (aor,))
+
+    def expire(self, now: float) -> list[Binding]:
+        """Delete and return the expired bindings (each reported by one worker only)."""
+        with self._transaction():
+            rows = self._db.execute(
+                f"DELETE FROM bindings WHERE expires_at <= ? RETURNING {_COLUMNS}", (now,)
+            ).fetchall()
+        return [Binding(*row) for row in rows]
+
+
+class _Txn:
+    """BEGIN IMMEDIATE unless already inside one; COMMIT (or ROLLBACK) at the end
+    unless a batch goes on."""
+
+    def __init__(self, db: sqlite3.Connection, batch: bool) -> None:
+        self._db = db
+        self._batch = batch
+        self._own = False
+
+    def __enter__(self) -> None:
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._own = not self._batch
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if not self._own:
+            return
+        self._db.execute("ROLLBACK" if exc is not None else "COMMIT")
