@@ -40,6 +40,7 @@ no error worth a 32-second wait.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable
@@ -109,10 +110,16 @@ class BindingStore(Protocol):
 
 
 class MemoryBindingStore:
-    """A :class:`BindingStore` in a dict, for tests and the embedded default."""
+    """A :class:`BindingStore` in a dict, for tests and the embedded default.
+
+    Expiry times also sit in a heap, so the registrar's once-a-second sweep costs what
+    expires, not a walk over every binding (a registrar holds hundreds of thousands);
+    entries of bindings refreshed or removed since are skipped when they come up."""
 
     def __init__(self) -> None:
         self._data: dict[str, dict[str, Binding]] = {}
+        self._deadlines: list[tuple[float, str, str]] = []
+        self._count = 0
 
     def bindings(self, aor: str, now: float) -> list[Binding]:
         """Unexpired bindings of ``aor``, in insertion order."""
@@ -120,31 +127,42 @@ class MemoryBindingStore:
 
     def put(self, binding: Binding) -> None:
         """Insert or replace by (aor, contact)."""
-        self._data.setdefault(binding.aor, {})[binding.contact] = binding
+        contacts = self._data.setdefault(binding.aor, {})
+        if binding.contact not in contacts:
+            self._count += 1
+        contacts[binding.contact] = binding
+        heapq.heappush(self._deadlines, (binding.expires_at, binding.aor, binding.contact))
+        if len(self._deadlines) > 2 * self._count + 1024:
+            # Mostly stale entries (frequent refreshes): rebuild from the live bindings.
+            self._deadlines = [
+                (b.expires_at, b.aor, b.contact) for c in self._data.values() for b in c.values()
+            ]
+            heapq.heapify(self._deadlines)
 
     def remove(self, aor: str, contact: str) -> None:
         """Delete one binding if present."""
         contacts = self._data.get(aor)
-        if contacts is not None:
-            contacts.pop(contact, None)
+        if contacts is not None and contacts.pop(contact, None) is not None:
+            self._count -= 1
             if not contacts:
                 del self._data[aor]
 
     def remove_all(self, aor: str) -> None:
         """Delete every binding of ``aor``."""
-        self._data.pop(aor, None)
+        self._count -= len(self._data.pop(aor, {}))
 
     def expire(self, now: float) -> list[Binding]:
         """Delete and return the expired bindings."""
         gone: list[Binding] = []
-        for aor in list(self._data):
-            contacts = self._data[aor]
-            for contact, binding in list(contacts.items()):
-                if binding.expires_at <= now:
-                    gone.append(binding)
-                    del contacts[contact]
-            if not contacts:
-                del self._data[aor]
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            expires_at, aor, contact = heapq.heappop(heap)
+            contacts = self._data.get(aor)
+            binding = contacts.get(contact) if contacts is not None else None
+            if contacts is None or binding is None or binding.expires_at != expires_at:
+                continue  # refreshed or removed since this entry was pushed
+            gone.append(binding)
+            self.remove(aor, contact)
         return gone
 
 

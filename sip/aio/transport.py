@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import socket
 import ssl
 from collections.abc import Callable, Sequence
@@ -137,6 +138,44 @@ def bind_sockets(
             continue
         return udp, tcp
     raise OSError("no port free for both UDP and TCP")
+
+
+# Classic BPF (linux/filter.h) for SO_ATTACH_REUSEPORT_CBPF: the program sees the UDP
+# payload and returns the index of the socket (in bind order) to deliver to.
+_SO_ATTACH_REUSEPORT_CBPF = 51
+_LD_W_ABS, _ADD_X, _MUL_K, _TAX, _TXA, _MOD_K, _RET_A = 0x20, 0x0C, 0x24, 0x07, 0x87, 0x94, 0x16
+# Bytes 32..159 of a request: its Via (branch), From and To in practice.
+_SPREAD_WORDS = range(32, 160, 4)
+
+
+def spread_by_payload(sock: socket.socket, workers: int) -> None:
+    """Make the SO_REUSEPORT group of ``sock`` pick a worker by a hash of the datagram's
+    bytes 32-159 instead of by the sender's address. One busy client (a load generator,
+    a proxy in front of us) then reaches every worker, and a retransmission, being the
+    same bytes, still reaches the worker that answered it (whose answer cache has it).
+    Datagrams shorter than that go to the first worker. Linux only; raises OSError."""
+    program: list[tuple[int, int, int, int]] = []
+    for offset in _SPREAD_WORDS:
+        # X = (X + word) * 31, over 32-bit words (X starts at 0).
+        program += [(_LD_W_ABS, 0, 0, offset), (_ADD_X, 0, 0, 0), (_MUL_K, 0, 0, 31),
+                    (_TAX, 0, 0, 0)]  # fmt: skip
+    program += [(_TXA, 0, 0, 0), (_MOD_K, 0, 0, workers), (_RET_A, 0, 0, 0)]
+    filters = (_SockFilter * len(program))(*(_SockFilter(*i) for i in program))
+    fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.c_void_p))
+    sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_REUSEPORT_CBPF, bytes(fprog))
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = (
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    )
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_uint16), ("filter", ctypes.c_void_p))
 
 
 class _StreamConn(asyncio.Protocol):

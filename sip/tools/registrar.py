@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sip.aio.transport import Address, bind_sockets
+from sip.aio.transport import Address, bind_sockets, spread_by_payload
 from sip.aio.ua import IncomingRequest, Reply, UaConfig, UserAgent
 from sip.auth import DigestConfig, DigestServer, MemoryCredentialStore
 from sip.fastpath import FastRegistrar, ResponseCache
@@ -201,10 +201,16 @@ async def _supervise(args: argparse.Namespace, workers: int) -> int:
         if store is None:
             store = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "bindings.db"
         SqliteBindingStore(store).close()  # the schema, before the workers race for it
-        children: list[subprocess.Popen[bytes]] = []
+        pairs: list[tuple[socket.socket, socket.socket]] = []
         for _ in range(workers):
-            udp, tcp = bind_sockets(host, port, reuse_port=True)
-            port = udp.getsockname()[1]
+            pairs.append(bind_sockets(host, port, reuse_port=True))
+            port = pairs[0][0].getsockname()[1]
+        if args.users is None:
+            # Without digest no state ties a client to a worker but the answers kept for
+            # retransmissions, which the same bytes find again.
+            spread_by_payload(pairs[0][0], workers)
+        children: list[subprocess.Popen[bytes]] = []
+        for udp, tcp in pairs:
             fds = (udp.fileno(), tcp.fileno())
             children.append(subprocess.Popen(_worker_argv(args, fds, store), pass_fds=fds))
             # The worker has its copies; ours would take a share of the traffic unread.
