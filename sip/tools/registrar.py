@@ -199,7 +199,10 @@ async def _supervise(args: argparse.Namespace, workers: int) -> int:
     with contextlib.ExitStack() as stack:
         store = args.store
         if store is None:
-            store = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "bindings.db"
+            # In memory (tmpfs) where there is one: the file lives as long as we do, so
+            # the fsyncs of WAL checkpoints would buy nothing.
+            shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+            store = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=shm))) / "bindings.db"
         SqliteBindingStore(store).close()  # the schema, before the workers race for it
         pairs: list[tuple[socket.socket, socket.socket]] = []
         for _ in range(workers):

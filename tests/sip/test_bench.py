@@ -151,6 +151,7 @@ def report(servers: list[Server], reference: Server) -> None:
             print(f"  CPU per REGISTER at {rate}/s: {ratio:.2f} of {reference.name}'s speed")
 
 
+@pytest.mark.timeout(1800)
 def test_register_rate_vs_kamailio(tmp_path: Path) -> None:
     cores = os.cpu_count() or 1
     workers = Tool("registrar", "--listen", "127.0.0.1:0", "--domain", "example.org",
