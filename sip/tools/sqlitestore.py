@@ -28,6 +28,13 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS bindings_expires ON bindings (expires_at)",
 )
 _COLUMNS = "aor, contact, expires_at, call_id, cseq, q, source"
+_SELECT = f"SELECT {_COLUMNS} FROM bindings WHERE aor = ? AND expires_at > ?"
+# An update in place when the contact is known (a refresh), not REPLACE's delete+insert.
+_UPSERT = (
+    f"INSERT INTO bindings ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (aor, contact) "
+    "DO UPDATE SET expires_at = excluded.expires_at, call_id = excluded.call_id, "
+    "cseq = excluded.cseq, q = excluded.q, source = excluded.source"
+)
 
 
 class SqliteBindingStore:
@@ -70,24 +77,35 @@ class SqliteBindingStore:
     def _transaction(self) -> _Txn:
         return _Txn(self._db, self._batch)
 
+    def _batched(self) -> bool:
+        """Inside a batch: open its transaction at the first call; True. Else False (the
+        call runs in a transaction of its own)."""
+        if not self._batch:
+            return False
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+        return True
+
     # ------------------------------------------------------------ BindingStore
 
     def bindings(self, aor: str, now: float) -> list[Binding]:
         """Unexpired bindings of ``aor``."""
-        with self._transaction():
-            rows = self._db.execute(
-                f"SELECT {_COLUMNS} FROM bindings WHERE aor = ? AND expires_at > ?", (aor, now)
-            ).fetchall()
+        if self._batched():  # the hot path: no transaction object per call
+            rows = self._db.execute(_SELECT, (aor, now)).fetchall()
+        else:
+            with self._transaction():
+                rows = self._db.execute(_SELECT, (aor, now)).fetchall()
         return [Binding(*row) for row in rows]
 
     def put(self, binding: Binding) -> None:
         """Insert or replace by (aor, contact)."""
-        with self._transaction():
-            self._db.execute(
-                f"INSERT OR REPLACE INTO bindings ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (binding.aor, binding.contact, binding.expires_at, binding.call_id,
-                 binding.cseq, binding.q, binding.source),
-            )  # fmt: skip
+        b = binding
+        values = (b.aor, b.contact, b.expires_at, b.call_id, b.cseq, b.q, b.source)
+        if self._batched():
+            self._db.execute(_UPSERT, values)
+        else:
+            with self._transaction():
+                self._db.execute(_UPSERT, values)
 
     def remove(self, aor: str, contact: str) -> None:
         """Delete one binding if present."""
