@@ -17,6 +17,7 @@ only).
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from sip.registrar import Binding
@@ -43,7 +44,10 @@ class SqliteBindingStore:
     Raises :class:`sqlite3.Error` when the database fails (the caller answers 500)."""
 
     def __init__(self, path: Path, busy_timeout: float = 10.0) -> None:
-        self._db = sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None)
+        # No busy handler of SQLite's own: it sleeps 1 ms at least, which at thousands of
+        # REGISTERs a second lets a worker's socket overflow while the other commits.
+        self._db = sqlite3.connect(str(path), timeout=0.0, isolation_level=None)
+        self._busy_timeout = busy_timeout
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._batch = False
@@ -75,7 +79,7 @@ class SqliteBindingStore:
             self._db.execute("ROLLBACK")
 
     def _transaction(self) -> _Txn:
-        return _Txn(self._db, self._batch)
+        return _Txn(self._db, self._batch, self._busy_timeout)
 
     def _batched(self) -> bool:
         """Inside a batch: open its transaction at the first call; True. Else False (the
@@ -83,7 +87,7 @@ class SqliteBindingStore:
         if not self._batch:
             return False
         if not self._db.in_transaction:
-            self._db.execute("BEGIN IMMEDIATE")
+            _begin(self._db, self._busy_timeout)
         return True
 
     # ------------------------------------------------------------ BindingStore
@@ -126,18 +130,33 @@ class SqliteBindingStore:
         return [Binding(*row) for row in rows]
 
 
+def _begin(db: sqlite3.Connection, timeout: float) -> None:
+    """BEGIN IMMEDIATE (the write lock), retried every 50 us while another worker holds
+    it, for at most ``timeout`` seconds. Raises sqlite3.OperationalError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.00005)
+
+
 class _Txn:
     """BEGIN IMMEDIATE unless already inside one; COMMIT (or ROLLBACK) at the end
     unless a batch goes on."""
 
-    def __init__(self, db: sqlite3.Connection, batch: bool) -> None:
+    def __init__(self, db: sqlite3.Connection, batch: bool, timeout: float) -> None:
         self._db = db
         self._batch = batch
+        self._timeout = timeout
         self._own = False
 
     def __enter__(self) -> None:
         if not self._db.in_transaction:
-            self._db.execute("BEGIN IMMEDIATE")
+            _begin(self._db, self._timeout)
             self._own = not self._batch
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
