@@ -131,7 +131,7 @@ class SqliteBindingStore:
 
 
 def _begin(db: sqlite3.Connection, timeout: float) -> None:
-    """BEGIN IMMEDIATE (the write lock), retried every 50 us while another worker holds
+    """BEGIN IMMEDIATE (the write lock), retried every 200 us while another worker holds
     it, for at most ``timeout`` seconds. Raises sqlite3.OperationalError."""
     deadline = time.monotonic() + timeout
     while True:
@@ -141,7 +141,7 @@ def _begin(db: sqlite3.Connection, timeout: float) -> None:
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
-        time.sleep(0.00005)
+        time.sleep(0.0002)
 
 
 class _Txn:
