@@ -40,6 +40,7 @@ no error worth a 32-second wait.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable
@@ -55,7 +56,9 @@ from sip.uri import NameAddr, SipUri, Via, format_hostport
 __all__ = [
     "Binding",
     "BindingStore",
+    "ContactSpec",
     "MemoryBindingStore",
+    "Outcome",
     "Registered",
     "Registrar",
     "RegistrarConfig",
@@ -107,10 +110,16 @@ class BindingStore(Protocol):
 
 
 class MemoryBindingStore:
-    """A :class:`BindingStore` in a dict, for tests and the embedded default."""
+    """A :class:`BindingStore` in a dict, for tests and the embedded default.
+
+    Expiry times also sit in a heap, so the registrar's once-a-second sweep costs what
+    expires, not a walk over every binding (a registrar holds hundreds of thousands);
+    entries of bindings refreshed or removed since are skipped when they come up."""
 
     def __init__(self) -> None:
         self._data: dict[str, dict[str, Binding]] = {}
+        self._deadlines: list[tuple[float, str, str]] = []
+        self._count = 0
 
     def bindings(self, aor: str, now: float) -> list[Binding]:
         """Unexpired bindings of ``aor``, in insertion order."""
@@ -118,31 +127,42 @@ class MemoryBindingStore:
 
     def put(self, binding: Binding) -> None:
         """Insert or replace by (aor, contact)."""
-        self._data.setdefault(binding.aor, {})[binding.contact] = binding
+        contacts = self._data.setdefault(binding.aor, {})
+        if binding.contact not in contacts:
+            self._count += 1
+        contacts[binding.contact] = binding
+        heapq.heappush(self._deadlines, (binding.expires_at, binding.aor, binding.contact))
+        if len(self._deadlines) > 2 * self._count + 1024:
+            # Mostly stale entries (frequent refreshes): rebuild from the live bindings.
+            self._deadlines = [
+                (b.expires_at, b.aor, b.contact) for c in self._data.values() for b in c.values()
+            ]
+            heapq.heapify(self._deadlines)
 
     def remove(self, aor: str, contact: str) -> None:
         """Delete one binding if present."""
         contacts = self._data.get(aor)
-        if contacts is not None:
-            contacts.pop(contact, None)
+        if contacts is not None and contacts.pop(contact, None) is not None:
+            self._count -= 1
             if not contacts:
                 del self._data[aor]
 
     def remove_all(self, aor: str) -> None:
         """Delete every binding of ``aor``."""
-        self._data.pop(aor, None)
+        self._count -= len(self._data.pop(aor, {}))
 
     def expire(self, now: float) -> list[Binding]:
         """Delete and return the expired bindings."""
         gone: list[Binding] = []
-        for aor in list(self._data):
-            contacts = self._data[aor]
-            for contact, binding in list(contacts.items()):
-                if binding.expires_at <= now:
-                    gone.append(binding)
-                    del contacts[contact]
-            if not contacts:
-                del self._data[aor]
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            expires_at, aor, contact = heapq.heappop(heap)
+            contacts = self._data.get(aor)
+            binding = contacts.get(contact) if contacts is not None else None
+            if contacts is None or binding is None or binding.expires_at != expires_at:
+                continue  # refreshed or removed since this entry was pushed
+            gone.append(binding)
+            self.remove(aor, contact)
         return gone
 
 
@@ -227,12 +247,26 @@ def normalize_aor(uri: str) -> str:
     return SipUri.parse(uri).aor
 
 
-class _Reject(Exception):
-    """Internal: a step failed; carries the response to send."""
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The registrar's answer without the headers copied from the request: a status
+    and the headers to add (Contact lines of a 200, Warning, Min-Expires, ...)."""
 
-    def __init__(self, response: Response) -> None:
-        super().__init__(response.status)
-        self.response = response
+    status: int
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+ContactSpec = tuple[str, int | None, float]
+"""One Contact already read: (URI text as ``str(SipUri)`` prints it, its ``expires``
+parameter or None, its ``q``)."""
+
+
+class _Reject(Exception):
+    """Internal: a step failed; carries the answer."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.status)
+        self.outcome = outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,25 +335,48 @@ class Registrar:
         them (§18.2.1, RFC 3581). See the module table for every answer.
         """
         try:
-            return self._handle(request, now, source)
+            outcome = self._handle(request, now, source)
         except _Reject as reject:
-            return reject.response
-
-    def _response(self, request: Request, status: int, *, warning: str | None = None) -> Response:
-        resp = make_response(request, status, to_tag=self._random(8).hex())
-        if warning is not None:
-            # §20.43: 399 is "miscellaneous warning", for free text like ours.
-            resp.headers.add("Warning", f"399 {self.config.warn_agent} {quote(warning)}")
+            outcome = reject.outcome
+        resp = make_response(request, outcome.status, to_tag=self.new_tag())
+        for name, value in outcome.headers:
+            resp.headers.add(name, value)
         return resp
 
-    def _reject(self, request: Request, status: int, warning: str | None = None) -> _Reject:
-        return _Reject(self._response(request, status, warning=warning))
+    def new_tag(self) -> str:
+        """A fresh To tag (§8.2.6.2)."""
+        return self._random(8).hex()
 
-    def _handle(self, req: Request, now: float, source: str | None) -> Response:
+    def register(
+        self,
+        aor: str,
+        call_id: str,
+        cseq: int,
+        contacts: list[ContactSpec],
+        expires_header: int | None,
+        now: float,
+        *,
+        source: str | None = None,
+    ) -> Outcome:
+        """Steps 6-8 for a REGISTER whose steps 1-5 passed and whose Contacts were read
+        (none: a query; ``Contact: *`` is not for here). The fast path's entry point;
+        :meth:`handle` ends in the same code. Never raises."""
+        try:
+            return self._bind(aor, call_id, cseq, contacts, expires_header, now, source)
+        except _Reject as reject:
+            return reject.outcome
+
+    def _reject(
+        self, status: int, warning: str | None = None, headers: tuple[tuple[str, str], ...] = ()
+    ) -> _Reject:
+        if warning is not None:
+            # §20.43: 399 is "miscellaneous warning", for free text like ours.
+            headers = (*headers, ("Warning", f"399 {self.config.warn_agent} {quote(warning)}"))
+        return _Reject(Outcome(status, headers))
+
+    def _handle(self, req: Request, now: float, source: str | None) -> Outcome:
         if req.method != "REGISTER":
-            resp = self._response(req, 405)
-            resp.headers.add("Allow", "REGISTER")
-            raise _Reject(resp)
+            raise self._reject(405, headers=(("Allow", "REGISTER"),))
         try:
             to = req.to
             cseq = req.cseq.seq
@@ -328,17 +385,15 @@ class Registrar:
             request_uri = req.parsed_uri
             via_source = self._via_source(req) if source is None else source
         except SipParseError as exc:
-            raise self._reject(req, 400, f"bad request: {exc.reason}") from None
+            raise self._reject(400, f"bad request: {exc.reason}") from None
 
         # Step 1: is this registrar responsible for the Request-URI's domain?
         if not isinstance(request_uri, SipUri) or request_uri.host.lower() not in self._domains:
-            raise self._reject(req, 404, "domain not served here")
+            raise self._reject(404, "domain not served here")
         # Step 2: §8.2.2.3, we support no extension that needs Require.
         required = [v.strip() for v in req.headers.get_all("Require") if v.strip()]
         if required:
-            resp = self._response(req, 420)
-            resp.headers.add("Unsupported", ", ".join(required))
-            raise _Reject(resp)
+            raise self._reject(420, headers=(("Unsupported", ", ".join(required)),))
         # Step 5 (checked before 3-4 so authorization has an AOR to compare):
         # To must be an AOR of a domain we serve. The Request-URI may name the domain
         # or one of its aliases (our own address, as phones often send it), so the
@@ -349,7 +404,7 @@ class Registrar:
             or aor_uri.user is None
             or aor_uri.host.lower() not in self._domains
         ):
-            raise self._reject(req, 404, "To is not an address-of-record of this domain")
+            raise self._reject(404, "To is not an address-of-record of this domain")
         aor = aor_uri.aor
         # Steps 3-4: authenticate (§22) and authorize: only the owner of an
         # AOR may change or read its bindings (docs/protocol.md §2).
@@ -357,27 +412,52 @@ class Registrar:
             try:
                 result = self._auth.verify(req, now)
             except AuthHeaderError as exc:
-                raise self._reject(req, 400, f"bad credentials: {exc.reason}") from None
+                raise self._reject(400, f"bad credentials: {exc.reason}") from None
             if isinstance(result, AuthChallenge):
-                resp = self._response(req, result.status)
-                for name, value in result.headers:
-                    resp.headers.add(name, value)
-                raise _Reject(resp)
+                raise _Reject(Outcome(result.status, tuple(result.headers)))
             if result.username != aor_uri.user:
-                raise self._reject(req, 403, f"{result.username} may not register {aor}")
+                raise self._reject(403, f"{result.username} may not register {aor}")
 
+        call_id = req.call_id
+        if any(v.strip() == "*" for v in contacts_raw):
+            return self._unbind_all(aor, call_id, cseq, len(contacts_raw), expires_header, now)
+        contacts: list[ContactSpec] = []
+        for value in contacts_raw:
+            try:
+                contact = NameAddr.parse(value)
+                contacts.append((str(contact.uri), contact.expires, contact.q))
+            except SipParseError as exc:
+                raise self._reject(400, f"bad Contact: {exc.reason}") from None
+        return self._bind(aor, call_id, cseq, contacts, expires_header, now, via_source)
+
+    def _bind(
+        self,
+        aor: str,
+        call_id: str,
+        cseq: int,
+        contacts: list[ContactSpec],
+        expires_header: int | None,
+        now: float,
+        source: str | None,
+    ) -> Outcome:
         current = {b.contact: b for b in self._store.bindings(aor, now)}
-        if contacts_raw:
-            self._update(req, now, aor, current, contacts_raw, expires_header, cseq, via_source)
-            current = {b.contact: b for b in self._store.bindings(aor, now)}
+        if contacts:
+            current = self._update(
+                now, aor, current, self._contacts(contacts, expires_header), call_id, cseq,
+                source,
+            )  # fmt: skip
+        return self._listing(current, now)
+
+    @staticmethod
+    def _listing(current: dict[str, Binding], now: float) -> Outcome:
         # Step 8: 200 listing every current binding with its remaining time.
-        resp = self._response(req, 200)
+        lines: list[tuple[str, str]] = []
         for b in sorted(current.values(), key=lambda b: (-b.q, -b.expires_at)):
             # Round up, but not for float noise (now + 600 - now may be 600.0000001).
             remaining = max(1, math.ceil(b.expires_at - now - 1e-6))
             q = "" if b.q == 1.0 else f";q={b.q:g}"
-            resp.headers.add("Contact", f"<{b.contact}>;expires={remaining}{q}")
-        return resp
+            lines.append(("Contact", f"<{b.contact}>;expires={remaining}{q}"))
+        return Outcome(200, tuple(lines))
 
     @staticmethod
     def _expires_header(req: Request) -> int | None:
@@ -399,79 +479,78 @@ class Registrar:
         host, port = via.response_address()
         return format_hostport(host, port)
 
-    def _contacts(
-        self, req: Request, contacts_raw: list[str], expires_header: int | None
-    ) -> list[_Contact]:
+    def _contacts(self, contacts: list[ContactSpec], expires_header: int | None) -> list[_Contact]:
         out: dict[str, _Contact] = {}
-        for value in contacts_raw:
-            try:
-                contact = NameAddr.parse(value)
-                expires = contact.expires
-                q = contact.q
-            except SipParseError as exc:
-                raise self._reject(req, 400, f"bad Contact: {exc.reason}") from None
-            if expires is None:
-                expires = expires_header
+        for uri, param, q in contacts:
+            expires = param if param is not None else expires_header
             if expires is None:
                 expires = self.config.default_expires
             expires = min(expires, MAX_DELTA_SECONDS)
             # Step 6: refuse too-short intervals (423) rather than lengthen
             # them silently; the client retries with Min-Expires.
             if 0 < expires < self.config.min_expires:
-                resp = self._response(req, 423)
-                resp.headers.add("Min-Expires", str(self.config.min_expires))
-                raise _Reject(resp)
+                raise self._reject(423, headers=(("Min-Expires", str(self.config.min_expires)),))
             expires = min(expires, self.config.max_expires)
-            uri = str(contact.uri)
             # The same contact twice in one request: the last one wins.
             out[uri] = _Contact(uri, expires, q)
         return list(out.values())
 
+    def _unbind_all(
+        self,
+        aor: str,
+        call_id: str,
+        cseq: int,
+        contact_count: int,
+        expires_header: int | None,
+        now: float,
+    ) -> Outcome:
+        # Step 6: "Contact: *" removes every binding, only alone and with Expires: 0.
+        if contact_count != 1 or expires_header != 0:
+            raise self._reject(400, "Contact: * needs Expires: 0 and no other Contact")
+        current = self._store.bindings(aor, now)
+        if any(b.call_id == call_id and cseq <= b.cseq for b in current):
+            raise self._reject(500, "CSeq not higher than that of a binding")
+        self._store.remove_all(aor)
+        for b in current:
+            self._events.append(Unregistered(aor, b.contact, call_id))
+        return Outcome(200)
+
     def _update(
         self,
-        req: Request,
         now: float,
         aor: str,
         current: dict[str, Binding],
-        contacts_raw: list[str],
-        expires_header: int | None,
+        contacts: list[_Contact],
+        call_id: str,
         cseq: int,
         source: str | None,
-    ) -> None:
-        call_id = req.call_id
+    ) -> dict[str, Binding]:
+        """Apply the contacts (all or nothing, step 7); the bindings after the change."""
 
         def out_of_order(binding: Binding) -> bool:
             # Step 7: same Call-ID needs a higher CSeq, else the update fails.
             return binding.call_id == call_id and cseq <= binding.cseq
 
-        # Step 6: "Contact: *" removes every binding, only alone and with Expires: 0.
-        if any(v.strip() == "*" for v in contacts_raw):
-            if len(contacts_raw) != 1 or expires_header != 0:
-                raise self._reject(req, 400, "Contact: * needs Expires: 0 and no other Contact")
-            if any(out_of_order(b) for b in current.values()):
-                raise self._reject(req, 500, "CSeq not higher than that of a binding")
-            self._store.remove_all(aor)
-            for b in current.values():
-                self._events.append(Unregistered(aor, b.contact, call_id))
-            return
-
-        contacts = self._contacts(req, contacts_raw, expires_header)
         # Plan every change first: §10.3 step 7 commits all or nothing.
         puts: list[tuple[Binding, bool]] = []
         removes: list[str] = []
         for c in contacts:
             existing = current.get(c.uri)
             if existing is not None and out_of_order(existing):
-                raise self._reject(req, 500, f"CSeq not higher than that of binding {c.uri}")
+                raise self._reject(500, f"CSeq not higher than that of binding {c.uri}")
             if c.expires == 0:
                 if existing is not None:
                     removes.append(c.uri)
                 continue
             binding = Binding(aor, c.uri, now + c.expires, call_id, cseq, c.q, source)
             puts.append((binding, existing is not None))
-        remaining = (set(current) - set(removes)) | {b.contact for b, _ in puts}
-        if len(remaining) > self.config.max_bindings:
-            raise self._reject(req, 403, f"more than {self.config.max_bindings} contacts")
+        after = dict(current)
+        for uri in removes:
+            del after[uri]
+        for binding, _ in puts:
+            after[binding.contact] = binding
+        if len(after) > self.config.max_bindings:
+            raise self._reject(403, f"more than {self.config.max_bindings} contacts")
         for uri in removes:
             self._store.remove(aor, uri)
             self._events.append(Unregistered(aor, uri, call_id))
@@ -481,3 +560,4 @@ class Registrar:
             self._events.append(
                 Registered(aor, binding.contact, expires, source, call_id, refreshed)
             )
+        return after

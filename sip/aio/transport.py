@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sip.errors import SipParseError
@@ -30,6 +31,9 @@ from sip.message import StreamFramer
 
 Address = tuple[str, int]
 STREAMS = ("tcp", "tls")
+# Datagrams read per wake in batch mode: enough to amortise the loop's cost at 10k/s,
+# few enough that the loop still turns (timers, TCP) under a flood.
+UDP_BATCH = 64
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +62,120 @@ class _Udp(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         self.owner.errors += 1  # ICMP unreachable etc.: the transaction timers cope
+
+
+class _BatchUdp:
+    """A UDP socket read in batches: every wake drains up to :data:`UDP_BATCH`
+    datagrams and hands them over in one call, so a registrar can answer a burst with
+    one store commit. asyncio's datagram transport reads one datagram per loop turn,
+    and at thousands per second that turn costs more than the SIP work. Sends go
+    straight to the socket; a full send buffer drops the datagram (UDP's own terms: the
+    client retransmits)."""
+
+    def __init__(
+        self, owner: Transports, sock: socket.socket, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.owner = owner
+        self.sock = sock
+        self.loop = loop
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        batch: list[tuple[bytes, Address]] = []
+        recvfrom = self.sock.recvfrom
+        for _ in range(UDP_BATCH):
+            try:
+                data, addr = recvfrom(65535)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.owner.errors += 1  # ICMP unreachable etc.
+                continue
+            batch.append((data, (addr[0], addr[1])))
+        if batch and self.owner.on_datagrams is not None:
+            self.owner.on_datagrams(batch)
+
+    def sendto(self, data: bytes, addr: Address) -> None:
+        try:
+            self.sock.sendto(data, addr)
+        except OSError:
+            self.owner.errors += 1
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+
+def bind_sockets(
+    host: str, port: int, *, reuse_port: bool = False
+) -> tuple[socket.socket, socket.socket]:
+    """A UDP socket and a listening TCP socket on the same host and port (port 0: a port
+    free for both). With ``reuse_port`` both carry SO_REUSEPORT, so worker processes that
+    are handed them (or bind their own) share the port; the kernel spreads datagrams by
+    their source and destination addresses, so one client always reaches one worker."""
+    family = _family(host)
+    for _ in range(20):
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        tcp = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            for sock in (udp, tcp):
+                if reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # A burst of thousands of REGISTERs must wait in the kernel, not be dropped.
+            udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            udp.bind((host, port))
+            bound = _norm(udp.getsockname())
+            tcp.bind((host, bound[1]))
+            tcp.listen(128)
+        except OSError:
+            udp.close()
+            tcp.close()
+            if port:
+                raise
+            continue
+        return udp, tcp
+    raise OSError("no port free for both UDP and TCP")
+
+
+# Classic BPF (linux/filter.h) for SO_ATTACH_REUSEPORT_CBPF: the program sees the UDP
+# payload and returns the index of the socket (in bind order) to deliver to.
+_SO_ATTACH_REUSEPORT_CBPF = 51
+_LD_W_ABS, _ADD_X, _MUL_K, _TAX, _TXA, _MOD_K, _RET_A = 0x20, 0x0C, 0x24, 0x07, 0x87, 0x94, 0x16
+# Bytes 32..159 of a request: its Via (branch), From and To in practice.
+_SPREAD_WORDS = range(32, 160, 4)
+
+
+def spread_by_payload(sock: socket.socket, workers: int) -> None:
+    """Make the SO_REUSEPORT group of ``sock`` pick a worker by a hash of the datagram's
+    bytes 32-159 instead of by the sender's address. One busy client (a load generator,
+    a proxy in front of us) then reaches every worker, and a retransmission, being the
+    same bytes, still reaches the worker that answered it (whose answer cache has it).
+    Datagrams shorter than that go to the first worker. Linux only; raises OSError."""
+    program: list[tuple[int, int, int, int]] = []
+    for offset in _SPREAD_WORDS:
+        # X = (X + word) * 31, over 32-bit words (X starts at 0).
+        program += [(_LD_W_ABS, 0, 0, offset), (_ADD_X, 0, 0, 0), (_MUL_K, 0, 0, 31),
+                    (_TAX, 0, 0, 0)]  # fmt: skip
+    program += [(_TXA, 0, 0, 0), (_MOD_K, 0, 0, workers), (_RET_A, 0, 0, 0)]
+    filters = (_SockFilter * len(program))(*(_SockFilter(*i) for i in program))
+    fprog = _SockFprog(len(program), ctypes.cast(filters, ctypes.c_void_p))
+    sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_REUSEPORT_CBPF, bytes(fprog))
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = (
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    )
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_uint16), ("filter", ctypes.c_void_p))
 
 
 class _StreamConn(asyncio.Protocol):
@@ -155,7 +273,9 @@ class Transports:
         self.limits = limits or StreamLimits()
         self.tls_server = tls_server
         self.tls_client = tls_client
-        self.udp: asyncio.DatagramTransport | None = None
+        self.udp: asyncio.DatagramTransport | _BatchUdp | None = None
+        # Set before opening to read UDP in batches (see _BatchUdp); None: one by one.
+        self.on_datagrams: Callable[[Sequence[tuple[bytes, Address]]], None] | None = None
         self.tcp_server: asyncio.Server | None = None
         self.tls_listener: asyncio.Server | None = None
         self.conns: dict[tuple[str, Address], _StreamConn] = {}
@@ -220,6 +340,23 @@ class Transports:
             self.tls_listener = listener
             self.tls_local = _norm(listener.sockets[0].getsockname())
         return bound
+
+    async def open_sockets(self, udp: socket.socket, tcp: socket.socket | None) -> Address:
+        """Serve on sockets bound beforehand (:func:`bind_sockets`, or handed down by a
+        parent process); no TLS. UDP is read in batches when :attr:`on_datagrams` is set."""
+        loop = asyncio.get_running_loop()
+        if self.on_datagrams is not None:
+            self.udp = _BatchUdp(self, udp, loop)
+        else:
+            udp.setblocking(False)
+            self.udp, _proto = await loop.create_datagram_endpoint(lambda: _Udp(self), sock=udp)
+        self.local = _norm(udp.getsockname())
+        if tcp is not None:
+            tcp.setblocking(False)
+            self.tcp_server = await loop.create_server(
+                lambda: _StreamConn(self, "tcp", accepted=True), sock=tcp
+            )
+        return self.local
 
     async def send(self, data: bytes, dest: Address, transport: str) -> None:
         """Send one message; over a stream, connect first if there is no connection."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -221,6 +222,10 @@ class UserAgent:
         """Bind the UDP (and TCP, and TLS) transports; returns the bound UDP/TCP address
         (the TLS one is :attr:`tls_addr`)."""
         return await self._open(host, port)
+
+    async def start_on(self, udp: socket.socket, tcp: socket.socket | None) -> Address:
+        """Serve on sockets bound beforehand (see :meth:`Transports.open_sockets`)."""
+        return await self.transports.open_sockets(udp, tcp)
 
     async def _open(self, host: str, port: int) -> Address:
         return await self.transports.open(

@@ -32,7 +32,9 @@ def tls_config(certs: Certs) -> str:
 class Kamailio:
     """``kamailio -DD`` in its own session; stopped by signalling that session (ours)."""
 
-    def __init__(self, workdir: Path, children: int = 2, tls: Certs | None = None) -> None:
+    def __init__(
+        self, workdir: Path, children: int = 2, tls: Certs | None = None, shm_mb: int = 64
+    ) -> None:
         binary = require_binary("kamailio", "apt-get install kamailio")
         self.port = free_port()
         self.addr = ("127.0.0.1", self.port)
@@ -58,7 +60,7 @@ class Kamailio:
             [
                 binary, "-f", str(CONFIG), "-DD", "-E",
                 "-l", f"udp:127.0.0.1:{self.port}", "-l", f"tcp:127.0.0.1:{self.port}",
-                "-Y", str(rundir), "-m", "64", "-M", "8", "-n", str(children), *extra,
+                "-Y", str(rundir), "-m", str(shm_mb), "-M", "8", "-n", str(children), *extra,
             ],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
