@@ -455,7 +455,29 @@ class SqlQueueStore:
         query = self._pending_urgent if urgent_only else self._pending
         with reading(self._engine, "pending") as conn:
             rows = conn.execute(query, {"uri": uri, "after": after_nseq, "limit": limit}).all()
-        return [QueuedNotification(**row._asdict()) for row in rows]
+        return [QueuedNotification(*row) for row in rows]
+
+    def pending_many(self, reads: Sequence[tuple[str, int, int]]) -> list[list[QueuedNotification]]:
+        """``pending(uri, after_nseq, limit)`` for each ``(uri, after_nseq, limit)``, on one
+        connection (one checkout, not one per user); the lists in the same order.
+
+        Raises:
+            InvalidArgument: a ``limit`` < 1.
+            StoreError: the database failed.
+        """
+        for _, _, limit in reads:
+            if limit < 1:
+                raise InvalidArgument(f"limit must be at least 1, not {limit}")
+        with reading(self._engine, "pending") as conn:
+            return [
+                [
+                    QueuedNotification(*row)
+                    for row in conn.execute(
+                        self._pending, {"uri": uri, "after": after, "limit": limit}
+                    )
+                ]
+                for uri, after, limit in reads
+            ]
 
     def ack(self, uri: str, upto: int) -> int:
         """Delete ``uri``'s queued notifications with ``nseq <= upto``; how many went.
@@ -467,8 +489,24 @@ class SqlQueueStore:
         Raises:
             StoreError: the database failed.
         """
+        return self.ack_many([(uri, upto)])[0]
+
+    def ack_many(self, acks: Sequence[tuple[str, int]]) -> list[int]:
+        """``ack`` each ``(uri, upto)`` in one transaction (not fsync'd, as ``ack``); how
+        many went for each, in order. All or nothing.
+
+        The users' counter rows are locked in URI order, as ``publish`` locks them, so
+        the two cannot deadlock.
+
+        Raises:
+            StoreError: the database failed; nothing was deleted.
+        """
+        counts: dict[int, int] = {}
         with relaxed_transaction(self._engine, "ack") as conn:
-            return self._delete(conn, self._ack, {"uri": uri, "upto": upto})
+            for i in sorted(range(len(acks)), key=lambda i: acks[i][0]):
+                uri, upto = acks[i]
+                counts[i] = self._delete(conn, self._ack, {"uri": uri, "upto": upto})
+        return [counts[i] for i in range(len(acks))]
 
     def remove(self, uri: str, nseq: int) -> bool:
         """Delete exactly ``uri``'s queued notification ``nseq`` (one a side channel such

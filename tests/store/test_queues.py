@@ -334,3 +334,18 @@ def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> N
     with pytest.raises(InvalidArgument):
         q.publish_many([req("m5", [(ALICE, 1)])], max_depth=0, policy="drop-oldest")
     assert q.last_nseq(ALICE) == 3
+
+
+def test_ack_many_and_pending_many_match_one_user_at_a_time(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    for n in range(5):
+        _publish(q, f"m{n}", [(ALICE, 1), (BOB, 2)])
+    reads = [(BOB, 1, 2), (ALICE, 0, 10), (PUB, 0, 3)]
+    assert q.pending_many(reads) == [q.pending(*r) for r in reads]
+    assert q.pending_many(reads)[0][0].nseq == 2
+    with pytest.raises(InvalidArgument):
+        q.pending_many([(ALICE, 0, 0)])
+    assert q.ack_many([(BOB, 2), (ALICE, 4), (PUB, 9)]) == [2, 4, 0]
+    assert [n.nseq for n in q.pending(ALICE)] == [5]
+    assert [n.nseq for n in q.pending(BOB)] == [3, 4, 5]
+    assert q.depth(ALICE) == 1 and q.depth(BOB) == 3
