@@ -301,6 +301,30 @@ def test_publish_statements_do_not_grow_with_the_targets(engine: Engine) -> None
     assert len(statements) <= 8, statements
 
 
+def test_publish_many_statements_do_not_grow_with_the_requests(engine: Engine) -> None:
+    """Issue 14: a batch of 20 publishes was ~45 statements (a record and an insert per
+    publish, a round trip each on PostgreSQL); now the same handful as one publish."""
+    q = SqlQueueStore(engine)
+    _publish(q, "warm", [(ALICE, 1), (BOB, 2)])
+    requests = [
+        PublishRequest(PUB, f"m{n}", "s", b"\xa0", b"p", False, 1.0, [(ALICE, 1), (BOB, 2)])
+        for n in range(20)
+    ]
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        results = q.publish_many(requests, max_depth=100, policy="drop-oldest")
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert [r.queued[0].nseq for r in results] == list(range(2, 22))
+    assert len(statements) <= 8, statements
+    assert [n.msg_id for n in q.pending(BOB)] == ["warm", *(f"m{n}" for n in range(20))]
+
+
 def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> None:
     q = SqlQueueStore(engine)
 
