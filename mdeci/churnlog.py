@@ -177,6 +177,13 @@ class ChurnLog:
     files. The parent folder is created if needed. ``role`` (who writes: broker or agent)
     goes into every line.
 
+    ``defer`` (e.g. an event loop's ``call_soon``): lines are kept and written together
+    by :meth:`flush`, which the first line of a burst schedules with it; one ``write``
+    per burst instead of one per line (issue 14: a broker logs two lines per
+    notification). A ``kill -9`` then loses the lines of the burst being logged (one
+    loop turn), not only the line being written; a failed deferred write is reported
+    once (``churnlog_error``) and counted in :attr:`write_failures`.
+
     Raises :class:`ChurnLogError` if the file cannot be opened or written.
     """
 
@@ -189,6 +196,7 @@ class ChurnLog:
         backups: int = DEFAULT_BACKUPS,
         *,
         role: Role | None = None,
+        defer: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         if not isinstance(node, str) or not node:
             raise ChurnLogError("churn log node name must be non-empty text")
@@ -205,6 +213,9 @@ class ChurnLog:
         self._closed = False  # by close(): only then do writes stop for good
         self._failing = False  # a rotation or reopen failed; logged once until it works
         self.rotation_failures = 0
+        self._defer = defer
+        self._unwritten: list[bytes] = []  # lines kept for flush (only with ``defer``)
+        self.write_failures = 0  # deferred writes that failed (their lines are lost)
         self._open()
 
     def _open(self) -> None:
@@ -277,11 +288,48 @@ class ChurnLog:
             ).encode("utf-8")
         except (ValueError, UnicodeEncodeError) as exc:
             raise ChurnLogError(f"churn log record is not valid UTF-8 JSON: {exc}") from exc
-        if self._size > 0 and self._size + len(line) > self.max_bytes:
+        if self._defer is not None:
+            if not self._unwritten:
+                self._defer(self.flush)
+            self._unwritten.append(line)
+            return record
+        self._write(line)
+        return record
+
+    def flush(self) -> None:
+        """Write the lines kept by a ``defer`` log (a no-op otherwise); a failure is
+        reported and counted, never raised (the caller is a loop callback)."""
+        lines, self._unwritten = self._unwritten, []
+        chunk: list[bytes] = []
+        try:
+            if self._file is None:
+                self._open()  # the last open failed: try again
+            size = self._size
+            for line in lines:
+                # The rotation rule of write, line by line: one write per stretch.
+                if size > 0 and size + len(line) > self.max_bytes:
+                    if chunk:
+                        self._write(b"".join(chunk))
+                        chunk = []
+                    self._rotate()
+                    size = self._size
+                chunk.append(line)
+                size += len(line)
+            if chunk:
+                self._write(b"".join(chunk))
+        except ChurnLogError as exc:
+            self.write_failures += 1
+            self._report(str(exc))
+
+    def _write(self, data: bytes) -> None:
+        """Append ``data`` (whole lines), rotating first if it would pass ``max_bytes``."""
+        if self._file is None:
+            self._open()  # the last open failed: try again (raises ChurnLogError)
+        if self._size > 0 and self._size + len(data) > self.max_bytes:
             self._rotate()
         assert self._file is not None
         try:
-            view = memoryview(line)
+            view = memoryview(data)
             while view:  # an unbuffered write may be partial; finish the line
                 written = self._file.write(view)
                 if not written:
@@ -289,13 +337,15 @@ class ChurnLog:
                 view = view[written:]
         except OSError as exc:
             raise ChurnLogError(f"cannot write churn log {self.path}: {exc.strerror}") from exc
-        self._size += len(line)
+        self._size += len(data)
         if self._failing and self._size <= self.max_bytes:
             self._failing = False  # rotated (or reopened) since: report the next failure
-        return record
 
     def close(self) -> None:
-        """Close the file; further writes raise :class:`ChurnLogError`. Idempotent."""
+        """Write what is kept, close the file; further writes raise
+        :class:`ChurnLogError`. Idempotent."""
+        if not self._closed and self._unwritten:
+            self.flush()
         self._closed = True
         if self._file is not None:
             self._file.close()
