@@ -15,6 +15,7 @@ The clock is injected (epoch seconds), so tests and replays control ``ts``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -84,10 +85,16 @@ def format_ts(epoch: float) -> str:
         raise ChurnLogError(f"clock gave a non-finite time {epoch!r}")
     millis = math.floor(epoch * 1000)
     try:
-        moment = datetime.fromtimestamp(millis // 1000, UTC)
+        second = _second_text(millis // 1000)
     except (OverflowError, OSError, ValueError) as exc:
         raise ChurnLogError(f"clock gave an out-of-range time {epoch!r}") from exc
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{millis % 1000:03d}Z"
+    return f"{second}.{millis % 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _second_text(second: int) -> str:
+    # A busy log writes many lines per second: format each second once.
+    return f"{datetime.fromtimestamp(second, UTC):%Y-%m-%dT%H:%M:%S}"
 
 
 def _role(role: object) -> Role:
@@ -122,6 +129,8 @@ class ChurnFields(TypedDict, total=False):
 # Field order of a record (§8); the writer emits them in this order, omitting None.
 OPTIONAL_FIELDS: Final[tuple[str, ...]] = tuple(ChurnFields.__annotations__)
 FIELDS: Final[tuple[str, ...]] = ("ts", "node", "role", "event", "uri", *OPTIONAL_FIELDS)
+_OPTIONAL: Final = frozenset(OPTIONAL_FIELDS)
+_RECORD_KEYS: Final = ("uri", *OPTIONAL_FIELDS)  # after ts, node, role and event
 
 
 def make_record(
@@ -142,15 +151,15 @@ def make_record(
         name = Event(event)
     except ValueError:
         raise ChurnLogError(f"unknown churn event {str(event)[:40]!r}") from None
-    unknown = sorted(set(fields) - set(OPTIONAL_FIELDS))
+    unknown = fields.keys() - _OPTIONAL
     if unknown:
-        raise ChurnLogError(f"unknown churn log field {unknown[0][:40]!r}")
+        raise ChurnLogError(f"unknown churn log field {sorted(unknown)[0][:40]!r}")
     record: dict[str, Any] = {"ts": format_ts(epoch), "node": node}
     if role is not None:
         record["role"] = _role(role).value
     record["event"] = name.value
-    values: dict[str, Any] = {"uri": uri, **{key: fields.get(key) for key in OPTIONAL_FIELDS}}
-    for key, value in values.items():
+    for key in _RECORD_KEYS:
+        value = uri if key == "uri" else fields.get(key)
         if value is None:
             continue
         if key in ("queue_depth", "nseq", "bytes"):
