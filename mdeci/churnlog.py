@@ -159,7 +159,7 @@ def make_record(
         record["role"] = _role(role).value
     record["event"] = name.value
     for key in _RECORD_KEYS:
-        value = uri if key == "uri" else fields.get(key)
+        value: Any = uri if key == "uri" else fields.get(key)
         if value is None:
             continue
         if key in ("queue_depth", "nseq", "bytes"):
