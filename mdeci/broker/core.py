@@ -307,14 +307,24 @@ class Broker:
 
         Never raises; a database failure answers every publish of the group with 500.
         """
+        decoded: list[tuple[str, Frame | FrameError]] = []
+        for uri, data in batch:
+            try:
+                decoded.append((uri, decode(data)))
+            except FrameError as exc:
+                decoded.append((uri, exc))
+        return self.handle_decoded(decoded)
+
+    def handle_decoded(self, batch: Sequence[tuple[str, Frame | FrameError]]) -> list[list[Frame]]:
+        """:meth:`handle_frames` for frames the caller decoded already (the service
+        decodes each to admit it; decoding twice cost as much as handling an ack); a
+        :class:`FrameError` stands for bytes that did not decode."""
         self._owned()
         replies: list[list[Frame]] = [[] for _ in batch]
         run: list[tuple[int, str, Pub]] = []
-        for i, (uri, data) in enumerate(batch):
-            try:
-                frame = decode(data)
-            except FrameError as exc:
-                replies[i] = [_error(exc.req, exc.code, exc.message)]
+        for i, (uri, frame) in enumerate(batch):
+            if isinstance(frame, FrameError):
+                replies[i] = [_error(frame.req, frame.code, frame.message)]
                 continue
             if isinstance(frame, Pub):
                 run.append((i, uri, frame))

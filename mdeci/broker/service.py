@@ -5,7 +5,7 @@ every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed b
 session secret agreed through SDP, docs/security.md) and three kinds of task:
 
 - a reader: ``peer.receive()`` -> the inbound queue; one pump task hands what every
-  reader queued by then to ``Broker.handle_frames`` (publishes arriving together share
+  reader queued by then, decoded, to ``Broker.handle_decoded`` (publishes arriving together share
   one commit; what arrives while that call runs is the next call's batch, so a busy
   broker commits once per database round trip, not once per frame) -> replies sent on
   the peer, in the order the frames came;
@@ -363,16 +363,20 @@ class BrokerService:
             while self._inbound:
                 batch, self._inbound = self._inbound, []
                 reserved: dict[_UserLink, int] = {}
-                batch = [(link, data) for link, data in batch if self._admit(link, data, reserved)]
+                admitted: list[tuple[_UserLink, Frame | FrameError]] = []
+                for link, data in batch:
+                    frame = self._admit(link, data, reserved)
+                    if frame is not None:
+                        admitted.append((link, frame))
                 replies = await self.worker.run(
-                    self.broker.handle_frames, [(link.uri, data) for link, data in batch]
+                    self.broker.handle_decoded, [(link.uri, frame) for link, frame in admitted]
                 )
-                self._reply(batch, replies)
+                self._reply([link for link, _ in admitted], replies)
         finally:
             self._pump = None
 
-    def _reply(self, batch: list[tuple[_UserLink, bytes]], replies: list[list[Frame]]) -> None:
-        for (link, _), frames in zip(batch, replies, strict=True):
+    def _reply(self, links: list[_UserLink], replies: list[list[Frame]]) -> None:
+        for link, frames in zip(links, replies, strict=True):
             if self._users.get(link.uri) is not link:
                 continue  # dropped meanwhile: as if its reader had been cancelled first
             for frame in frames:
@@ -386,8 +390,11 @@ class BrokerService:
                     link.listing_bytes = len(reply)  # what the next `list` will reserve
                 self._spawn_reply(link, reply)
 
-    def _admit(self, link: _UserLink, data: bytes, reserved: dict[_UserLink, int]) -> bool:
-        """Whether to handle this frame: yes, unless its user holds more than
+    def _admit(
+        self, link: _UserLink, data: bytes, reserved: dict[_UserLink, int]
+    ) -> Frame | FrameError | None:
+        """This frame decoded (or its decoding error) if it is to be handled, None if not:
+        handled unless its user holds more than
         ``max_unacked_reply_bytes`` of our replies unacknowledged and it is a request
         (an ``ack`` always passes: it is how the user gets below the cap again).
 
@@ -399,18 +406,18 @@ class BrokerService:
         bounded whatever it sends; the first refusal of a streak is logged.
         """
         try:
-            frame: Frame | None = decode(data)
-        except FrameError:
-            frame = None  # the core answers it (400); a small reply
+            frame: Frame | FrameError = decode(data)
+        except FrameError as exc:
+            frame = exc  # the core answers it (400); a small reply
         if isinstance(frame, Ack):
-            return True
+            return frame
         cap = self.broker.config.max_unacked_reply_bytes
         held = link.reply_bytes + reserved.get(link, 0)
         if held <= cap:
             link.refusing = False
             cost = link.listing_bytes if isinstance(frame, List) else SMALL_REPLY
             reserved[link] = reserved.get(link, 0) + cost
-            return True
+            return frame
         if not link.refusing:
             link.refusing = True
             oplog_event(
@@ -424,7 +431,7 @@ class BrokerService:
             req = getattr(frame, "req", None)
             text = "too many unacknowledged replies; acknowledge, then retry"
             self._spawn_reply(link, encode(Error(req=req, code=UNAVAILABLE, message=text)))
-        return False
+        return None
 
     def _spawn_reply(self, link: _UserLink, data: bytes) -> None:
         link.reply_bytes += len(data)

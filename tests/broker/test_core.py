@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from mdeci.broker import Broker, BrokerCoreConfig, ChurnLogSink, MemorySink
 from mdeci.churnlog import ChurnLog
 from mdeci.config import QueueConfig, SubscriptionConfig
-from mdeci.errors import ConfigError
+from mdeci.errors import ConfigError, FrameError
 from mdeci.frames import (
     Ack,
     Error,
@@ -694,3 +694,21 @@ def test_a_user_whose_missed_count_fails_is_left_unchanged_and_the_others_taken(
         broker.take_batch(ALICE)  # alone, the error is the caller's
     store.queues.take_missed = real  # type: ignore[method-assign]
     assert [n.nseq for n in notifies(broker, ALICE)] == [1]  # nothing was lost
+
+
+def test_handle_decoded_answers_as_handle_frames_for_frames_decoded_once(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    """The service decodes each frame to admit it and hands the frame over (issue 14);
+    bytes that did not decode come as their FrameError and are answered as before."""
+    broker = make_broker(store, clock, MemorySink())
+    subscribe(broker, ALICE, "a")
+    pub = Pub(req=3, msg_id="m0", subject="a")
+    bad = b"\xa1cop"  # a map cut short
+    with pytest.raises(FrameError) as caught:
+        decode(bad)
+    replies = broker.handle_decoded([(PUBLISHER, pub), (BOB, caught.value), (PUBLISHER, pub)])
+    again = broker.handle_frames([(PUBLISHER, encode(pub)), (BOB, bad)])
+    assert replies == [*again, [PubOk(req=3, msg_id="m0", matched=1)]]
+    assert isinstance(replies[1][0], Error) and replies[1][0].code == 400
+    assert [q[1] for q in queued(store, ALICE)] == ["m0"]  # the copies were duplicates
