@@ -15,6 +15,7 @@ The clock is injected (epoch seconds), so tests and replays control ``ts``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -84,10 +85,16 @@ def format_ts(epoch: float) -> str:
         raise ChurnLogError(f"clock gave a non-finite time {epoch!r}")
     millis = math.floor(epoch * 1000)
     try:
-        moment = datetime.fromtimestamp(millis // 1000, UTC)
+        second = _second_text(millis // 1000)
     except (OverflowError, OSError, ValueError) as exc:
         raise ChurnLogError(f"clock gave an out-of-range time {epoch!r}") from exc
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{millis % 1000:03d}Z"
+    return f"{second}.{millis % 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _second_text(second: int) -> str:
+    # A busy log writes many lines per second: format each second once.
+    return f"{datetime.fromtimestamp(second, UTC):%Y-%m-%dT%H:%M:%S}"
 
 
 def _role(role: object) -> Role:
@@ -122,6 +129,8 @@ class ChurnFields(TypedDict, total=False):
 # Field order of a record (§8); the writer emits them in this order, omitting None.
 OPTIONAL_FIELDS: Final[tuple[str, ...]] = tuple(ChurnFields.__annotations__)
 FIELDS: Final[tuple[str, ...]] = ("ts", "node", "role", "event", "uri", *OPTIONAL_FIELDS)
+_OPTIONAL: Final = frozenset(OPTIONAL_FIELDS)
+_RECORD_KEYS: Final = ("uri", *OPTIONAL_FIELDS)  # after ts, node, role and event
 
 
 def make_record(
@@ -142,15 +151,15 @@ def make_record(
         name = Event(event)
     except ValueError:
         raise ChurnLogError(f"unknown churn event {str(event)[:40]!r}") from None
-    unknown = sorted(set(fields) - set(OPTIONAL_FIELDS))
+    unknown = fields.keys() - _OPTIONAL
     if unknown:
-        raise ChurnLogError(f"unknown churn log field {unknown[0][:40]!r}")
+        raise ChurnLogError(f"unknown churn log field {sorted(unknown)[0][:40]!r}")
     record: dict[str, Any] = {"ts": format_ts(epoch), "node": node}
     if role is not None:
         record["role"] = _role(role).value
     record["event"] = name.value
-    values: dict[str, Any] = {"uri": uri, **{key: fields.get(key) for key in OPTIONAL_FIELDS}}
-    for key, value in values.items():
+    for key in _RECORD_KEYS:
+        value: Any = uri if key == "uri" else fields.get(key)
         if value is None:
             continue
         if key in ("queue_depth", "nseq", "bytes"):
@@ -177,6 +186,13 @@ class ChurnLog:
     files. The parent folder is created if needed. ``role`` (who writes: broker or agent)
     goes into every line.
 
+    ``defer`` (e.g. an event loop's ``call_soon``): lines are kept and written together
+    by :meth:`flush`, which the first line of a burst schedules with it; one ``write``
+    per burst instead of one per line (issue 14: a broker logs two lines per
+    notification). A ``kill -9`` then loses the lines of the burst being logged (one
+    loop turn), not only the line being written; a failed deferred write is reported
+    once (``churnlog_error``) and counted in :attr:`write_failures`.
+
     Raises :class:`ChurnLogError` if the file cannot be opened or written.
     """
 
@@ -189,6 +205,7 @@ class ChurnLog:
         backups: int = DEFAULT_BACKUPS,
         *,
         role: Role | None = None,
+        defer: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         if not isinstance(node, str) or not node:
             raise ChurnLogError("churn log node name must be non-empty text")
@@ -205,6 +222,9 @@ class ChurnLog:
         self._closed = False  # by close(): only then do writes stop for good
         self._failing = False  # a rotation or reopen failed; logged once until it works
         self.rotation_failures = 0
+        self._defer = defer
+        self._unwritten: list[bytes] = []  # lines kept for flush (only with ``defer``)
+        self.write_failures = 0  # deferred writes that failed (their lines are lost)
         self._open()
 
     def _open(self) -> None:
@@ -277,11 +297,48 @@ class ChurnLog:
             ).encode("utf-8")
         except (ValueError, UnicodeEncodeError) as exc:
             raise ChurnLogError(f"churn log record is not valid UTF-8 JSON: {exc}") from exc
-        if self._size > 0 and self._size + len(line) > self.max_bytes:
+        if self._defer is not None:
+            if not self._unwritten:
+                self._defer(self.flush)
+            self._unwritten.append(line)
+            return record
+        self._write(line)
+        return record
+
+    def flush(self) -> None:
+        """Write the lines kept by a ``defer`` log (a no-op otherwise); a failure is
+        reported and counted, never raised (the caller is a loop callback)."""
+        lines, self._unwritten = self._unwritten, []
+        chunk: list[bytes] = []
+        try:
+            if self._file is None:
+                self._open()  # the last open failed: try again
+            size = self._size
+            for line in lines:
+                # The rotation rule of write, line by line: one write per stretch.
+                if size > 0 and size + len(line) > self.max_bytes:
+                    if chunk:
+                        self._write(b"".join(chunk))
+                        chunk = []
+                    self._rotate()
+                    size = self._size
+                chunk.append(line)
+                size += len(line)
+            if chunk:
+                self._write(b"".join(chunk))
+        except ChurnLogError as exc:
+            self.write_failures += 1
+            self._report(str(exc))
+
+    def _write(self, data: bytes) -> None:
+        """Append ``data`` (whole lines), rotating first if it would pass ``max_bytes``."""
+        if self._file is None:
+            self._open()  # the last open failed: try again (raises ChurnLogError)
+        if self._size > 0 and self._size + len(data) > self.max_bytes:
             self._rotate()
         assert self._file is not None
         try:
-            view = memoryview(line)
+            view = memoryview(data)
             while view:  # an unbuffered write may be partial; finish the line
                 written = self._file.write(view)
                 if not written:
@@ -289,13 +346,15 @@ class ChurnLog:
                 view = view[written:]
         except OSError as exc:
             raise ChurnLogError(f"cannot write churn log {self.path}: {exc.strerror}") from exc
-        self._size += len(line)
+        self._size += len(data)
         if self._failing and self._size <= self.max_bytes:
             self._failing = False  # rotated (or reopened) since: report the next failure
-        return record
 
     def close(self) -> None:
-        """Close the file; further writes raise :class:`ChurnLogError`. Idempotent."""
+        """Write what is kept, close the file; further writes raise
+        :class:`ChurnLogError`. Idempotent."""
+        if not self._closed and self._unwritten:
+            self.flush()
         self._closed = True
         if self._file is not None:
             self._file.close()

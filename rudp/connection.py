@@ -615,19 +615,19 @@ class RudpConnection:
         self.stats.path_challenges_sent += 1
         return self._packet([wire.PathChallenge(token)], now)
 
-    def _data_packet(self, out: _Outgoing, now: float) -> bytes:
+    def _data_frame(self, out: _Outgoing, now: float, pn: int) -> wire.Data:
+        """``out`` as a DATA frame of the packet numbered ``pn`` being built."""
         if out.transmissions:
             self.stats.retransmissions += 1
         out.transmissions += 1
         out.sent_at = now
-        out.pn = self._next_pn
+        out.pn = pn
         self.stats.data_sent += 1
-        frame = wire.Data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
         if self._rto_deadline is None:
             self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.1
-        return self._packet([frame], now)
+        return wire.Data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
 
-    def _ack_packet(self, now: float) -> bytes:
+    def _ack_frame(self) -> wire.Ack:
         blocks: list[tuple[int, int]] = []
         for seq in sorted(self._buffer):
             if blocks and blocks[-1][1] == seq:
@@ -640,27 +640,53 @@ class RudpConnection:
         self._ack_deadline = None
         self._unacked_in_order = 0
         self.stats.acks_sent += 1
-        return self._packet([wire.Ack(self._rcv_next, tuple(blocks))], now)
+        return wire.Ack(self._rcv_next, tuple(blocks))
 
     def datagrams_to_send(self, now: float) -> list[bytes]:
-        """Every datagram due now: retransmissions, new data within the window, ACK, PING."""
+        """Every datagram due now: retransmissions, new data within the window, ACK, PING.
+
+        DATA frames due together share datagrams up to ``mtu`` bytes (a burst of small
+        messages costs one seal and one send per datagram, not per message), and a due
+        ACK rides in the last one when it fits.
+        """
         out: list[bytes] = []
         for token in self._path_responses:
             # Answered at once, to the peer's current address (the adapter's choice).
             self.stats.path_responses_sent += 1
             out.append(self._packet([wire.PathResponse(token)], now))
         self._path_responses.clear()
+        frames: list[wire.Frame] = []
+        room = self.config.mtu - wire.HEADER_SIZE - wire.TAG_SIZE
+        used = 0
+
+        def add(item: _Outgoing) -> None:
+            nonlocal used
+            size = wire.DATA_FRAME.size + len(item.payload)
+            if frames and used + size > room:
+                out.append(self._packet(frames, now))
+                frames.clear()
+                used = 0
+            # Every frame of a packet gets the number the packet is sent with.
+            frames.append(self._data_frame(item, now, self._next_pn))
+            used += size
+
         for item in self._resend:
             if item.seq in self._inflight and not item.sacked:
-                out.append(self._data_packet(item, now))
+                add(item)
         self._resend.clear()
         limit = self._snd_una + self.config.window
         while self._unsent and self._unsent[0].seq < limit:
             item = self._unsent.popleft()
             self._inflight[item.seq] = item
-            out.append(self._data_packet(item, now))
+            add(item)
         if self._ack_now:
-            out.append(self._ack_packet(now))
+            ack = self._ack_frame()
+            if frames and used + wire.ACK_FRAME.size + wire.BLOCK.size * len(ack.blocks) > room:
+                out.append(self._packet(frames, now))
+                frames.clear()
+            frames.append(ack)
+        if frames:
+            out.append(self._packet(frames, now))
         probe, self._ping_now = self._ping_now and not self._inflight, False
         if (
             self.config.keepalive_interval > 0

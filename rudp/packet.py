@@ -11,10 +11,9 @@ Every datagram::
     -16 16   AEAD tag
 
 The protected payload is a sequence of frames, each starting with a type byte; a
-receiver handles them in order. Senders write one DATA or ACK or PING frame per
-datagram today; the format lets a later sender pack several (every frame carries
-its own length or has a fixed size), and lets PATH_CHALLENGE / PATH_RESPONSE ride
-along.
+receiver handles them in order. Senders pack the DATA frames due together, and a
+due ACK, into datagrams of up to the MTU (every frame carries its own length or has
+a fixed size); PATH_CHALLENGE / PATH_RESPONSE and PING go alone.
 
 Keys: the connection's 32-byte session secret (docs/security.md) yields, through
 HKDF-SHA256, one key and one IV per *sender id*: each direction, and each

@@ -188,6 +188,8 @@ async def run_broker(
             max_bytes=config.churnlog.max_bytes,
             backups=config.churnlog.backups,
             role=Role.BROKER,
+            # One write per loop turn, not per line (two lines per notification).
+            defer=asyncio.get_running_loop().call_soon,
         )
         log = ChurnLogSink(owned_log)
     metrics = BrokerMetrics()

@@ -17,7 +17,7 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
   encoded ``notify`` frames, in ``nseq`` order, at most ``window`` of them unacked at a
   time. ``ack`` frees the window at once, but reaches the store later: acks are
   cumulative, so the core keeps only each user's highest and deletes up to it once, when
-  the user's delivery next wakes (:meth:`Broker.take_batch`), on (dis)connection, or on
+  the user's delivery next wakes (:meth:`Broker.take_batches`), on (dis)connection, or on
   :meth:`Broker.flush_acks`. An agent acks every notify, and one store transaction per
   ack dominated delivery; an ack not yet applied when the broker dies only makes it send
   those notifications again, which the agent drops by nseq (acks were never fsync'd).
@@ -166,6 +166,8 @@ class Broker:
         self._missed_at: dict[str, dict[int, int]] = {}
         # The highest ack of each user not yet applied to the store (see the docstring).
         self._acks: dict[str, int] = {}
+        # Users whose held ack is applied at the end of the current batch (see _ack).
+        self._acks_due: set[str] = set()
         #: Queue classes a sub or pub may name (issue 13; run_broker sets [channels]'s).
         self.classes: frozenset[str] = frozenset()
         self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
@@ -203,6 +205,11 @@ class Broker:
         nothing else is raised.
         """
         self._owned()
+        replies = self._handle(uri, frame)
+        self._flush_due_acks()
+        return replies
+
+    def _handle(self, uri: str, frame: Frame) -> list[Frame]:
         try:
             if isinstance(frame, Sub):
                 return [self._sub(uri, frame)]
@@ -300,14 +307,24 @@ class Broker:
 
         Never raises; a database failure answers every publish of the group with 500.
         """
+        decoded: list[tuple[str, Frame | FrameError]] = []
+        for uri, data in batch:
+            try:
+                decoded.append((uri, decode(data)))
+            except FrameError as exc:
+                decoded.append((uri, exc))
+        return self.handle_decoded(decoded)
+
+    def handle_decoded(self, batch: Sequence[tuple[str, Frame | FrameError]]) -> list[list[Frame]]:
+        """:meth:`handle_frames` for frames the caller decoded already (the service
+        decodes each to admit it; decoding twice cost as much as handling an ack); a
+        :class:`FrameError` stands for bytes that did not decode."""
         self._owned()
         replies: list[list[Frame]] = [[] for _ in batch]
         run: list[tuple[int, str, Pub]] = []
-        for i, (uri, data) in enumerate(batch):
-            try:
-                frame = decode(data)
-            except FrameError as exc:
-                replies[i] = [_error(exc.req, exc.code, exc.message)]
+        for i, (uri, frame) in enumerate(batch):
+            if isinstance(frame, FrameError):
+                replies[i] = [_error(frame.req, frame.code, frame.message)]
                 continue
             if isinstance(frame, Pub):
                 run.append((i, uri, frame))
@@ -315,8 +332,9 @@ class Broker:
             if not isinstance(frame, Ack):  # an ack's order against publishes is free
                 self._pubs(run, replies)
                 run = []
-            replies[i] = self.handle(uri, frame)
+            replies[i] = self._handle(uri, frame)
         self._pubs(run, replies)
+        self._flush_due_acks()
         return replies
 
     def _pub(self, uri: str, frame: Pub) -> Frame:
@@ -360,8 +378,7 @@ class Broker:
             return
         # A held ack would make a full queue look fuller: apply it before overflow counts.
         targets = {uri for *_, req in prepared for uri, _ in req.targets}
-        for target in self._acks.keys() & targets:
-            self._try_flush_acks(target)
+        self._try_flush_acks(*sorted(self._acks.keys() & targets))
         try:
             results = self.store.queues.publish_many(
                 [req for *_, req in prepared],
@@ -433,8 +450,10 @@ class Broker:
                 del missed[nseq]
         if link is None or not link.inflight:
             # Nothing left in flight: the stream went idle, so no later wake-up would
-            # apply the held ack; apply it now (coalescing only pays while a backlog runs).
-            self._try_flush_acks(uri)
+            # apply the held ack; apply it now (coalescing only pays while a backlog runs),
+            # that is at the end of this batch of frames, with the other users' in the
+            # same transaction (a fan-out's acks arrive together).
+            self._acks_due.add(uri)
         if self.listener is not None:
             self.listener.acked(uri)
 
@@ -445,19 +464,29 @@ class Broker:
             StoreError: the database failed; the acks stay held for the next call.
         """
         self._owned()
-        for user in [uri] if uri is not None else list(self._acks):
-            upto = self._acks.get(user)
-            if upto is not None:
-                self.store.queues.ack(user, upto)
-                # An ack that arrived meanwhile cannot be lower (no await in between),
-                # but keep the rule "only ever forget what was applied" explicit.
-                if self._acks.get(user) == upto:
-                    del self._acks[user]
+        self._apply_acks([uri] if uri is not None else sorted(self._acks))
 
-    def _try_flush_acks(self, uri: str) -> None:
+    def _apply_acks(self, uris: Sequence[str]) -> None:
+        """The held acks of ``uris`` in one transaction (raises :class:`StoreError`)."""
+        held = [(user, self._acks[user]) for user in uris if user in self._acks]
+        if not held:
+            return
+        self.store.queues.ack_many(held)
+        for user, upto in held:
+            # An ack that arrived meanwhile cannot be lower (no await in between), but
+            # keep the rule "only ever forget what was applied" explicit.
+            if self._acks.get(user) == upto:
+                del self._acks[user]
+
+    def _try_flush_acks(self, *uris: str) -> None:
         # Held acks only repeat work if left unapplied: never fail a caller over them.
         with contextlib.suppress(StoreError):
-            self.flush_acks(uri)
+            self._apply_acks(uris)
+
+    def _flush_due_acks(self) -> None:
+        if self._acks_due:
+            due, self._acks_due = self._acks_due, set()
+            self._try_flush_acks(*sorted(due))
 
     # ------------------------------------------------------------------ TTL sweep
 
@@ -570,33 +599,63 @@ class Broker:
         Raises:
             StoreError: the database failed; nothing was taken.
         """
+        return self.take_batches([uri]).get(uri, [])
+
+    def take_batches(self, uris: Sequence[str]) -> dict[str, list[OutgoingNotify]]:
+        """:meth:`take_batch` for several users at once: their held acks applied in one
+        transaction, their queues read on one connection (a fan-out wakes every
+        subscriber together). Users with nothing to send are left out.
+
+        Raises:
+            StoreError: the database failed; nothing was taken. (If only the ``missed``
+            count of one user cannot be read, that user alone is left out, unchanged,
+            and the error raised after the others were taken only if it is the only one.)
+        """
         self._owned()
-        link = self._links.get(uri)
-        if link is None or not link.connected:
-            return []
-        room = self.config.window - len(link.inflight)
-        # While a backlog drains, refill only once half the window is free: one read (and
-        # one applied ack) per half window instead of one per ack, with at least half a
-        # window still in flight, so the link never runs dry. A user with no backlog gets
-        # a new notification at once.
-        if room <= 0 or (link.backlog and room < max(1, self.config.window // 2)):
-            return []
-        self._try_flush_acks(uri)
-        rows = self.store.queues.pending(uri, after_nseq=link.sent_upto, limit=room)
-        if rows:
-            # The only other store call; made before any state changes so that a
-            # StoreError leaves the link as it was.
-            self._missed(uri, rows[0].nseq)
-        link.backlog = len(rows) == room
-        out: list[OutgoingNotify] = []
-        for row in rows:
-            link.sent_upto = row.nseq
-            data = self._encode_notify(row)
-            if data is None:
+        plan: list[tuple[str, _Link, int]] = []
+        for uri in uris:
+            link = self._links.get(uri)
+            if link is None or not link.connected:
                 continue
-            link.inflight[row.nseq] = row.published_at
-            out.append(OutgoingNotify(row.nseq, data))
-        return out
+            room = self.config.window - len(link.inflight)
+            # While a backlog drains, refill only once half the window is free: one read
+            # (and one applied ack) per half window instead of one per ack, with at least
+            # half a window still in flight, so the link never runs dry. A user with no
+            # backlog gets a new notification at once.
+            if room <= 0 or (link.backlog and room < max(1, self.config.window // 2)):
+                continue
+            plan.append((uri, link, room))
+        if not plan:
+            return {}
+        self._try_flush_acks(*sorted(uri for uri, _, _ in plan))
+        reads = self.store.queues.pending_many(
+            [(uri, link.sent_upto, room) for uri, link, room in plan]
+        )
+        taken: dict[str, list[OutgoingNotify]] = {}
+        error: StoreError | None = None
+        for (uri, link, room), rows in zip(plan, reads, strict=True):
+            if rows:
+                try:
+                    # The only other store call; made before this user's state changes
+                    # so that a StoreError leaves its link as it was.
+                    self._missed(uri, rows[0].nseq)
+                except StoreError as exc:
+                    error = exc
+                    continue
+            link.backlog = len(rows) == room
+            out: list[OutgoingNotify] = []
+            for row in rows:
+                link.sent_upto = row.nseq
+                data = self._encode_notify(row)
+                if data is None:
+                    continue
+                link.inflight[row.nseq] = row.published_at
+                out.append(OutgoingNotify(row.nseq, data))
+            if out:
+                taken[uri] = out
+        if error is not None and len(plan) == 1:
+            raise error
+        return taken
 
     def _missed(self, uri: str, nseq: int) -> int:
         known = self._missed_at.setdefault(uri, {})

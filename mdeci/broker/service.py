@@ -5,21 +5,24 @@ every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed b
 session secret agreed through SDP, docs/security.md) and three kinds of task:
 
 - a reader: ``peer.receive()`` -> the inbound queue; one pump task hands what every
-  reader queued by then to ``Broker.handle_frames`` (publishes arriving together share
+  reader queued by then, decoded, to ``Broker.handle_decoded`` (publishes arriving together share
   one commit; what arrives while that call runs is the next call's batch, so a busy
   broker commits once per database round trip, not once per frame) -> replies sent on
   the peer, in the order the frames came;
-- a delivery task: ``Broker.take_batch`` -> one send task per notify, started in nseq
-  order (asyncio runs tasks in creation order, so the RUDP core queues them in order);
-  when the batch is empty it waits on the user's wake event, set by the core's
-  :class:`~mdeci.broker.core.QueueListener` calls (a publish queued something, an ack
-  freed the window): no polling;
+- one delivery task for every user: the users whose delivery may progress (the core's
+  :class:`~mdeci.broker.core.QueueListener` calls: a publish queued something, an ack
+  freed the window; a connection) are marked due, and the task hands all of them to
+  ``Broker.take_batches`` in one worker call (a fan-out wakes a hundred users at once:
+  one call, one transaction for their held acks, one connection for their reads) -> one
+  send task per notify, started in nseq order (asyncio runs tasks in creation order, so
+  the RUDP core queues them in order); what is marked due during the call is the next
+  call's: no polling;
 - send tasks: ``await peer.send(...)``; a :class:`~rudp.aio.PeerUnreachable` marks the
   user DISCONNECTED (only if it belongs to the current connection: each
-  :meth:`BrokerService.connected` starts a new epoch) and stops the delivery task.
+  :meth:`BrokerService.connected` starts a new epoch) and stops its delivery.
 
 A periodic task runs the subscription sweep every ``BrokerCoreConfig.sweep_interval``
-and wakes every delivery task, which also retries a batch a database error stopped.
+and marks every user due, which also retries a batch a database error stopped.
 
 Threads: the store is synchronous, and neither it nor the core runs on the event loop.
 Every call into :class:`Broker` goes to one :class:`~mdeci.broker.worker.DbWorker`
@@ -68,11 +71,9 @@ class _UserLink:
     uri: str
     key: bytes
     peer: RudpPeer
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
     epoch: int = 0
     delivering: bool = False  # the loop's view of CONNECTED (see the module docstring)
     reader: asyncio.Task[None] | None = None
-    delivery: asyncio.Task[None] | None = None
     sends: set[asyncio.Task[None]] = field(default_factory=set)
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
@@ -111,6 +112,9 @@ class BrokerService:
         # handing them to the core.
         self._inbound: list[tuple[_UserLink, bytes]] = []
         self._pump: asyncio.Task[None] | None = None
+        # Users whose delivery may progress (an ordered set), and the task serving them.
+        self._due: dict[_UserLink, None] = {}
+        self._delivery: asyncio.Task[None] | None = None
         # The channel selector and SMS side when set (run_broker; see the sms property).
         self._sms: SmsFallback | None = None
         self.refused_requests = 0  # requests answered 503 or dropped by _admit
@@ -204,15 +208,13 @@ class BrokerService:
             # (A new address also gives the association a fresh retry budget.)
             link.peer.set_address(media_addr)
             self.worker.post("media moved", self.broker.mark_moved, uri, _addr_text(media_addr))
-            link.wake.set()
+            self._kick(link)
             return
         if link is None:
             link = _UserLink(uri, key, self.endpoint.peer(key, media_addr))
             self._users[uri] = link
             link.peer.on_heard = lambda: self._heard(link)
             link.reader = asyncio.create_task(self._read(link))
-        elif link.delivery is not None:
-            link.delivery.cancel()
         link.peer.set_address(media_addr)
         # Always a fresh retry budget: the (re-)INVITE just proved the user reachable at
         # this address; retries spent on the old one during a move must not fail the
@@ -223,9 +225,9 @@ class BrokerService:
         link.delivering = True
         if self.sms is not None:
             self.sms.ip_back(uri)
-        # Posted before the delivery task's first take_batch: the worker runs them in order.
+        # Posted before the delivery task's next take_batches: the worker runs them in order.
         self.worker.post("session status", self.broker.mark_connected, uri, _addr_text(media_addr))
-        link.delivery = asyncio.create_task(self._deliver(link, link.epoch))
+        self._kick(link)
 
     def disconnected(self, uri: str, *, ended: bool = False) -> None:
         """The SIP layer lost ``uri``'s session (``ended``: BYE): stop and forget its peer.
@@ -265,11 +267,11 @@ class BrokerService:
             return
         self._closed = True
         tasks: list[asyncio.Task[None]] = []
-        for task in (self._sweeper, self._pump):
+        for task in (self._sweeper, self._pump, self._delivery):
             if task is not None:
                 task.cancel()
                 tasks.append(task)
-        self._sweeper = self._pump = None
+        self._sweeper = self._pump = self._delivery = None
         for link in self._users.values():
             tasks.extend(self._drop(link))
         self._users.clear()
@@ -340,12 +342,12 @@ class BrokerService:
     def _wake(self, uri: str) -> None:
         link = self._users.get(uri)
         if link is not None:
-            link.wake.set()
+            self._kick(link)
 
     # ------------------------------------------------------------------ tasks
 
     def _drop(self, link: _UserLink) -> list[asyncio.Task[None]]:
-        tasks = [t for t in (link.reader, link.delivery, *link.sends) if t is not None]
+        tasks = [t for t in (link.reader, *link.sends) if t is not None]
         for task in tasks:
             task.cancel()
         link.epoch += 1  # whatever still completes belongs to no connection
@@ -368,16 +370,20 @@ class BrokerService:
             while self._inbound:
                 batch, self._inbound = self._inbound, []
                 reserved: dict[_UserLink, int] = {}
-                batch = [(link, data) for link, data in batch if self._admit(link, data, reserved)]
+                admitted: list[tuple[_UserLink, Frame | FrameError]] = []
+                for link, data in batch:
+                    frame = self._admit(link, data, reserved)
+                    if frame is not None:
+                        admitted.append((link, frame))
                 replies = await self.worker.run(
-                    self.broker.handle_frames, [(link.uri, data) for link, data in batch]
+                    self.broker.handle_decoded, [(link.uri, frame) for link, frame in admitted]
                 )
-                self._reply(batch, replies)
+                self._reply([link for link, _ in admitted], replies)
         finally:
             self._pump = None
 
-    def _reply(self, batch: list[tuple[_UserLink, bytes]], replies: list[list[Frame]]) -> None:
-        for (link, _), frames in zip(batch, replies, strict=True):
+    def _reply(self, links: list[_UserLink], replies: list[list[Frame]]) -> None:
+        for link, frames in zip(links, replies, strict=True):
             if self._users.get(link.uri) is not link:
                 continue  # dropped meanwhile: as if its reader had been cancelled first
             for frame in frames:
@@ -391,8 +397,11 @@ class BrokerService:
                     link.listing_bytes = len(reply)  # what the next `list` will reserve
                 self._spawn_reply(link, reply)
 
-    def _admit(self, link: _UserLink, data: bytes, reserved: dict[_UserLink, int]) -> bool:
-        """Whether to handle this frame: yes, unless its user holds more than
+    def _admit(
+        self, link: _UserLink, data: bytes, reserved: dict[_UserLink, int]
+    ) -> Frame | FrameError | None:
+        """This frame decoded (or its decoding error) if it is to be handled, None if not:
+        handled unless its user holds more than
         ``max_unacked_reply_bytes`` of our replies unacknowledged and it is a request
         (an ``ack`` always passes: it is how the user gets below the cap again).
 
@@ -404,18 +413,18 @@ class BrokerService:
         bounded whatever it sends; the first refusal of a streak is logged.
         """
         try:
-            frame: Frame | None = decode(data)
-        except FrameError:
-            frame = None  # the core answers it (400); a small reply
+            frame: Frame | FrameError = decode(data)
+        except FrameError as exc:
+            frame = exc  # the core answers it (400); a small reply
         if isinstance(frame, Ack):
-            return True
+            return frame
         cap = self.broker.config.max_unacked_reply_bytes
         held = link.reply_bytes + reserved.get(link, 0)
         if held <= cap:
             link.refusing = False
             cost = link.listing_bytes if isinstance(frame, List) else SMALL_REPLY
             reserved[link] = reserved.get(link, 0) + cost
-            return True
+            return frame
         if not link.refusing:
             link.refusing = True
             oplog_event(
@@ -429,7 +438,7 @@ class BrokerService:
             req = getattr(frame, "req", None)
             text = "too many unacknowledged replies; acknowledge, then retry"
             self._spawn_reply(link, encode(Error(req=req, code=UNAVAILABLE, message=text)))
-        return False
+        return None
 
     def _spawn_reply(self, link: _UserLink, data: bytes) -> None:
         link.reply_bytes += len(data)
@@ -440,22 +449,42 @@ class BrokerService:
     def _replied(link: _UserLink, size: int) -> None:
         link.reply_bytes -= size
 
-    async def _deliver(self, link: _UserLink, epoch: int) -> None:
-        while link.epoch == epoch:
-            try:
-                batch = await self.worker.run(self.broker.take_batch, link.uri)
-            except StoreError:
-                batch = []  # retried on the next wake (publish, ack or sweep tick)
-            if link.epoch != epoch:
-                # (Re)connected or dropped during the call: the mark_* queued behind it
-                # put what it took back to be sent from the lowest un-acked nseq.
-                return
-            if not batch:
-                await link.wake.wait()
-                link.wake.clear()
-                continue
-            for item in batch:
-                self._spawn_send(link, item.data)
+    def _kick(self, link: _UserLink) -> None:
+        """``link``'s delivery may progress: serve it in the delivery task's next call."""
+        if self._closed or not link.delivering:
+            return
+        self._due[link] = None
+        if self._delivery is None:
+            self._delivery = asyncio.create_task(self._deliver())
+
+    async def _deliver(self) -> None:
+        try:
+            while self._due:
+                links = [
+                    link
+                    for link in self._due
+                    if link.delivering and self._users.get(link.uri) is link
+                ]
+                self._due.clear()
+                if not links:
+                    continue
+                epochs = [link.epoch for link in links]
+                try:
+                    batches = await self.worker.run(
+                        self.broker.take_batches, [link.uri for link in links]
+                    )
+                except StoreError:
+                    continue  # retried on the next wake (publish, ack or sweep tick)
+                for link, epoch in zip(links, epochs, strict=True):
+                    if link.epoch != epoch or not link.delivering:
+                        # (Re)connected, dropped or unreachable since the call began: the
+                        # mark_* queued behind it put what it took back to be sent from
+                        # the lowest un-acked nseq.
+                        continue
+                    for item in batches.get(link.uri, ()):
+                        self._spawn_send(link, item.data)
+        finally:
+            self._delivery = None
 
     def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Task[None]:
         task = asyncio.create_task(self._send(link, data, link.epoch))
@@ -474,9 +503,6 @@ class BrokerService:
             return  # a send of an earlier connection: its failure says nothing now
         if not link.delivering:
             return
-        if link.delivery is not None:
-            link.delivery.cancel()
-            link.delivery = None
         link.delivering = False
         # The stored status follows at the next change if the database is down now.
         self.worker.post(
@@ -505,4 +531,4 @@ class BrokerService:
             with contextlib.suppress(StoreError):
                 await self.worker.run(self.broker.sweep)
             for link in self._users.values():
-                link.wake.set()
+                self._kick(link)

@@ -178,9 +178,11 @@ class SqlQueueStore:
             matched=bindparam("matched"),
             published_at=bindparam("published_at"),
         )
+        # One statement for a whole batch (SQLAlchemy sends it as one multi-row INSERT):
+        # the pairs it hands back are the new ones, the others were published before.
         self._record = record.on_conflict_do_nothing(
             index_elements=[PublishedRow.publisher_uri, PublishedRow.msg_id]
-        ).returning(PublishedRow.matched)
+        ).returning(PublishedRow.publisher_uri, PublishedRow.msg_id)
         self._matched = select(PublishedRow.matched).where(
             PublishedRow.publisher_uri == bindparam("publisher_uri"),
             PublishedRow.msg_id == bindparam("msg_id"),
@@ -291,25 +293,39 @@ class SqlQueueStore:
             raise InvalidArgument(f"overflow policy must be one of {OVERFLOW_POLICIES}")
         results: list[PublishResult | None] = []
         fresh: list[PublishRequest] = []
+        if not requests:
+            return []
         with transaction(self._engine, "publish") as conn:
-            for req in requests:
-                first = conn.execute(
+            recorded = {
+                (str(uri), str(msg_id))
+                for uri, msg_id in conn.execute(
                     self._record,
-                    {
-                        "publisher_uri": req.publisher_uri,
-                        "msg_id": req.msg_id,
-                        "matched": len(req.targets),
-                        "published_at": req.published_at,
-                    },
-                ).first()
-                if first is None:
-                    matched = conn.execute(
-                        self._matched, {"publisher_uri": req.publisher_uri, "msg_id": req.msg_id}
-                    ).scalar_one()
-                    results.append(PublishResult(matched=matched, duplicate=True))
-                else:
+                    [
+                        {
+                            "publisher_uri": req.publisher_uri,
+                            "msg_id": req.msg_id,
+                            "matched": len(req.targets),
+                            "published_at": req.published_at,
+                        }
+                        for req in requests
+                    ],
+                )
+            }
+            # The first request of a new pair is the publish; any later one in the batch,
+            # like every request of a pair recorded before, is a duplicate of it.
+            counts: dict[tuple[str, str], int] = {}
+            for req in requests:
+                key = (req.publisher_uri, req.msg_id)
+                if key in recorded and key not in counts:
+                    counts[key] = len(req.targets)
                     results.append(None)
                     fresh.append(req)
+                    continue
+                if key not in counts:
+                    counts[key] = conn.execute(
+                        self._matched, {"publisher_uri": key[0], "msg_id": key[1]}
+                    ).scalar_one()
+                results.append(PublishResult(matched=counts[key], duplicate=True))
             uris = sorted({uri for req in fresh for uri, _ in req.targets})
             if not uris:
                 return [r or PublishResult(matched=0, duplicate=False) for r in results]
@@ -322,10 +338,12 @@ class SqlQueueStore:
                     self._lock_counters, [{"uri": uri} for uri in uris]
                 )
             }
+            unwritten: list[dict[str, object]] = []
             done = iter(
                 [
                     self._queue(
                         conn,
+                        unwritten,
                         counters,
                         sorted(req.targets, key=lambda t: t[0]),
                         max_depth,
@@ -345,6 +363,8 @@ class SqlQueueStore:
                     for req in fresh
                 ]
             )
+            if unwritten:
+                conn.execute(self._enqueue, unwritten)
             conn.execute(
                 self._set_counter,
                 [
@@ -357,6 +377,7 @@ class SqlQueueStore:
     def _queue(
         self,
         conn: Connection,
+        unwritten: list[dict[str, object]],
         counters: dict[str, _Counter],
         ordered: list[tuple[str, int]],
         max_depth: int,
@@ -369,6 +390,8 @@ class SqlQueueStore:
 
         The plan is the per-target rule of the module docstring run in memory: the
         counters' depth is exact while their rows are locked (acks lock them too).
+        The rows to insert join ``unwritten``, the batch's rows written with one
+        statement at its end, or before a DELETE of overflow (which must see them).
         """
         msg_id = str(message["msg_id"])
         # Pass 1: how many of each user's older entries overflow drops, so that one
@@ -390,6 +413,9 @@ class SqlQueueStore:
         olders: dict[str, list[tuple[int, int, str]]] = {}
         for uri, counter in counters.items():
             if counter.drop_existing:
+                if unwritten:
+                    conn.execute(self._enqueue, unwritten)
+                    unwritten.clear()
                 rows = conn.execute(
                     self._drop_oldest, {"uri": uri, "count": counter.drop_existing}
                 ).all()
@@ -431,11 +457,9 @@ class SqlQueueStore:
                 if item.sub_id in urgent_subs:
                     row["urgent"] = True
                 rows_out.append(row)
-        # Written now, so that a later request of the same batch that overflows sees
-        # them as the older entries its DELETE may drop; the counters are written once,
-        # by publish_many.
-        if rows_out:
-            conn.execute(self._enqueue, rows_out)
+        # Written with the batch's, or before a later request's overflow DELETE (which may
+        # drop them as older entries); the counters are written once, by publish_many.
+        unwritten.extend(rows_out)
         return PublishResult(
             matched=len(ordered), duplicate=False, queued=tuple(queued), dropped=tuple(dropped)
         )
@@ -455,7 +479,29 @@ class SqlQueueStore:
         query = self._pending_urgent if urgent_only else self._pending
         with reading(self._engine, "pending") as conn:
             rows = conn.execute(query, {"uri": uri, "after": after_nseq, "limit": limit}).all()
-        return [QueuedNotification(**row._asdict()) for row in rows]
+        return [QueuedNotification(*row) for row in rows]
+
+    def pending_many(self, reads: Sequence[tuple[str, int, int]]) -> list[list[QueuedNotification]]:
+        """``pending(uri, after_nseq, limit)`` for each ``(uri, after_nseq, limit)``, on one
+        connection (one checkout, not one per user); the lists in the same order.
+
+        Raises:
+            InvalidArgument: a ``limit`` < 1.
+            StoreError: the database failed.
+        """
+        for _, _, limit in reads:
+            if limit < 1:
+                raise InvalidArgument(f"limit must be at least 1, not {limit}")
+        with reading(self._engine, "pending") as conn:
+            return [
+                [
+                    QueuedNotification(*row)
+                    for row in conn.execute(
+                        self._pending, {"uri": uri, "after": after, "limit": limit}
+                    )
+                ]
+                for uri, after, limit in reads
+            ]
 
     def ack(self, uri: str, upto: int) -> int:
         """Delete ``uri``'s queued notifications with ``nseq <= upto``; how many went.
@@ -467,8 +513,24 @@ class SqlQueueStore:
         Raises:
             StoreError: the database failed.
         """
+        return self.ack_many([(uri, upto)])[0]
+
+    def ack_many(self, acks: Sequence[tuple[str, int]]) -> list[int]:
+        """``ack`` each ``(uri, upto)`` in one transaction (not fsync'd, as ``ack``); how
+        many went for each, in order. All or nothing.
+
+        The users' counter rows are locked in URI order, as ``publish`` locks them, so
+        the two cannot deadlock.
+
+        Raises:
+            StoreError: the database failed; nothing was deleted.
+        """
+        counts: dict[int, int] = {}
         with relaxed_transaction(self._engine, "ack") as conn:
-            return self._delete(conn, self._ack, {"uri": uri, "upto": upto})
+            for i in sorted(range(len(acks)), key=lambda i: acks[i][0]):
+                uri, upto = acks[i]
+                counts[i] = self._delete(conn, self._ack, {"uri": uri, "upto": upto})
+        return [counts[i] for i in range(len(acks))]
 
     def remove(self, uri: str, nseq: int) -> bool:
         """Delete exactly ``uri``'s queued notification ``nseq`` (one a side channel such

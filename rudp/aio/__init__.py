@@ -102,6 +102,7 @@ class RudpPeer:
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._pump_soon = False  # a _pump is scheduled (see send)
         self._closed = False
 
     @property
@@ -145,7 +146,11 @@ class RudpPeer:
         message_id = self.connection.send_message(message, self._loop.time())
         future: asyncio.Future[None] = self._loop.create_future()
         self._waiters[message_id] = future
-        self._pump()
+        if not self._pump_soon:
+            # Sent once the loop has run every send of this turn: a burst of small
+            # messages shares datagrams (the core packs them up to the MTU).
+            self._pump_soon = True
+            self._loop.call_soon(self._pump)
         await future
 
     async def receive(self) -> bytes:
@@ -203,6 +208,7 @@ class RudpPeer:
         self._pump()
 
     def _pump(self) -> None:
+        self._pump_soon = False
         if self._closed:
             return
         now = self._loop.time()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import sqlalchemy as sa
 from mdeci.broker import Broker, BrokerCoreConfig, ChurnLogSink, MemorySink
 from mdeci.churnlog import ChurnLog
 from mdeci.config import QueueConfig, SubscriptionConfig
-from mdeci.errors import ConfigError
+from mdeci.errors import ConfigError, FrameError
 from mdeci.frames import (
     Ack,
     Error,
@@ -234,13 +235,13 @@ def test_acks_are_coalesced_into_one_store_delete_per_wake(
     broker.mark_connected(ALICE)
     assert [n.nseq for n in notifies(broker, ALICE)] == list(range(1, 9))
     calls: list[tuple[str, int]] = []
-    real_ack = store.queues.ack
+    real_ack_many = store.queues.ack_many
 
-    def counting_ack(uri: str, upto: int) -> int:
-        calls.append((uri, upto))
-        return real_ack(uri, upto)
+    def counting_ack_many(acks: Sequence[tuple[str, int]]) -> list[int]:
+        calls.extend(acks)
+        return real_ack_many(acks)
 
-    store.queues.ack = counting_ack  # type: ignore[method-assign]
+    store.queues.ack_many = counting_ack_many  # type: ignore[method-assign]
     for upto in (1, 2, 4, 3, 5):  # one per notify, as agents do (one late, lower)
         broker.handle_frame(ALICE, encode(Ack(upto=upto)))
     assert calls == [] and broker.in_flight(ALICE) == (6, 7, 8)
@@ -609,3 +610,105 @@ def test_a_backlog_is_refilled_by_half_windows(store: BrokerStore, clock: FakeCl
     broker.handle_frame(ALICE, encode(Ack(upto=5)))
     publish(broker, "m7", "a")
     assert [n.nseq for n in notifies(broker, ALICE)] == [8]  # at once, with room 2 of 4
+
+
+def _count_acks(store: BrokerStore) -> list[list[tuple[str, int]]]:
+    """Every ``ack_many`` call from now on, as the list of acks it applied together."""
+    calls: list[list[tuple[str, int]]] = []
+    real = store.queues.ack_many
+
+    def counting(acks: Sequence[tuple[str, int]]) -> list[int]:
+        calls.append(list(acks))
+        return real(acks)
+
+    store.queues.ack_many = counting  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_fan_out_is_taken_and_its_acks_applied_together(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    """Issue 14: one take_batches for every woken user, one transaction for the acks of
+    a batch of frames, not one call and one transaction per user."""
+    broker = make_broker(store, clock, MemorySink())
+    users = [ALICE, BOB, CAROL]
+    for uri in users:
+        add_session(store, uri)
+        subscribe(broker, uri, "a")
+        broker.mark_connected(uri)
+    publish(broker, "m0", "a")
+    batches = broker.take_batches([*users, "sip:nobody@example.com"])
+    assert {uri: [n.nseq for n in b] for uri, b in batches.items()} == {u: [1] for u in users}
+    assert broker.take_batches(users) == {}  # nothing new: nobody is listed
+    acks = _count_acks(store)
+    replies = broker.handle_frames([(uri, encode(Ack(upto=1))) for uri in users])
+    assert replies == [[], [], []]
+    # Each stream went idle: the three acks were applied at once, after the batch.
+    assert acks == [[(ALICE, 1), (BOB, 1), (CAROL, 1)]]
+    assert all(queued(store, uri) == [] for uri in users)
+
+
+def test_held_acks_of_a_wake_are_applied_in_one_transaction(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    broker = make_broker(store, clock, MemorySink(), queue=QueueConfig(window=4))
+    for uri in (ALICE, BOB):
+        add_session(store, uri)
+        subscribe(broker, uri, "a")
+    for n in range(6):
+        publish(broker, f"m{n}", "a")
+    for uri in (ALICE, BOB):
+        broker.mark_connected(uri)
+    assert {u: len(b) for u, b in broker.take_batches([ALICE, BOB]).items()} == {
+        ALICE: 4,
+        BOB: 4,
+    }
+    acks = _count_acks(store)
+    broker.handle_frames([(ALICE, encode(Ack(upto=2))), (BOB, encode(Ack(upto=3)))])
+    assert acks == []  # still in flight: held
+    taken = broker.take_batches([ALICE, BOB])
+    assert acks == [[(ALICE, 2), (BOB, 3)]]
+    assert {u: [n.nseq for n in b] for u, b in taken.items()} == {ALICE: [5, 6], BOB: [5, 6]}
+
+
+def test_a_user_whose_missed_count_fails_is_left_unchanged_and_the_others_taken(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    broker = make_broker(store, clock, MemorySink())
+    for uri in (ALICE, BOB):
+        add_session(store, uri)
+        subscribe(broker, uri, "a")
+        broker.mark_connected(uri)
+    publish(broker, "m0", "a")
+    real = store.queues.take_missed
+
+    def failing_for_alice(uri: str) -> int:
+        if uri == ALICE:
+            raise StoreError("take_missed failed: disk on fire")
+        return real(uri)
+
+    store.queues.take_missed = failing_for_alice  # type: ignore[method-assign]
+    taken = broker.take_batches([ALICE, BOB])
+    assert list(taken) == [BOB] and broker.in_flight(ALICE) == ()
+    with pytest.raises(StoreError):
+        broker.take_batch(ALICE)  # alone, the error is the caller's
+    store.queues.take_missed = real  # type: ignore[method-assign]
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1]  # nothing was lost
+
+
+def test_handle_decoded_answers_as_handle_frames_for_frames_decoded_once(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    """The service decodes each frame to admit it and hands the frame over (issue 14);
+    bytes that did not decode come as their FrameError and are answered as before."""
+    broker = make_broker(store, clock, MemorySink())
+    subscribe(broker, ALICE, "a")
+    pub = Pub(req=3, msg_id="m0", subject="a")
+    bad = b"\xa1cop"  # a map cut short
+    with pytest.raises(FrameError) as caught:
+        decode(bad)
+    replies = broker.handle_decoded([(PUBLISHER, pub), (BOB, caught.value), (PUBLISHER, pub)])
+    again = broker.handle_frames([(PUBLISHER, encode(pub)), (BOB, bad)])
+    assert replies == [*again, [PubOk(req=3, msg_id="m0", matched=1)]]
+    assert isinstance(replies[1][0], Error) and replies[1][0].code == 400
+    assert [q[1] for q in queued(store, ALICE)] == ["m0"]  # the copies were duplicates

@@ -316,3 +316,78 @@ def test_every_event_has_one_authoritative_role_and_a_bad_role_is_refused(tmp_pa
     assert make_record(0, "n", Event.REGISTERED, uri="u", role=Role.AGENT)["role"] == "agent"
     with pytest.raises(ChurnLogError):
         ChurnLog(tmp_path / "c.log", "n", Clock(), role="switch")  # type: ignore[arg-type]
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text("utf-8") for p in sorted(folder.iterdir())}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    bursts=st.lists(st.integers(0, 12), min_size=1, max_size=8),
+    max_bytes=st.sampled_from([150, 300, 1000, 100_000]),
+)
+def test_a_deferred_log_writes_the_same_files_once_per_burst(
+    tmp_path_factory: pytest.TempPathFactory, bursts: list[int], max_bytes: int
+) -> None:
+    """Issue 14: with ``defer``, a burst of lines is one write, and the files (rotation
+    included) are byte for byte those of a log writing each line at once."""
+    plain_dir, deferred_dir = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("def")
+    scheduled: list[object] = []
+    plain = ChurnLog(plain_dir / "c.log", "n", Clock(), max_bytes=max_bytes, backups=3)
+    deferred = ChurnLog(
+        deferred_dir / "c.log", "n", Clock(), max_bytes=max_bytes, backups=3,
+        defer=scheduled.append,
+    )  # fmt: skip
+    nseq = 0
+    for size in bursts:
+        for _ in range(size):
+            nseq += 1
+            for log in (plain, deferred):
+                log.write(Event.NOTIFY_DELIVERED, uri="sip:a@x", nseq=nseq, latency_ms=1.5)
+        assert scheduled == ([deferred.flush] if size else [])
+        deferred.flush()
+        scheduled.clear()
+        assert _tree(plain_dir) == _tree(deferred_dir)
+    plain.close()
+    deferred.close()
+
+
+def test_a_deferred_burst_is_one_write_and_close_writes_what_is_kept(tmp_path: Path) -> None:
+    scheduled: list[object] = []
+    log = ChurnLog(tmp_path / "c.log", "n", Clock(), defer=scheduled.append)
+    for n in range(5):
+        log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=n + 1, queue_depth=n)
+    assert len(scheduled) == 1 and (tmp_path / "c.log").read_text() == ""  # kept
+    sizes: list[int] = []
+    assert log._file is not None
+    real = log._file.write
+
+    def counting(data: memoryview) -> int:
+        sizes.append(len(data))
+        return real(data)
+
+    log._file.write = counting  # type: ignore[method-assign,assignment]
+    log.flush()
+    assert len(sizes) == 1 and [r["nseq"] for r in lines(tmp_path / "c.log")] == [1, 2, 3, 4, 5]
+    log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=6, queue_depth=0)
+    assert len(scheduled) == 2  # a new burst schedules a new flush
+    log.close()  # the loop may never run it: close writes it
+    assert [r["nseq"] for r in lines(tmp_path / "c.log")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_failed_deferred_write_is_counted_and_reported_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = ChurnLog(tmp_path / "c.log", "n", Clock(), defer=lambda _f: None)
+    log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=1, queue_depth=0)
+    assert log._file is not None
+
+    def failing(data: memoryview) -> int:
+        raise OSError(28, "No space left on device")
+
+    log._file.write = failing  # type: ignore[method-assign,assignment]
+    with caplog.at_level(logging.WARNING):
+        log.flush()
+    assert log.write_failures == 1
+    assert "churnlog_error" in caplog.text

@@ -301,6 +301,30 @@ def test_publish_statements_do_not_grow_with_the_targets(engine: Engine) -> None
     assert len(statements) <= 8, statements
 
 
+def test_publish_many_statements_do_not_grow_with_the_requests(engine: Engine) -> None:
+    """Issue 14: a batch of 20 publishes was ~45 statements (a record and an insert per
+    publish, a round trip each on PostgreSQL); now the same handful as one publish."""
+    q = SqlQueueStore(engine)
+    _publish(q, "warm", [(ALICE, 1), (BOB, 2)])
+    requests = [
+        PublishRequest(PUB, f"m{n}", "s", b"\xa0", b"p", False, 1.0, [(ALICE, 1), (BOB, 2)])
+        for n in range(20)
+    ]
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        results = q.publish_many(requests, max_depth=100, policy="drop-oldest")
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert [r.queued[0].nseq for r in results] == list(range(2, 22))
+    assert len(statements) <= 8, statements
+    assert [n.msg_id for n in q.pending(BOB)] == ["warm", *(f"m{n}" for n in range(20))]
+
+
 def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> None:
     q = SqlQueueStore(engine)
 
@@ -334,3 +358,18 @@ def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> N
     with pytest.raises(InvalidArgument):
         q.publish_many([req("m5", [(ALICE, 1)])], max_depth=0, policy="drop-oldest")
     assert q.last_nseq(ALICE) == 3
+
+
+def test_ack_many_and_pending_many_match_one_user_at_a_time(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    for n in range(5):
+        _publish(q, f"m{n}", [(ALICE, 1), (BOB, 2)])
+    reads = [(BOB, 1, 2), (ALICE, 0, 10), (PUB, 0, 3)]
+    assert q.pending_many(reads) == [q.pending(*r) for r in reads]
+    assert q.pending_many(reads)[0][0].nseq == 2
+    with pytest.raises(InvalidArgument):
+        q.pending_many([(ALICE, 0, 0)])
+    assert q.ack_many([(BOB, 2), (ALICE, 4), (PUB, 9)]) == [2, 4, 0]
+    assert [n.nseq for n in q.pending(ALICE)] == [5]
+    assert [n.nseq for n in q.pending(BOB)] == [3, 4, 5]
+    assert q.depth(ALICE) == 1 and q.depth(BOB) == 3

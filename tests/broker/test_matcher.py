@@ -1,0 +1,100 @@
+"""The subscription matcher's index (issue 14) gives what a scan of every entry gives."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher
+from mdeci.filters import subject_matches
+from mdeci.store.subscriptions import Subscription
+
+WORDS = st.sampled_from(["a", "b", "c"])
+PATTERN_WORDS = st.sampled_from(["a", "b", "c", "*", "#"])
+PATTERNS = st.lists(PATTERN_WORDS, min_size=1, max_size=4).map(".".join)
+SUBJECTS = st.lists(WORDS, min_size=1, max_size=4).map(".".join)
+FILTERS = st.sampled_from(["", "n > 1", "n < 3"])
+
+
+def _sub(sub_id: int, pattern: str, expires_at: float, filter_text: str = "") -> Subscription:
+    return Subscription(sub_id, f"sip:u{sub_id % 3}@x", pattern, filter_text, 0.0, expires_at)
+
+
+def _scan(
+    subs: dict[int, Subscription], subject: str, attrs: dict[str, int], now: float
+) -> tuple[list[tuple[str, int]], list[int]]:
+    """The rule of the module docstring, applied to every entry in turn."""
+    expired = sorted(i for i, s in subs.items() if s.expires_at <= now)
+    targets = []
+    for sub_id in sorted(subs):
+        sub = subs[sub_id]
+        if sub.expires_at > now and subject_matches(sub.subject, subject):
+            compiled = CompiledSubscription.compile(sub)
+            if compiled.filter(attrs):
+                targets.append((sub.uri, sub_id))
+    return targets, expired
+
+
+# One step: add (or replace) sub_id with a pattern and an expiry, discard it, or match.
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 8), PATTERNS, st.integers(1, 20), FILTERS),
+        st.tuples(st.just("discard"), st.integers(1, 8)),
+        st.tuples(st.just("match"), SUBJECTS, st.integers(0, 4), st.integers(0, 25)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(STEPS)
+def test_the_index_agrees_with_a_scan(steps: list[tuple[object, ...]]) -> None:
+    matcher = SubscriptionMatcher()
+    model: dict[int, Subscription] = {}
+    now = 0.0
+    for step in steps:
+        if step[0] == "add":
+            _, sub_id, pattern, expires, filter_text = step
+            assert isinstance(sub_id, int) and isinstance(pattern, str)
+            assert isinstance(expires, int) and isinstance(filter_text, str)
+            sub = _sub(sub_id, pattern, now + expires, filter_text)
+            matcher.add(CompiledSubscription.compile(sub))
+            model[sub_id] = sub
+        elif step[0] == "discard":
+            assert isinstance(step[1], int)
+            assert (matcher.discard(step[1]) is None) == (step[1] not in model)
+            model.pop(step[1], None)
+        else:
+            _, subject, n, later = step
+            assert isinstance(subject, str) and isinstance(n, int) and isinstance(later, int)
+            now = max(now, float(later))
+            targets, expired = _scan(model, subject, {"n": n}, now)
+            result = matcher.match(subject, {"n": n}, now)
+            assert list(result.targets) == targets
+            assert list(result.expired) == expired
+            for sub_id in expired:
+                del model[sub_id]
+        assert len(matcher) == len(model)
+        assert all(sub_id in matcher for sub_id in model)
+
+
+def test_a_replaced_subscription_keeps_only_its_new_pattern_and_expiry() -> None:
+    matcher = SubscriptionMatcher()
+    matcher.add(CompiledSubscription.compile(_sub(1, "a.b", 5.0)))
+    matcher.add(CompiledSubscription.compile(_sub(1, "a.*", 50.0)))
+    assert matcher.match("a.b", {}, 1.0).targets == (("sip:u1@x", 1),)
+    assert matcher.match("a.c", {}, 1.0).targets == (("sip:u1@x", 1),)
+    # The first expiry (5) is stale: nothing expires before 50.
+    assert matcher.match("a.c", {}, 10.0).expired == ()
+    assert matcher.match("a.c", {}, 50.0).expired == (1,)
+    assert len(matcher) == 0
+
+
+def test_load_replaces_everything() -> None:
+    matcher = SubscriptionMatcher()
+    matcher.add(CompiledSubscription.compile(_sub(1, "a", 5.0)))
+    matcher.load([_sub(2, "b", 9.0), _sub(3, "a..b", 9.0)])
+    assert 1 not in matcher and len(matcher) == 1
+    assert [s.sub_id for s in matcher.unusable] == [3]
+    assert matcher.match("a", {}, 1.0).targets == ()
+    assert matcher.match("b", {}, 9.0).expired == (2,)
