@@ -68,8 +68,9 @@ class FakesmscPhone:
 
 
 @pytest.mark.xfail(
-    reason="passes alone, fails after the other tests/smsint tests (order-dependent since "
-    "this round's merges: the SMS is sent twice); open, see the closing note",
+    reason="flaky under load: the test cuts only alice's RUDP, her agent re-INVITEs over the "
+    "SIP that still works, the broker then stops the SMS in flight and sends it again "
+    "(8 parts for 4) or is between buffers; open, see the closing note",
     strict=False,
 )
 async def test_urgent_notification_through_kannel_and_mo_back(

@@ -29,8 +29,9 @@ LIMIT = 3
 
 
 @pytest.mark.xfail(
-    reason="flaky since this round's merges (times out waiting for the SMS deliveries, alone "
-    "too, not every run); open, see the closing note",
+    reason="flaky under load: the test cuts only alice's RUDP, her agent re-INVITEs over the "
+    "SIP that still works, the broker then stops the SMS in flight and sends it again "
+    "(8 parts for 4) or is between buffers; open, see the closing note",
     strict=False,
 )
 async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
