@@ -133,16 +133,13 @@ def parse_lines(lines: DataFrame, *, keep_extra: bool = False) -> DataFrame:
     parsed = lines.where(F.trim(text) != "").select(
         text.alias("_line"), F.col("source"), rec.alias("r"), extra.alias("extra")
     )
-    # The never-true partition test makes the flag non-deterministic, which stops the
-    # optimizer from pushing later filters on ``error`` below this projection: pushed
-    # down, each field reference would become its own from_json call on the line.
-    corrupt = (
-        F.col("r").isNull()
-        | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull()
-        | (F.spark_partition_id() < 0)
-    )
+    corrupt = F.col("r").isNull() | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull() | _barrier()
     fields = [F.col(f"r.{name}").alias(name) for name in S.FIELD_NAMES]
-    return _validate(parsed.select(*fields, "extra", "_line", "source", corrupt.alias("_bad")))
+    return _validate(
+        parsed.select(
+            *fields, _ts_ms(F.col("r.ts")), "extra", "_line", "source", corrupt.alias("_bad")
+        )
+    )
 
 
 def parse_records(records: DataFrame) -> DataFrame:
@@ -167,24 +164,37 @@ def parse_records(records: DataFrame) -> DataFrame:
             extra.alias("extra"),
             line.alias("_line"),
             source.alias("source"),
-            F.lit(False).alias("_bad"),
+            _ts_ms((F.col("ts") if "ts" in present else F.lit(None)).cast("string")),
+            _barrier().alias("_bad"),
         )
     )
 
 
+def _barrier() -> Column:
+    """False, but non-deterministic: a projection holding it stops the optimizer from
+    pushing the later filters on ``error`` below it, where each reference to a parsed
+    field (a ``from_json`` of the line) or to ``ts_ms`` (a timestamp parse) would be
+    computed once more per line."""
+    return F.spark_partition_id() < 0
+
+
+def _ts_ms(ts: Column) -> Column:
+    """Epoch milliseconds of the RFC 3339 text ``ts``; null if it is not one."""
+    return F.unix_millis(F.try_to_timestamp(ts)).alias("ts_ms")
+
+
 def _validate(df: DataFrame) -> DataFrame:
-    ts = F.try_to_timestamp(F.col("ts"))
     error = (
         F.when(F.col("_bad"), F.lit("not a JSON object with the churn-log field types"))
         .when(F.col("ts").isNull(), F.lit("missing ts"))
-        .when(ts.isNull(), F.lit("ts is not an RFC 3339 time"))
+        .when(F.col("ts_ms").isNull(), F.lit("ts is not an RFC 3339 time"))
         .when(F.col("event").isNull(), F.lit("missing event"))
         .when(~F.col("event").isin(*S.EVENTS), F.lit("unknown event"))
         .when(F.col("uri").isNull() | (F.trim(F.col("uri")) == ""), F.lit("missing uri"))
     )
     return df.select(
         *S.FIELD_NAMES,
-        F.unix_millis(ts).alias("ts_ms"),
+        "ts_ms",
         "extra",
         error.alias("error"),
         F.when(error.isNotNull(), F.col("_line")).alias("line"),
@@ -213,6 +223,22 @@ def valid_events(parsed: DataFrame) -> DataFrame:
     # a key (``extra`` is JSON text, not a map, for that reason): with no aggregate
     # buffer left, Spark de-duplicates in a hash table instead of sorting every row.
     return ok.repartition("uri").dropDuplicates(ok.columns)
+
+
+# The columns of the events that the jobs read (the cached events hold only these).
+JOB_COLUMNS: tuple[str, ...] = (
+    "uri",
+    "ts_ms",
+    "event",
+    "role",
+    "addr",
+    "prev_addr",
+    "channel",
+    "queue_depth",
+    "latency_ms",
+    "cost",
+    "reason",
+)
 
 
 def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
