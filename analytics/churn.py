@@ -338,12 +338,14 @@ SUM_COLUMNS = (
 )
 
 
-def _tables(events: DataFrame, cfg: jobs.JobConfig) -> dict[str, DataFrame]:
+def _tables(events: DataFrame, cfg: jobs.JobConfig) -> tuple[dict[str, DataFrame], list[DataFrame]]:
+    """The table jobs over ``events``, and what they cache (for the caller to drop)."""
     window = cfg.window
     current = jobs.in_window(events, window)
-    eps = jobs.episodes(events, window).persist(StorageLevel.MEMORY_AND_DISK)
+    starts = jobs.episode_starts(events).persist(StorageLevel.MEMORY_AND_DISK)
+    eps = jobs.episodes(events, window, starts).persist(StorageLevel.MEMORY_AND_DISK)
     user = jobs.per_user(current, eps).persist(StorageLevel.MEMORY_AND_DISK)
-    return {
+    tables = {
         "episodes": eps,
         "per_user": user,
         "per_hour": jobs.per_hour(current, eps, window),
@@ -353,9 +355,10 @@ def _tables(events: DataFrame, cfg: jobs.JobConfig) -> dict[str, DataFrame]:
         "storms": jobs.storms(current, cfg),
         "recommendations": jobs.recommendations(current, eps, cfg),
         "handover_matrix": jobs.handover_matrix(current),
-        "networks": jobs.networks(events, window),
+        "networks": jobs.networks(events, window, starts),
         "sms_spend": jobs.sms_spend(current),
     }
+    return tables, [starts, eps, user]
 
 
 def _stats(current: DataFrame) -> DataFrame:
@@ -484,7 +487,7 @@ def _run_large(
     if keep_extra:
         say("writing events")
         events.write.mode("overwrite").parquet(f"{out}/events")
-    tables = _tables(events, cfg)
+    tables, cached = _tables(events, cfg)
     # Row counts and the per-user totals are observed while the tables are written:
     # no job of their own.
     sizes = {name: Observation(f"rows_{name}") for name in tables}
@@ -512,7 +515,7 @@ def _run_large(
     with ThreadPoolExecutor(TABLE_THREADS, thread_name_prefix="table") as pool:
         for done in [pool.submit(write, name) for name in [*tables, "_stats"]]:
             done.result()
-    for df in (tables["per_user"], tables["episodes"], events):
+    for df in (*cached, events):
         df.unpersist()
     return _Counts(
         lines=lines,
@@ -542,7 +545,7 @@ def _run_small(
 
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     events = jobs.valid_events(parsed).persist(StorageLevel.MEMORY_AND_DISK)
-    tables = _tables(events, cfg)
+    tables, cached = _tables(events, cfg)
     parts: dict[str, DataFrame] = {
         "_quarantine": jobs.quarantine(parsed),
         "_lines": parsed.agg(F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid")),
@@ -564,7 +567,7 @@ def _run_small(
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in parts}
     for row in union.collect():
         rows[row["t"]].append(json.loads(row["j"]))
-    for df in (tables["per_user"], tables["episodes"], events, parsed):
+    for df in (*cached, events, parsed):
         df.unpersist()
     lines = int(rows["_lines"][0]["lines"])
     invalid = int(rows["_lines"][0]["invalid"])
