@@ -102,6 +102,13 @@ def conform(df: DataFrame, schema: T.StructType) -> DataFrame:
     return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
 
 
+def _ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
+    """``df`` (an aggregate: a few rows to tens of thousands) sorted by ``cols``, in one
+    partition: a global ``orderBy`` would first sample its input in a job of its own to
+    split it into ranges, which for a table this size costs more than the sort."""
+    return df.repartition(1).sortWithinPartitions(*cols)
+
+
 # ---------------------------------------------------------------------------- parsing
 
 
@@ -133,16 +140,13 @@ def parse_lines(lines: DataFrame, *, keep_extra: bool = False) -> DataFrame:
     parsed = lines.where(F.trim(text) != "").select(
         text.alias("_line"), F.col("source"), rec.alias("r"), extra.alias("extra")
     )
-    # The never-true partition test makes the flag non-deterministic, which stops the
-    # optimizer from pushing later filters on ``error`` below this projection: pushed
-    # down, each field reference would become its own from_json call on the line.
-    corrupt = (
-        F.col("r").isNull()
-        | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull()
-        | (F.spark_partition_id() < 0)
-    )
+    corrupt = F.col("r").isNull() | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull() | _barrier()
     fields = [F.col(f"r.{name}").alias(name) for name in S.FIELD_NAMES]
-    return _validate(parsed.select(*fields, "extra", "_line", "source", corrupt.alias("_bad")))
+    return _validate(
+        parsed.select(
+            *fields, _ts_ms(F.col("r.ts")), "extra", "_line", "source", corrupt.alias("_bad")
+        )
+    )
 
 
 def parse_records(records: DataFrame) -> DataFrame:
@@ -167,24 +171,37 @@ def parse_records(records: DataFrame) -> DataFrame:
             extra.alias("extra"),
             line.alias("_line"),
             source.alias("source"),
-            F.lit(False).alias("_bad"),
+            _ts_ms((F.col("ts") if "ts" in present else F.lit(None)).cast("string")),
+            _barrier().alias("_bad"),
         )
     )
 
 
+def _barrier() -> Column:
+    """False, but non-deterministic: a projection holding it stops the optimizer from
+    pushing the later filters on ``error`` below it, where each reference to a parsed
+    field (a ``from_json`` of the line) or to ``ts_ms`` (a timestamp parse) would be
+    computed once more per line."""
+    return F.spark_partition_id() < 0
+
+
+def _ts_ms(ts: Column) -> Column:
+    """Epoch milliseconds of the RFC 3339 text ``ts``; null if it is not one."""
+    return F.unix_millis(F.try_to_timestamp(ts)).alias("ts_ms")
+
+
 def _validate(df: DataFrame) -> DataFrame:
-    ts = F.try_to_timestamp(F.col("ts"))
     error = (
         F.when(F.col("_bad"), F.lit("not a JSON object with the churn-log field types"))
         .when(F.col("ts").isNull(), F.lit("missing ts"))
-        .when(ts.isNull(), F.lit("ts is not an RFC 3339 time"))
+        .when(F.col("ts_ms").isNull(), F.lit("ts is not an RFC 3339 time"))
         .when(F.col("event").isNull(), F.lit("missing event"))
         .when(~F.col("event").isin(*S.EVENTS), F.lit("unknown event"))
         .when(F.col("uri").isNull() | (F.trim(F.col("uri")) == ""), F.lit("missing uri"))
     )
     return df.select(
         *S.FIELD_NAMES,
-        F.unix_millis(ts).alias("ts_ms"),
+        "ts_ms",
         "extra",
         error.alias("error"),
         F.when(error.isNotNull(), F.col("_line")).alias("line"),
@@ -213,6 +230,22 @@ def valid_events(parsed: DataFrame) -> DataFrame:
     # a key (``extra`` is JSON text, not a map, for that reason): with no aggregate
     # buffer left, Spark de-duplicates in a hash table instead of sorting every row.
     return ok.repartition("uri").dropDuplicates(ok.columns)
+
+
+# The columns of the events that the jobs read (the cached events hold only these).
+JOB_COLUMNS: tuple[str, ...] = (
+    "uri",
+    "ts_ms",
+    "event",
+    "role",
+    "addr",
+    "prev_addr",
+    "channel",
+    "queue_depth",
+    "latency_ms",
+    "cost",
+    "reason",
+)
 
 
 def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
@@ -268,9 +301,11 @@ def _rank() -> Column:
 # --------------------------------------------------------------------------- episodes
 
 
-def _episode_starts(events: DataFrame) -> DataFrame:
+def episode_starts(events: DataFrame) -> DataFrame:
     """The ``media_disconnected`` lines that open an episode, with ``_next_ts`` (the
-    instant of the edge that closes it, null while open) and their ``addr``."""
+    instant of the edge that closes it, null while open) and their ``addr``; what
+    :func:`episodes` and :func:`networks` are built from (pass it to both, cached, to
+    sort the media events of each user once)."""
     state = ("media_disconnected", "media_connected", "session_ended")
     # The broker's tear-down of an ended session (reason "session ended") is no outage,
     # whichever of it and session_ended was logged first (as the streaming query and
@@ -302,13 +337,14 @@ def _episode_starts(events: DataFrame) -> DataFrame:
     ).where(_is("media_disconnected"))
 
 
-def episodes(events: DataFrame, window: TimeWindow) -> DataFrame:
+def episodes(events: DataFrame, window: TimeWindow, starts: DataFrame | None = None) -> DataFrame:
     """Disconnection episodes (all events in, clipped to ``window``); schema EPISODE_SCHEMA.
 
     An episode with no restore in the log is ``open`` and ends at ``until``, or, with no
-    ``until``, at the last instant of the log.
+    ``until``, at the last instant of the log. ``starts``: :func:`episode_starts` of
+    ``events``, if the caller has it.
     """
-    paired = _episode_starts(events)
+    paired = episode_starts(events) if starts is None else starts
     raw = paired.select(
         "uri",
         F.col("ts_ms").alias("start_ms"),
@@ -459,7 +495,7 @@ def per_hour(events: DataFrame, eps: DataFrame, window: TimeWindow) -> DataFrame
         *[c for c in hourly.columns if c != "_hour"],
         F.coalesce(F.col("disconnections"), F.lit(0)).alias("disconnections"),
     )
-    return conform(out, S.PER_HOUR_SCHEMA).orderBy("hour")
+    return _ordered(conform(out, S.PER_HOUR_SCHEMA), "hour")
 
 
 # ----------------------------------------------------------------- mobility graph etc.
@@ -486,8 +522,8 @@ def transitions(events: DataFrame) -> DataFrame:
     out = moves.groupBy("from_subnet", "to_subnet").agg(
         F.count(F.lit(1)).alias("transitions"), F.countDistinct("uri").alias("users")
     )
-    return conform(out, S.TRANSITION_SCHEMA).orderBy(
-        F.desc("transitions"), "from_subnet", "to_subnet"
+    return _ordered(
+        conform(out, S.TRANSITION_SCHEMA), F.desc("transitions"), "from_subnet", "to_subnet"
     )
 
 
@@ -518,7 +554,7 @@ def restore_latency(events: DataFrame, cfg: JobConfig) -> DataFrame:
     out = buckets.crossJoin(F.broadcast(total)).select(
         "*", (F.sum("restores").over(upto) / F.col("_total")).alias("cumulative_fraction")
     )
-    return conform(out, S.LATENCY_SCHEMA).orderBy("bucket_lo_ms")
+    return _ordered(conform(out, S.LATENCY_SCHEMA), "bucket_lo_ms")
 
 
 def flapping(events: DataFrame, cfg: JobConfig) -> DataFrame:
@@ -548,7 +584,7 @@ def flapping(events: DataFrame, cfg: JobConfig) -> DataFrame:
         F.count(F.lit(1)).alias("changes"),
         F.max("_n").alias("peak_changes_in_window"),
     )
-    return conform(out, S.FLAPPING_SCHEMA).orderBy("uri", "start_ms")
+    return _ordered(conform(out, S.FLAPPING_SCHEMA), "uri", "start_ms")
 
 
 def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
@@ -587,7 +623,7 @@ def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
         F.countDistinct("uri").alias("users"),
         F.count(F.lit(1)).alias("reconnects"),
     )
-    return conform(out, S.STORM_SCHEMA).orderBy("start_ms")
+    return _ordered(conform(out, S.STORM_SCHEMA), "start_ms")
 
 
 # ----------------------------------------------------------------- recommendations
@@ -752,15 +788,16 @@ def handover_matrix(events: DataFrame) -> DataFrame:
         F.col("_pct")[0].alias("restore_p50_ms"),
         F.col("_pct")[1].alias("restore_p95_ms"),
     )
-    return conform(out, S.HANDOVER_MATRIX_SCHEMA).orderBy(
-        F.desc("handovers"), "from_subnet", "to_subnet"
+    return _ordered(
+        conform(out, S.HANDOVER_MATRIX_SCHEMA), F.desc("handovers"), "from_subnet", "to_subnet"
     )
 
 
-def networks(events: DataFrame, window: TimeWindow) -> DataFrame:
+def networks(events: DataFrame, window: TimeWindow, starts: DataFrame | None = None) -> DataFrame:
     """Per subnet: disconnection episodes that began there (in the window), and restores
-    that landed there; NETWORK_SCHEMA. ``events`` is the whole log (episodes need it)."""
-    starts = _episode_starts(events).where(F.col("addr").isNotNull())
+    that landed there; NETWORK_SCHEMA. ``events`` is the whole log (episodes need it);
+    ``starts`` as for :func:`episodes`."""
+    starts = (episode_starts(events) if starts is None else starts).where(F.col("addr").isNotNull())
     if window.since_ms is not None:
         starts = starts.where(F.col("ts_ms") >= F.lit(window.since_ms))
     if window.until_ms is not None:
@@ -787,7 +824,7 @@ def networks(events: DataFrame, window: TimeWindow) -> DataFrame:
         F.col("_pct")[0].alias("restore_p50_ms"),
         F.col("_pct")[1].alias("restore_p95_ms"),
     )
-    return conform(out, S.NETWORK_SCHEMA).orderBy(F.desc("disconnections"), "subnet")
+    return _ordered(conform(out, S.NETWORK_SCHEMA), F.desc("disconnections"), "subnet")
 
 
 def sms_spend(events: DataFrame) -> DataFrame:
@@ -797,4 +834,4 @@ def sms_spend(events: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("sms_count"),
         F.round(F.coalesce(F.sum("cost"), F.lit(0.0)), 4).alias("sms_cost"),
     )
-    return conform(out, S.SMS_SPEND_SCHEMA).orderBy("day", "uri")
+    return _ordered(conform(out, S.SMS_SPEND_SCHEMA), "day", "uri")
