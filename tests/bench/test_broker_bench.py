@@ -90,9 +90,16 @@ class BrokerProc:
 
     @classmethod
     async def start(
-        cls, tmp: Path, store_url: str, users: list[str], *, root: Path | None = None
+        cls,
+        tmp: Path,
+        store_url: str,
+        users: list[str],
+        *,
+        root: Path | None = None,
+        wrapper: list[str] | None = None,
     ) -> BrokerProc:
-        """``root``: the source tree whose broker runs (default: this one)."""
+        """``root``: the source tree whose broker runs (default: this one); ``wrapper``:
+        interpreter arguments before ``-m mdeci`` (default: the cProfile of BENCH_PROFILE)."""
         lines = [
             'node = "bench"',
             f'domain = "{DOMAIN}"',
@@ -109,7 +116,8 @@ class BrokerProc:
         config = tmp / "broker.toml"
         config.write_text("\n".join(lines) + "\n")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, *PROFILE, "-m", "mdeci", "broker", "--config", str(config),
+            sys.executable, *(PROFILE if wrapper is None else wrapper),
+            "-m", "mdeci", "broker", "--config", str(config),
             "--listen-sip", f"{HOST}:0", "--listen-media", f"{HOST}:0",
             cwd=ROOT if root is None else root, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
