@@ -2,18 +2,19 @@
 
 Glue only, as ``rudp/aio`` is for its core. One :class:`~rudp.aio.RudpEndpoint` serves
 every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed by the
-session secret agreed through SDP, docs/security.md) and three kinds of task:
+session secret agreed through SDP, docs/security.md), and tasks only while there is
+work (issue 14: an idle session holds no task, event or queue, for memory):
 
-- a reader: ``peer.receive()`` -> the inbound queue; one pump task hands what every
-  reader queued by then to ``Broker.handle_frames`` (publishes arriving together share
-  one commit; what arrives while that call runs is the next call's batch, so a busy
-  broker commits once per database round trip, not once per frame) -> replies sent on
-  the peer, in the order the frames came;
-- a delivery task: ``Broker.take_batch`` -> one send task per notify, started in nseq
-  order (asyncio runs tasks in creation order, so the RUDP core queues them in order);
-  when the batch is empty it waits on the user's wake event, set by the core's
-  :class:`~mdeci.broker.core.QueueListener` calls (a publish queued something, an ack
-  freed the window): no polling;
+- inbound: the peer's ``on_message`` callback appends to the inbound list; one pump
+  task hands what every peer delivered by then to ``Broker.handle_frames`` (publishes
+  arriving together share one commit; what arrives while that call runs is the next
+  call's batch, so a busy broker commits once per database round trip, not once per
+  frame) -> replies sent on the peer, in the order the frames came;
+- a delivery task, started when the user is woken (connected, or the core's
+  :class:`~mdeci.broker.core.QueueListener` calls: a publish queued something, an ack
+  freed the window; no polling): ``Broker.take_batch`` -> one send task per notify,
+  started in nseq order (asyncio runs tasks in creation order, so the RUDP core queues
+  them in order), again while batches come or a wake came meanwhile, then it ends;
 - send tasks: ``await peer.send(...)``; a :class:`~rudp.aio.PeerUnreachable` marks the
   user DISCONNECTED (only if it belongs to the current connection: each
   :meth:`BrokerService.connected` starts a new epoch) and stops the delivery task.
@@ -43,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mdeci.broker.core import Broker
 from mdeci.broker.errors import SessionKeyError
@@ -68,12 +69,11 @@ class _UserLink:
     uri: str
     key: bytes
     peer: RudpPeer
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    woken: bool = False  # there may be something to send: the delivery task takes a batch
     epoch: int = 0
     delivering: bool = False  # the loop's view of CONNECTED (see the module docstring)
-    reader: asyncio.Task[None] | None = None
-    delivery: asyncio.Task[None] | None = None
-    sends: set[asyncio.Task[None]] = field(default_factory=set)
+    delivery: asyncio.Task[None] | None = None  # only while there is work (see _deliver)
+    sends: set[asyncio.Task[None]] | None = None  # built by the first send
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
     listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
@@ -107,7 +107,7 @@ class BrokerService:
         self._to_loop = LoopQueue(asyncio.get_running_loop())
         self._users: dict[str, _UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        # Frames received and not yet handled, in arrival order (see _read), and the task
+        # Frames received and not yet handled, in arrival order (see _received), and the task
         # handing them to the core.
         self._inbound: list[tuple[_UserLink, bytes]] = []
         self._pump: asyncio.Task[None] | None = None
@@ -197,15 +197,16 @@ class BrokerService:
             # (A new address also gives the association a fresh retry budget.)
             link.peer.set_address(media_addr)
             self.worker.post("media moved", self.broker.mark_moved, uri, _addr_text(media_addr))
-            link.wake.set()
+            self._kick(link)
             return
         if link is None:
             link = _UserLink(uri, key, self.endpoint.peer(key, media_addr))
             self._users[uri] = link
             link.peer.on_heard = lambda: self._heard(link)
-            link.reader = asyncio.create_task(self._read(link))
+            link.peer.on_message = lambda data: self._received(link, data)
         elif link.delivery is not None:
             link.delivery.cancel()
+            link.delivery = None
         link.peer.set_address(media_addr)
         # Always a fresh retry budget: the (re-)INVITE just proved the user reachable at
         # this address; retries spent on the old one during a move must not fail the
@@ -218,7 +219,7 @@ class BrokerService:
             self.sms.ip_back(uri)
         # Posted before the delivery task's first take_batch: the worker runs them in order.
         self.worker.post("session status", self.broker.mark_connected, uri, _addr_text(media_addr))
-        link.delivery = asyncio.create_task(self._deliver(link, link.epoch))
+        self._kick(link)
 
     def disconnected(self, uri: str, *, ended: bool = False) -> None:
         """The SIP layer lost ``uri``'s session (``ended``: BYE): stop and forget its peer.
@@ -333,12 +334,19 @@ class BrokerService:
     def _wake(self, uri: str) -> None:
         link = self._users.get(uri)
         if link is not None:
-            link.wake.set()
+            self._kick(link)
+
+    def _kick(self, link: _UserLink) -> None:
+        """There may be something to send to ``link``: take a batch (now, or again once
+        the running delivery task's call returns)."""
+        link.woken = True
+        if link.delivering and link.delivery is None:
+            link.delivery = asyncio.create_task(self._deliver(link, link.epoch))
 
     # ------------------------------------------------------------------ tasks
 
     def _drop(self, link: _UserLink) -> list[asyncio.Task[None]]:
-        tasks = [t for t in (link.reader, link.delivery, *link.sends) if t is not None]
+        tasks = [t for t in (link.delivery, *(link.sends or ())) if t is not None]
         for task in tasks:
             task.cancel()
         link.epoch += 1  # whatever still completes belongs to no connection
@@ -346,15 +354,14 @@ class BrokerService:
         self.endpoint.remove_peer(link.key)
         return tasks
 
-    async def _read(self, link: _UserLink) -> None:
-        while True:
-            data = await link.peer.receive()
-            # Handled once every reader has taken what already arrived (a reader does not
-            # yield while its inbox has frames), so that publishes arriving together share
-            # one commit (Broker.handle_frames); frames keep their arrival order.
-            self._inbound.append((link, data))
-            if self._pump is None:
-                self._pump = asyncio.create_task(self._handle_inbound())
+    def _received(self, link: _UserLink, data: bytes) -> None:
+        # Handled once the loop has delivered what already arrived (the pump task runs
+        # after the callbacks of this loop pass), so that publishes arriving together share
+        # one commit (Broker.handle_frames); frames keep their arrival order. A dropped
+        # link's peer is closed first: it calls this no more.
+        self._inbound.append((link, data))
+        if self._pump is None:
+            self._pump = asyncio.create_task(self._handle_inbound())
 
     async def _handle_inbound(self) -> None:
         try:
@@ -434,24 +441,31 @@ class BrokerService:
         link.reply_bytes -= size
 
     async def _deliver(self, link: _UserLink, epoch: int) -> None:
-        while link.epoch == epoch:
-            try:
-                batch = await self.worker.run(self.broker.take_batch, link.uri)
-            except StoreError:
-                batch = []  # retried on the next wake (publish, ack or sweep tick)
-            if link.epoch != epoch:
-                # (Re)connected or dropped during the call: the mark_* queued behind it
-                # put what it took back to be sent from the lowest un-acked nseq.
-                return
-            if not batch:
-                await link.wake.wait()
-                link.wake.clear()
-                continue
-            for item in batch:
-                self._spawn_send(link, item.data)
+        """Take batches while they come or a wake came during the call, then end (the
+        next :meth:`_kick` starts another)."""
+        try:
+            while link.epoch == epoch and link.woken:
+                link.woken = False
+                try:
+                    batch = await self.worker.run(self.broker.take_batch, link.uri)
+                except StoreError:
+                    batch = []  # retried on the next wake (publish, ack or sweep tick)
+                if link.epoch != epoch:
+                    # (Re)connected or dropped during the call: the mark_* queued behind it
+                    # put what it took back to be sent from the lowest un-acked nseq.
+                    return
+                if batch:
+                    link.woken = True  # the window may have room for more
+                for item in batch:
+                    self._spawn_send(link, item.data)
+        finally:
+            if link.delivery is asyncio.current_task():
+                link.delivery = None
 
     def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Task[None]:
         task = asyncio.create_task(self._send(link, data, link.epoch))
+        if link.sends is None:
+            link.sends = set()
         link.sends.add(task)
         task.add_done_callback(link.sends.discard)
         return task
@@ -498,4 +512,4 @@ class BrokerService:
             with contextlib.suppress(StoreError):
                 await self.worker.run(self.broker.sweep)
             for link in self._users.values():
-                link.wake.set()
+                self._kick(link)

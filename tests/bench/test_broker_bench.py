@@ -97,9 +97,11 @@ class BrokerProc:
         *,
         root: Path | None = None,
         wrapper: list[str] | None = None,
+        settings: list[str] | None = None,
     ) -> BrokerProc:
         """``root``: the source tree whose broker runs (default: this one); ``wrapper``:
-        interpreter arguments before ``-m mdeci`` (default: the cProfile of BENCH_PROFILE)."""
+        interpreter arguments before ``-m mdeci`` (default: the cProfile of BENCH_PROFILE);
+        ``settings``: more TOML lines, before the users."""
         lines = [
             'node = "bench"',
             f'domain = "{DOMAIN}"',
@@ -110,6 +112,7 @@ class BrokerProc:
             f'url = "{store_url}"',
             "[queue]",
             f"max_per_uri = {DRAIN * 2}",  # the drain must not overflow
+            *(settings or []),
         ]
         for user in users:
             lines += ["[[auth.users]]", f'user = "{user}"', f'password = "{password(user)}"']

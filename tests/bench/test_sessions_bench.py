@@ -14,7 +14,8 @@ broker's RSS before and after, kB per session and the set-up rate.
   prints the object types that grew during the set-up; with ``BENCH_TRACEMALLOC=1``
   also a tracemalloc snapshot of what the set-up allocated (``<prefix>.1.snap``; read it
   with ``python -m tests.bench.memtrace --top``). Traced figures are not the RSS of
-  record: tracing costs memory (and much time) of its own.
+  record: tracing costs memory (and much time) of its own. ``BENCH_ROOT=<dir>`` runs
+  the broker of another source tree (e.g. ``git archive`` of an older commit).
 - Every wait is bounded by ``RUN_LIMIT``; the number of sessions bounds every loop.
 """
 
@@ -39,6 +40,12 @@ CONCURRENCY = 32  # set-ups in flight (the broker answers 503 past 64 open reque
 RUN_LIMIT = 900.0  # seconds for the whole set-up: a guard, never a synchronisation
 GOAL_MB = 200.0
 TRACEMALLOC = os.environ.get("BENCH_TRACEMALLOC") == "1"
+# A traced or very busy broker may take longer than the default 10 s between answering
+# an INVITE and reading the agent's first datagram; it would end the session as a key
+# mismatch.
+SETTINGS = ["[auth]", "key_confirm_timeout = 120.0"]
+# Another source tree's broker (e.g. an export of an older commit), to compare.
+ROOT = Path(os.environ["BENCH_ROOT"]) if os.environ.get("BENCH_ROOT") else None
 
 
 def _load() -> str:
@@ -69,7 +76,9 @@ async def test_rss_with_10000_sessions(tmp_path: Path) -> None:
     users = [f"u{i:05d}" for i in range(SESSIONS)]
     trace = os.environ.get("BENCH_MEMTRACE")
     wrapper = None if trace is None else ["-m", "tests.bench.memtrace", trace]
-    broker = await BrokerProc.start(tmp_path, "sqlite:///broker.db", users, wrapper=wrapper)
+    broker = await BrokerProc.start(
+        tmp_path, "sqlite:///broker.db", users, wrapper=wrapper, settings=SETTINGS, root=ROOT
+    )
     swarm: Swarm | None = None
     try:
         swarm = await Swarm.open(HOST, DOMAIN, BROKER)
