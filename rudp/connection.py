@@ -225,14 +225,14 @@ class RudpConnection:
         self._payload_size = config.mtu - wire.DATA_OVERHEAD
         self._max_fragments = -(-config.max_message_size // self._payload_size)
         self._max_sack_blocks = min(config.max_sack_blocks, wire.max_sack_blocks(config.mtu))
-        self._events: deque[Event] | None = None  # built by the first _emit
+        self._events: deque[Event] | None = None  # built by _emit, dropped once drained
         # sender
         self._next_pn = 0
         self._next_seq = 0
         self._snd_una = 0  # oldest unacknowledged (or unsent) sequence number
         self._next_message_id = 0
         self._messages: dict[int, tuple[int, bytes]] = {}  # id -> (last seq, data)
-        self._unsent: deque[_Outgoing] | None = None  # built by the first send_message
+        self._unsent: deque[_Outgoing] | None = None  # built by send_message, dropped once sent
         self._inflight: dict[int, _Outgoing] = {}
         self._resend: list[_Outgoing] = []
         self._rto_deadline: float | None = None
@@ -708,6 +708,8 @@ class RudpConnection:
             item = self._unsent.popleft()
             self._inflight[item.seq] = item
             out.append(self._data_packet(item, now))
+        if self._unsent is not None and not self._unsent:
+            self._unsent = None  # an idle connection holds no queue
         if self._ack_now:
             out.append(self._ack_packet(now))
         probe, self._ping_now = self._ping_now and not self._inflight, False
@@ -726,7 +728,12 @@ class RudpConnection:
 
     def next_event(self) -> Event | None:
         """Pop the oldest pending event, or None."""
-        return self._events.popleft() if self._events else None
+        if not self._events:
+            return None
+        event = self._events.popleft()
+        if not self._events:
+            self._events = None  # an idle connection holds no queue
+        return event
 
     def _emit(self, event: Event) -> None:
         if self._events is None:

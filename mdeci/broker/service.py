@@ -73,7 +73,7 @@ class _UserLink:
     epoch: int = 0
     delivering: bool = False  # the loop's view of CONNECTED (see the module docstring)
     delivery: asyncio.Task[None] | None = None  # only while there is work (see _deliver)
-    sends: set[asyncio.Task[None]] | None = None  # built by the first send
+    sends: set[asyncio.Task[None]] | None = None  # only while sends are in flight
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
     listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
@@ -467,8 +467,15 @@ class BrokerService:
         if link.sends is None:
             link.sends = set()
         link.sends.add(task)
-        task.add_done_callback(link.sends.discard)
+        task.add_done_callback(lambda done: self._sent(link, done))
         return task
+
+    @staticmethod
+    def _sent(link: _UserLink, task: asyncio.Task[None]) -> None:
+        if link.sends is not None:
+            link.sends.discard(task)
+            if not link.sends:
+                link.sends = None  # an idle session holds no set
 
     async def _send(self, link: _UserLink, data: bytes, epoch: int) -> None:
         try:

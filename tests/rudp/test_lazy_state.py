@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from rudp import RudpConfig
+from rudp import packet as wire
 from rudp.aio import RudpEndpoint
 from rudp.connection import RudpConnection
 
@@ -65,3 +67,17 @@ async def test_on_message_callback_in_order_and_inbox_only_when_read() -> None:
     finally:
         await a.close()
         await b.close()
+
+
+def test_keys_hold_no_cipher_context_and_survive_its_eviction() -> None:
+    """AES-GCM contexts live in a bounded cache shared by all keys, not in each key:
+    a key whose context was dropped builds it again on its next packet."""
+    sender = wire.SenderKeys(KEY, 7, wire.Protection.AEAD)
+    receiver = wire.SenderKeys(KEY, 7, wire.Protection.AEAD)
+    assert not any(isinstance(getattr(sender, name), AESGCM) for name in sender.__slots__)
+    header = wire.push_header(wire.Header(1, 7, 0))
+    datagram = sender.seal(header, 0, b"payload")
+    wire._aead.cache_clear()
+    assert receiver.open(datagram, 0) == b"payload"
+    assert receiver.open(datagram[:-1] + bytes([datagram[-1] ^ 1]), 0) is None
+    assert wire._aead.cache_info().maxsize == wire.AEAD_CONTEXTS
