@@ -437,7 +437,14 @@ async def test_sessions_survive_a_broker_restart(
         reinvited = await sink.wait_for("session_reinvited", ALICE)
         assert fields(reinvited)["addr"] == f"127.0.0.3:{alice.rudp.local_addr[1]}"
         assert alice.agent is not None
-        alice.agent.peer.set_address(second.media_addr)
+        # The restored peer is a new RUDP incarnation (sender id) under the old key: an
+        # agent side that heard the first broker refuses it as unknown_sender (the real
+        # agent re-keys, docs/agent.md), and whether this one did (the first broker's
+        # first keepalive) is a matter of timing. A fresh agent side under the same key
+        # heard no one: only the restored key can answer it.
+        alice.agent._reader.cancel()
+        alice.rudp.remove_peer(alice.key)
+        alice.agent = Agent(alice.rudp, alice.rudp.peer(alice.key, second.media_addr), alice.key)
         await alice.agent.send(Sub(req=7, subject="x.y"))
         assert isinstance(await alice.agent.next(), SubOk)
     finally:
