@@ -429,6 +429,15 @@ async def test_sessions_survive_a_broker_restart(
         await sink.wait_for("media_connected", ALICE)
     finally:
         await running.close()
+    # The restored peer will be a new RUDP incarnation (sender id) under the old key: an
+    # agent side that heard the first broker (its first keepalive: a matter of timing)
+    # refuses it as unknown_sender, which is why the real agent re-keys (docs/agent.md).
+    # A fresh agent side under the same key has heard no one: only the restored key can
+    # answer it.
+    assert alice.agent is not None
+    alice.agent._reader.cancel()
+    alice.rudp.remove_peer(alice.key)
+    alice.agent = Agent(alice.rudp, alice.rudp.peer(alice.key, alice.agent.peer.addr), alice.key)
     # Same SIP address, a new media port: the dialog and the peer come back from SQL.
     second = await start_broker(tmp_path, store, clock, sink, sip_port=sip_port)
     try:
@@ -437,14 +446,7 @@ async def test_sessions_survive_a_broker_restart(
         reinvited = await sink.wait_for("session_reinvited", ALICE)
         assert fields(reinvited)["addr"] == f"127.0.0.3:{alice.rudp.local_addr[1]}"
         assert alice.agent is not None
-        # The restored peer is a new RUDP incarnation (sender id) under the old key: an
-        # agent side that heard the first broker refuses it as unknown_sender (the real
-        # agent re-keys, docs/agent.md), and whether this one did (the first broker's
-        # first keepalive) is a matter of timing. A fresh agent side under the same key
-        # heard no one: only the restored key can answer it.
-        alice.agent._reader.cancel()
-        alice.rudp.remove_peer(alice.key)
-        alice.agent = Agent(alice.rudp, alice.rudp.peer(alice.key, second.media_addr), alice.key)
+        alice.agent.peer.set_address(second.media_addr)
         await alice.agent.send(Sub(req=7, subject="x.y"))
         assert isinstance(await alice.agent.next(), SubOk)
     finally:
