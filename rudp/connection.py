@@ -710,6 +710,11 @@ class RudpConnection:
             out.append(self._data_packet(item, now))
         if self._unsent is not None and not self._unsent:
             self._unsent = None  # an idle connection holds no queue
+        # An emptied dict keeps the table it grew to (224 bytes for one entry, 4.7 kB after
+        # a window of 100); clear() gives it back, and costs nothing on a dict without one.
+        for table in (self._inflight, self._messages, self._buffer):
+            if not table:
+                table.clear()
         if self._ack_now:
             out.append(self._ack_packet(now))
         probe, self._ping_now = self._ping_now and not self._inflight, False

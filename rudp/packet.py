@@ -208,7 +208,7 @@ def pull_frames(payload: bytes) -> list[Frame]:
 # (issue 14: 10,000 sessions). The contexts of the keys in use are kept here, the least
 # recently used dropped past AEAD_CONTEXTS, and an evicted key builds its context again on
 # its next packet (~1 µs).
-AEAD_CONTEXTS = 2048
+AEAD_CONTEXTS = 1024
 
 
 @functools.lru_cache(maxsize=AEAD_CONTEXTS)

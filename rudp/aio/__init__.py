@@ -262,6 +262,8 @@ class RudpPeer:
                 moved = self._path_response(event.token) or moved
             elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
                 self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
+        if not self._waiters:
+            self._waiters.clear()  # an emptied dict keeps its table; clear() frees it
         if moved:  # what was in flight goes to the validated address now, not at the RTO
             for datagram in self.connection.datagrams_to_send(now):
                 self._endpoint._sendto(datagram, self.addr)

@@ -4,6 +4,7 @@ idle ones) works from its first use on: the first loss, a failure, the first mes
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -81,3 +82,15 @@ def test_keys_hold_no_cipher_context_and_survive_its_eviction() -> None:
     assert receiver.open(datagram, 0) == b"payload"
     assert receiver.open(datagram[:-1] + bytes([datagram[-1] ^ 1]), 0) is None
     assert wire._aead.cache_info().maxsize == wire.AEAD_CONTEXTS
+
+
+def test_an_idle_connection_gives_back_its_tables() -> None:
+    """After a burst is acknowledged, the sender's tables hold no memory of its size."""
+    net = pair(CONFIG, lambda _: [0.01])
+    for i in range(50):
+        net.a.send_message(b"m%d" % i, 0.0)
+    net.run_until(lambda: len(net.acked["a"]) == 50)
+    net.a.datagrams_to_send(net.now)
+    empty = sys.getsizeof({})
+    assert sys.getsizeof(net.a._inflight) == sys.getsizeof(net.a._messages) == empty
+    assert net.a._unsent is None and net.a.next_event() is None and net.a._events is None
