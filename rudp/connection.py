@@ -154,6 +154,53 @@ class _Outgoing:
 class RudpConnection:
     """One RUDP association keyed by a session key (see module docstring)."""
 
+    # One connection per session in a broker (issue 14): no per-instance __dict__, and
+    # the queues are built on first use (an empty deque is 760 bytes).
+    __slots__ = (
+        "_ack_deadline",
+        "_ack_now",
+        "_buffer",
+        "_buffer_bytes",
+        "_events",
+        "_highest_pn",
+        "_highest_reported",
+        "_inflight",
+        "_key",
+        "_largest_acked_pn",
+        "_last_sent",
+        "_latest_rtt",
+        "_max_fragments",
+        "_max_sack_blocks",
+        "_messages",
+        "_next_message_id",
+        "_next_pn",
+        "_next_seq",
+        "_partial",
+        "_partial_bytes",
+        "_partial_count",
+        "_path_responses",
+        "_payload_size",
+        "_peer_keys",
+        "_peer_sender",
+        "_ping_now",
+        "_pn_bitmap",
+        "_protection",
+        "_rcv_next",
+        "_resend",
+        "_retries",
+        "_rto_deadline",
+        "_send_keys",
+        "_snd_una",
+        "_unacked_in_order",
+        "_unsent",
+        "cid",
+        "config",
+        "rto",
+        "sender_id",
+        "state",
+        "stats",
+    )
+
     def __init__(
         self,
         key: bytes,
@@ -178,14 +225,14 @@ class RudpConnection:
         self._payload_size = config.mtu - wire.DATA_OVERHEAD
         self._max_fragments = -(-config.max_message_size // self._payload_size)
         self._max_sack_blocks = min(config.max_sack_blocks, wire.max_sack_blocks(config.mtu))
-        self._events: deque[Event] = deque()
+        self._events: deque[Event] | None = None  # built by _emit, dropped once drained
         # sender
         self._next_pn = 0
         self._next_seq = 0
         self._snd_una = 0  # oldest unacknowledged (or unsent) sequence number
         self._next_message_id = 0
         self._messages: dict[int, tuple[int, bytes]] = {}  # id -> (last seq, data)
-        self._unsent: deque[_Outgoing] = deque()
+        self._unsent: deque[_Outgoing] | None = None  # built by send_message, dropped once sent
         self._inflight: dict[int, _Outgoing] = {}
         self._resend: list[_Outgoing] = []
         self._rto_deadline: float | None = None
@@ -243,6 +290,8 @@ class RudpConnection:
         self._next_message_id += 1
         size = self._payload_size
         count = max(1, -(-len(data) // size))
+        if self._unsent is None:
+            self._unsent = deque()
         for index in range(count):
             self._unsent.append(
                 _Outgoing(
@@ -345,7 +394,7 @@ class RudpConnection:
             elif isinstance(frame, wire.PathChallenge):
                 self._path_responses.append(frame.token)
             else:
-                self._events.append(PathResponseReceived(frame.token))
+                self._emit(PathResponseReceived(frame.token))
         self._commit_replay(header.pn)
         self._peer_sender = header.sender
         self.stats.packets_received += 1
@@ -464,7 +513,7 @@ class RudpConnection:
             message = b"".join(self._partial)
             self._drop_partial()
             self.stats.messages_delivered += 1
-            self._events.append(MessageReceived(message))
+            self._emit(MessageReceived(message))
 
     def _on_ack(self, ack: wire.Ack, now: float, *, newest: bool) -> None:
         progress = False
@@ -486,7 +535,7 @@ class RudpConnection:
                 if self._messages[first][0] >= self._snd_una:
                     break
                 del self._messages[first]
-                self._events.append(MessageAcked(first))
+                self._emit(MessageAcked(first))
         window_end = self._snd_una + self.config.window
         if newest:
             # The gaps below the last block are what the receiver lacks now. A packet we
@@ -586,16 +635,16 @@ class RudpConnection:
         self._transition("retries_exhausted")
         failed = 0
         for message_id, (_, data) in self._messages.items():
-            self._events.append(MessageFailed(message_id, data))
+            self._emit(MessageFailed(message_id, data))
             failed += 1
         self.stats.messages_failed += failed
         self._messages.clear()
-        self._unsent.clear()
+        self._unsent = None
         self._inflight.clear()
         self._resend.clear()
         self._snd_una = self._next_seq  # abandoned; DATA's base tells the receiver
         self._rto_deadline = None
-        self._events.append(PeerDisconnected(failed))
+        self._emit(PeerDisconnected(failed))
 
     # ---------------------------------------------------------------- output
 
@@ -679,6 +728,13 @@ class RudpConnection:
             item = self._unsent.popleft()
             self._inflight[item.seq] = item
             add(item)
+        if self._unsent is not None and not self._unsent:
+            self._unsent = None  # an idle connection holds no queue
+        # An emptied dict keeps the table it grew to (224 bytes for one entry, 4.7 kB after
+        # a window of 100); clear() gives it back, and costs nothing on a dict without one.
+        for table in (self._inflight, self._messages, self._buffer):
+            if not table:
+                table.clear()
         if self._ack_now:
             ack = self._ack_frame()
             if frames and used + wire.ACK_FRAME.size + wire.BLOCK.size * len(ack.blocks) > room:
@@ -703,4 +759,14 @@ class RudpConnection:
 
     def next_event(self) -> Event | None:
         """Pop the oldest pending event, or None."""
-        return self._events.popleft() if self._events else None
+        if not self._events:
+            return None
+        event = self._events.popleft()
+        if not self._events:
+            self._events = None  # an idle connection holds no queue
+        return event
+
+    def _emit(self, event: Event) -> None:
+        if self._events is None:
+            self._events = deque()
+        self._events.append(event)

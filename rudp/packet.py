@@ -26,6 +26,7 @@ All integers are big-endian. Decoders raise :class:`rudp.errors.PacketError` onl
 
 from __future__ import annotations
 
+import functools
 import hmac
 import struct
 from dataclasses import dataclass
@@ -202,10 +203,22 @@ def pull_frames(payload: bytes) -> list[Frame]:
 # ---------------------------------------------------------------------------- protection
 
 
+# An AES-GCM context costs ~2.5 kB of OpenSSL memory; a broker holds two per session
+# (issue 14: 10,000 sessions). The contexts of the keys in use are kept here, the least
+# recently used dropped past AEAD_CONTEXTS, and an evicted key builds its context again on
+# its next packet (~1 µs).
+AEAD_CONTEXTS = 1024
+
+
+@functools.lru_cache(maxsize=AEAD_CONTEXTS)
+def _aead(key: bytes) -> AESGCM:
+    return AESGCM(key)
+
+
 class SenderKeys:
     """Key and IV of one sender id under one session secret (module docstring)."""
 
-    __slots__ = ("_aead", "_iv", "_mac_key", "protection", "sender")
+    __slots__ = ("_iv", "_mac_key", "aead", "protection", "sender")
 
     def __init__(self, secret: bytes, sender: int, protection: Protection) -> None:
         material = HKDF(
@@ -217,7 +230,7 @@ class SenderKeys:
         self.sender = sender
         self.protection = protection
         self._mac_key = material[:KEY_SIZE]
-        self._aead = AESGCM(material[:KEY_SIZE]) if protection is Protection.AEAD else None
+        self.aead = protection is Protection.AEAD  # else HMAC-SHA-256 only (the reference)
         self._iv = int.from_bytes(material[KEY_SIZE:], "big")
 
     def _nonce(self, pn: int) -> bytes:
@@ -225,21 +238,21 @@ class SenderKeys:
 
     def seal(self, header: bytes, pn: int, payload: bytes) -> bytes:
         """``header`` + protected ``payload`` + tag."""
-        if self._aead is None:
+        if not self.aead:
             data = header + payload
             return data + hmac.digest(self._mac_key, data, "sha256")[:TAG_SIZE]
-        return header + self._aead.encrypt(self._nonce(pn), payload, header)
+        return header + _aead(self._mac_key).encrypt(self._nonce(pn), payload, header)
 
     def open(self, datagram: bytes, pn: int) -> bytes | None:
         """The payload of an authentic datagram, or None when the tag does not verify."""
         header = datagram[:HEADER_SIZE]
-        if self._aead is None:
+        if not self.aead:
             expected = hmac.digest(self._mac_key, datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
             if not hmac.compare_digest(expected, datagram[-TAG_SIZE:]):
                 return None
             return datagram[HEADER_SIZE:-TAG_SIZE]
         try:
-            return self._aead.decrypt(self._nonce(pn), datagram[HEADER_SIZE:], header)
+            return _aead(self._mac_key).decrypt(self._nonce(pn), datagram[HEADER_SIZE:], header)
         except InvalidTag:
             return None
 

@@ -21,6 +21,8 @@ K = 4
 class RtoEstimator:
     """SRTT/RTTVAR/RTO state of one connection."""
 
+    __slots__ = ("_config", "rto", "rttvar", "srtt")  # one per session in a broker (issue 14)
+
     def __init__(self, config: RudpConfig) -> None:
         self._config = config
         self.srtt: float | None = None

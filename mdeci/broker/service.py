@@ -2,13 +2,15 @@
 
 Glue only, as ``rudp/aio`` is for its core. One :class:`~rudp.aio.RudpEndpoint` serves
 every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed by the
-session secret agreed through SDP, docs/security.md) and three kinds of task:
+session secret agreed through SDP, docs/security.md), and tasks only while there is
+work (issue 14: an idle session holds no task, event or queue, for memory):
 
-- a reader: ``peer.receive()`` -> the inbound queue; one pump task hands what every
-  reader queued by then, decoded, to ``Broker.handle_decoded`` (publishes arriving together share
-  one commit; what arrives while that call runs is the next call's batch, so a busy
-  broker commits once per database round trip, not once per frame) -> replies sent on
-  the peer, in the order the frames came;
+- inbound: the peer's ``on_message`` callback appends to the inbound list; one pump
+  task hands what every peer delivered by then, decoded (once, to admit it), to
+  ``Broker.handle_decoded`` (publishes arriving together share one commit; what arrives
+  while that call runs is the next call's batch, so a busy broker commits once per
+  database round trip, not once per frame) -> replies sent on the peer, in the order
+  the frames came;
 - one delivery task for every user: the users whose delivery may progress (the core's
   :class:`~mdeci.broker.core.QueueListener` calls: a publish queued something, an ack
   freed the window; a connection) are marked due, and the task hands all of them to
@@ -35,9 +37,8 @@ delays delivery and publishes, never a SIP answer, an RUDP ack or a keepalive.
 The loop keeps its own view of who is CONNECTED (:attr:`_UserLink.delivering`, set by
 :meth:`connected`, cleared by :meth:`disconnected` and by a failed send); the core's
 view follows it in the same order, one worker call later. :meth:`is_connected` answers
-from the loop's view. The one read of core state from the loop is the SMS side's
-``sub_class`` (a single dict lookup in the matcher, atomic in CPython; the answer may be
-one call old, as it could be after any await).
+from the loop's view. The loop reads no core state: the SMS side asks its ``sub_class``
+from its plans, on the worker (mdeci/broker/sms.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mdeci.broker.core import Broker
 from mdeci.broker.errors import SessionKeyError
@@ -73,8 +74,7 @@ class _UserLink:
     peer: RudpPeer
     epoch: int = 0
     delivering: bool = False  # the loop's view of CONNECTED (see the module docstring)
-    reader: asyncio.Task[None] | None = None
-    sends: set[asyncio.Task[None]] = field(default_factory=set)
+    sends: set[asyncio.Task[None]] | None = None  # only while sends are in flight
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
     listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
@@ -108,7 +108,7 @@ class BrokerService:
         self._to_loop = LoopQueue(asyncio.get_running_loop())
         self._users: dict[str, _UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        # Frames received and not yet handled, in arrival order (see _read), and the task
+        # Frames received and not yet handled, in arrival order (see _received), and the task
         # handing them to the core.
         self._inbound: list[tuple[_UserLink, bytes]] = []
         self._pump: asyncio.Task[None] | None = None
@@ -214,7 +214,7 @@ class BrokerService:
             link = _UserLink(uri, key, self.endpoint.peer(key, media_addr))
             self._users[uri] = link
             link.peer.on_heard = lambda: self._heard(link)
-            link.reader = asyncio.create_task(self._read(link))
+            link.peer.on_message = lambda data: self._received(link, data)
         link.peer.set_address(media_addr)
         # Always a fresh retry budget: the (re-)INVITE just proved the user reachable at
         # this address; retries spent on the old one during a move must not fail the
@@ -347,7 +347,7 @@ class BrokerService:
     # ------------------------------------------------------------------ tasks
 
     def _drop(self, link: _UserLink) -> list[asyncio.Task[None]]:
-        tasks = [t for t in (link.reader, *link.sends) if t is not None]
+        tasks = [t for t in (link.sends or ()) if t is not None]
         for task in tasks:
             task.cancel()
         link.epoch += 1  # whatever still completes belongs to no connection
@@ -355,15 +355,14 @@ class BrokerService:
         self.endpoint.remove_peer(link.key)
         return tasks
 
-    async def _read(self, link: _UserLink) -> None:
-        while True:
-            data = await link.peer.receive()
-            # Handled once every reader has taken what already arrived (a reader does not
-            # yield while its inbox has frames), so that publishes arriving together share
-            # one commit (Broker.handle_frames); frames keep their arrival order.
-            self._inbound.append((link, data))
-            if self._pump is None:
-                self._pump = asyncio.create_task(self._handle_inbound())
+    def _received(self, link: _UserLink, data: bytes) -> None:
+        # Handled once the loop has delivered what already arrived (the pump task runs
+        # after the callbacks of this loop pass), so that publishes arriving together share
+        # one commit (Broker.handle_frames); frames keep their arrival order. A dropped
+        # link's peer is closed first: it calls this no more.
+        self._inbound.append((link, data))
+        if self._pump is None:
+            self._pump = asyncio.create_task(self._handle_inbound())
 
     async def _handle_inbound(self) -> None:
         try:
@@ -488,9 +487,18 @@ class BrokerService:
 
     def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Task[None]:
         task = asyncio.create_task(self._send(link, data, link.epoch))
+        if link.sends is None:
+            link.sends = set()
         link.sends.add(task)
-        task.add_done_callback(link.sends.discard)
+        task.add_done_callback(lambda done: self._sent(link, done))
         return task
+
+    @staticmethod
+    def _sent(link: _UserLink, task: asyncio.Task[None]) -> None:
+        if link.sends is not None:
+            link.sends.discard(task)
+            if not link.sends:
+                link.sends = None  # an idle session holds no set
 
     async def _send(self, link: _UserLink, data: bytes, epoch: int) -> None:
         try:

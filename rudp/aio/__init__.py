@@ -74,7 +74,35 @@ class _Protocol(asyncio.DatagramProtocol):
 
 
 class RudpPeer:
-    """One peer of an endpoint, identified by its session key (never by its address)."""
+    """One peer of an endpoint, identified by its session key (never by its address).
+
+    Messages go to :meth:`receive`, or, once :attr:`on_message` is set, to that callback
+    (in order, on the loop): a server holding thousands of peers then needs no reader
+    task per peer. The inbox queue is only built when :meth:`receive` is first used.
+    """
+
+    # A broker holds one peer per session (issue 14): no per-instance __dict__.
+    __slots__ = (
+        "_candidate",
+        "_challenged_at",
+        "_closed",
+        "_endpoint",
+        "_inbox",
+        "_loop",
+        "_pump_soon",
+        "_source",
+        "_timer",
+        "_timer_at",
+        "_token",
+        "_waiters",
+        "addr",
+        "connection",
+        "key",
+        "on_disconnected",
+        "on_heard",
+        "on_message",
+        "path_changes",
+    )
 
     def __init__(self, endpoint: RudpEndpoint, key: bytes, addr: tuple[str, int]) -> None:
         self._endpoint = endpoint
@@ -98,8 +126,11 @@ class RudpPeer:
         # Called for every authenticated datagram (DATA, ACK or PING): lets the owner see
         # a peer it gave up on talking again, before any message arrives.
         self.on_heard: Callable[[], None] | None = None
+        #: Called with each message received, in order, instead of queueing it for
+        #: :meth:`receive` (what was queued before it was set stays for ``receive``).
+        self.on_message: Callable[[bytes], None] | None = None
         self._waiters: dict[int, asyncio.Future[None]] = {}
-        self._inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self._inbox: asyncio.Queue[bytes] | None = None  # built by the first receive()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._pump_soon = False  # a _pump is scheduled (see send)
@@ -155,7 +186,12 @@ class RudpPeer:
 
     async def receive(self) -> bytes:
         """The next message, in order."""
-        return await self._inbox.get()
+        return await self._queue().get()
+
+    def _queue(self) -> asyncio.Queue[bytes]:
+        if self._inbox is None:
+            self._inbox = asyncio.Queue()
+        return self._inbox
 
     def _feed(self, data: bytes, addr: tuple[str, int]) -> None:
         # Known to every _pump this datagram causes, including one run from on_heard
@@ -217,7 +253,10 @@ class RudpPeer:
         moved = False
         while (event := self.connection.next_event()) is not None:
             if isinstance(event, MessageReceived):
-                self._inbox.put_nowait(event.data)
+                if self.on_message is not None:
+                    self.on_message(event.data)
+                else:
+                    self._queue().put_nowait(event.data)
             elif isinstance(event, MessageAcked):
                 future = self._waiters.pop(event.message_id, None)
                 if future is not None and not future.done():
@@ -230,6 +269,8 @@ class RudpPeer:
                 moved = self._path_response(event.token) or moved
             elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
                 self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
+        if not self._waiters:
+            self._waiters.clear()  # an emptied dict keeps its table; clear() frees it
         if moved:  # what was in flight goes to the validated address now, not at the RTO
             for datagram in self.connection.datagrams_to_send(now):
                 self._endpoint._sendto(datagram, self.addr)

@@ -90,9 +90,18 @@ class BrokerProc:
 
     @classmethod
     async def start(
-        cls, tmp: Path, store_url: str, users: list[str], *, root: Path | None = None
+        cls,
+        tmp: Path,
+        store_url: str,
+        users: list[str],
+        *,
+        root: Path | None = None,
+        wrapper: list[str] | None = None,
+        settings: list[str] | None = None,
     ) -> BrokerProc:
-        """``root``: the source tree whose broker runs (default: this one)."""
+        """``root``: the source tree whose broker runs (default: this one); ``wrapper``:
+        interpreter arguments before ``-m mdeci`` (default: the cProfile of BENCH_PROFILE);
+        ``settings``: more TOML lines, before the users."""
         lines = [
             'node = "bench"',
             f'domain = "{DOMAIN}"',
@@ -103,13 +112,15 @@ class BrokerProc:
             f'url = "{store_url}"',
             "[queue]",
             f"max_per_uri = {DRAIN * 2}",  # the drain must not overflow
+            *(settings or []),
         ]
         for user in users:
             lines += ["[[auth.users]]", f'user = "{user}"', f'password = "{password(user)}"']
         config = tmp / "broker.toml"
         config.write_text("\n".join(lines) + "\n")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, *PROFILE, "-m", "mdeci", "broker", "--config", str(config),
+            sys.executable, *(PROFILE if wrapper is None else wrapper),
+            "-m", "mdeci", "broker", "--config", str(config),
             "--listen-sip", f"{HOST}:0", "--listen-media", f"{HOST}:0",
             cwd=ROOT if root is None else root, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip

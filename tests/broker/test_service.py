@@ -291,6 +291,51 @@ async def test_bye_stops_delivery_and_keeps_the_queue(
         await agent.close()
 
 
+async def _delivery_done(service: BrokerService) -> None:
+    """Wait for the delivery task (one for every user) to end: it does once nothing is due."""
+    running = service._delivery
+    while running is not None:
+        await asyncio.wait_for(asyncio.shield(running), GUARD)
+        running = service._delivery
+    assert not service._due
+
+
+async def test_idle_sessions_hold_no_task_and_a_publish_wakes_one(
+    service: BrokerService, store: BrokerStore
+) -> None:
+    """Issue 14: a broker holds thousands of idle sessions; none keeps a reader or a
+    delivery task. A publish starts the one delivery task, which ends once sent."""
+    broker = service.broker
+    users = [f"sip:u{i}@example.com" for i in range(20)]
+    agents: list[Agent] = []
+    try:
+        for i, uri in enumerate(users):
+            add_session(store, uri)
+            await service.worker.run(broker.handle, uri, Sub(req=1, subject=f"news.u{i}"))
+            agent = await Agent.open(service.local_addr)
+            agents.append(agent)
+            service.connected(uri, agent.addr, agent.key)
+        # The connects take a first (empty) batch; then nothing runs for any user.
+        links = [service._users[uri] for uri in users]
+        await _delivery_done(service)
+        assert all(not link.sends for link in links)
+        await publish(service, "m1")  # subject news.rio: nobody; news.u3 for users[3]
+        [reply] = await service.worker.run(
+            broker.handle, FEED, Pub(req=2, msg_id="m2", subject="news.u3")
+        )
+        assert isinstance(reply, PubOk) and reply.matched == 1
+        notify = await agents[3].next_notify()
+        assert notify.nseq == 1
+        await agents[3].send(Ack(upto=1))
+        # The frame arrived through the peer's callback: no reader task, and the inbox
+        # queue of the broker's peer was never built.
+        assert links[3].peer._inbox is None
+        await _delivery_done(service)
+    finally:
+        for agent in agents:
+            await agent.close()
+
+
 async def test_periodic_sweep_expires_subscriptions(
     store: BrokerStore, clock: FakeClock, sink: WaitingSink
 ) -> None:

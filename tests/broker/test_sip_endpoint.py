@@ -429,6 +429,15 @@ async def test_sessions_survive_a_broker_restart(
         await sink.wait_for("media_connected", ALICE)
     finally:
         await running.close()
+    # The restored peer will be a new RUDP incarnation (sender id) under the old key: an
+    # agent side that heard the first broker (its first keepalive: a matter of timing)
+    # refuses it as unknown_sender, which is why the real agent re-keys (docs/agent.md).
+    # A fresh agent side under the same key has heard no one: only the restored key can
+    # answer it.
+    assert alice.agent is not None
+    alice.agent._reader.cancel()
+    alice.rudp.remove_peer(alice.key)
+    alice.agent = Agent(alice.rudp, alice.rudp.peer(alice.key, alice.agent.peer.addr), alice.key)
     # Same SIP address, a new media port: the dialog and the peer come back from SQL.
     second = await start_broker(tmp_path, store, clock, sink, sip_port=sip_port)
     try:

@@ -1,0 +1,96 @@
+"""State a connection or peer builds on first use (issue 14: a broker holds thousands of
+idle ones) works from its first use on: the first loss, a failure, the first message."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from rudp import RudpConfig
+from rudp import packet as wire
+from rudp.aio import RudpEndpoint
+from rudp.connection import RudpConnection
+
+from .sim import pair
+
+CONFIG = RudpConfig(rto_initial=0.2, rto_min=0.05, max_retries=3, keepalive_interval=0)
+KEY = b"k" * 32
+
+
+def test_no_instance_dict_and_nothing_queued_before_use() -> None:
+    conn = RudpConnection(KEY, CONFIG, sender_id=1)
+    assert not hasattr(conn, "__dict__")
+    assert conn.next_event() is None
+    assert conn.datagrams_to_send(0.0) == []
+
+
+def test_first_datagram_lost_then_delivered() -> None:
+    net = pair(CONFIG, lambda index: [] if index == 0 else [0.01])
+    net.a.send_message(b"first", 0.0)
+    net.run_until(lambda: net.acked["a"] == [0])
+    assert net.received["b"] == [b"first"]
+    assert net.a.stats.retransmissions >= 1
+
+
+def test_failure_then_reset_sends_again() -> None:
+    """A failure empties the send queue; the next message builds it again."""
+    cut = True
+    net = pair(CONFIG, lambda _: [] if cut else [0.01])
+    net.a.send_message(b"lost", 0.0)
+    net.run_until(lambda: net.failed["a"] == [0])
+    assert not net.a.connected
+    cut = False
+    net.a.reset(net.now)
+    net.a.send_message(b"after", net.now)
+    net.run_until(lambda: net.acked["a"] == [1])
+    assert net.received["b"] == [b"after"]
+
+
+async def test_on_message_callback_in_order_and_inbox_only_when_read() -> None:
+    a = await RudpEndpoint.open("127.0.0.1")
+    b = await RudpEndpoint.open("127.0.0.1")
+    try:
+        pa = a.peer(KEY, b.local_addr)
+        pb = b.peer(KEY, a.local_addr)
+        with pytest.raises(AttributeError):
+            pb.extra = 1  # type: ignore[attr-defined]
+        got: list[bytes] = []
+        pb.on_message = got.append
+        await asyncio.wait_for(asyncio.gather(*(pa.send(b"m%d" % i) for i in range(20))), 5)
+        assert got == [b"m%d" % i for i in range(20)]
+        assert pb._inbox is None  # never read with receive(): no queue was built
+        pb.on_message = None
+        await asyncio.wait_for(pa.send(b"queued"), 5)
+        assert await asyncio.wait_for(pb.receive(), 5) == b"queued"
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_keys_hold_no_cipher_context_and_survive_its_eviction() -> None:
+    """AES-GCM contexts live in a bounded cache shared by all keys, not in each key:
+    a key whose context was dropped builds it again on its next packet."""
+    sender = wire.SenderKeys(KEY, 7, wire.Protection.AEAD)
+    receiver = wire.SenderKeys(KEY, 7, wire.Protection.AEAD)
+    assert not any(isinstance(getattr(sender, name), AESGCM) for name in sender.__slots__)
+    header = wire.push_header(wire.Header(1, 7, 0))
+    datagram = sender.seal(header, 0, b"payload")
+    wire._aead.cache_clear()
+    assert receiver.open(datagram, 0) == b"payload"
+    assert receiver.open(datagram[:-1] + bytes([datagram[-1] ^ 1]), 0) is None
+    assert wire._aead.cache_info().maxsize == wire.AEAD_CONTEXTS
+
+
+def test_an_idle_connection_gives_back_its_tables() -> None:
+    """After a burst is acknowledged, the sender's tables hold no memory of its size."""
+    net = pair(CONFIG, lambda _: [0.01])
+    for i in range(50):
+        net.a.send_message(b"m%d" % i, 0.0)
+    net.run_until(lambda: len(net.acked["a"]) == 50)
+    net.a.datagrams_to_send(net.now)
+    empty = sys.getsizeof({})
+    assert sys.getsizeof(net.a._inflight) == sys.getsizeof(net.a._messages) == empty
+    assert net.a._unsent is None and net.a.next_event() is None and net.a._events is None
