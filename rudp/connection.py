@@ -451,6 +451,8 @@ class RudpConnection:
         if d.seq != self._rcv_next:
             if self._add_to_ranges(d.seq):
                 self._ack_now = True  # a new hole, or one filled: tell the sender at once
+            else:
+                self._unacked_in_order += 1  # more above the same hole: ACK every ack_every
         elif self._ranges and self._ranges[0][0] == d.seq + 1:
             del self._ranges[0]  # the run after the hole leaves with this packet
             self._ack_now = True  # a hole filled (RFC 5681 §4.2): the sender is waiting

@@ -3,6 +3,13 @@
 Glue only (the core is sans-IO; tests/test_layering.py checks it): datagrams go into
 ``RudpConnection.receive_datagram``, timers are one ``loop.call_at`` per peer, events
 become future results, exceptions and queue items. The core decides everything.
+
+Per wake of the event loop the endpoint reads every datagram waiting (up to
+``READ_BATCH``), hands each to its connection, and only then asks each connection that
+got one for what to send: a burst of DATA costs one ACK per batch, not one per two
+packets, and one epoll per batch, not per datagram (asyncio's datagram transport reads
+one datagram per wake). Sends made by the application within one loop iteration are
+likewise written together, once, just after it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import contextlib
 import logging
 import secrets
 import socket
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,10 +47,15 @@ CHALLENGE_INTERVAL = 0.05
 SOCKET_BUFFER = 4 << 20
 
 
-def set_socket_buffers(transport: asyncio.BaseTransport, size: int) -> None:
+# Datagrams read per wake before the connections are asked what to send (bounds how long
+# one busy socket keeps the loop from everything else).
+READ_BATCH = 64
+MAX_DATAGRAM = 65535
+
+
+def set_socket_buffers(sock: socket.socket, size: int) -> None:
     """Ask for ``size``-byte send and receive buffers (the kernel caps it at rmem/wmem_max)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None or size <= 0:
+    if size <= 0:
         return
     for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
         with contextlib.suppress(OSError):
@@ -60,17 +73,6 @@ class EndpointStats:
     unknown_cid: int = 0
     malformed: int = 0
     dropped_incoming: int = 0  # while ``RudpEndpoint.drop_incoming`` was set
-
-
-class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, endpoint: RudpEndpoint) -> None:
-        self._endpoint = endpoint
-
-    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
-        self._endpoint._on_datagram(data, (str(addr[0]), int(addr[1])))
-
-    def error_received(self, exc: Exception) -> None:
-        pass  # ICMP errors on UDP: the retransmission timer is the only judge of reachability
 
 
 class RudpPeer:
@@ -102,6 +104,7 @@ class RudpPeer:
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._flush_soon = False  # a flush is scheduled for the end of this iteration
         self._closed = False
 
     @property
@@ -145,7 +148,9 @@ class RudpPeer:
         message_id = self.connection.send_message(message, self._loop.time())
         future: asyncio.Future[None] = self._loop.create_future()
         self._waiters[message_id] = future
-        self._pump()
+        if not self._flush_soon:  # sends of this iteration leave together (module doc)
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
         await future
 
     async def receive(self) -> bytes:
@@ -153,6 +158,7 @@ class RudpPeer:
         return await self._inbox.get()
 
     def _feed(self, data: bytes, addr: tuple[str, int]) -> None:
+        """Take one datagram; its events are handled now, its answers at :meth:`_flush`."""
         # Known to every _pump this datagram causes, including one run from on_heard
         # (a PATH_RESPONSE is only valid from the address that was challenged).
         self._source = addr
@@ -164,7 +170,8 @@ class RudpPeer:
             if self.on_heard is not None:
                 self.on_heard()
         self._source = addr
-        self._pump()
+        if not self._closed:
+            self._events()
         self._source = None
 
     def _challenge(self, addr: tuple[str, int]) -> None:
@@ -205,9 +212,28 @@ class RudpPeer:
     def _pump(self) -> None:
         if self._closed:
             return
-        now = self._loop.time()
-        for datagram in self.connection.datagrams_to_send(now):
+        self._events()
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write what the connection has to send; re-arm the timer."""
+        self._flush_soon = False
+        if self._closed:
+            return
+        for datagram in self.connection.datagrams_to_send(self._loop.time()):
             self._endpoint._sendto(datagram, self.addr)
+        self._events()
+        when = self.connection.get_timer()
+        # Only an earlier deadline moves the timer: one that fires early finds nothing due
+        # and re-arms (deadlines move later on nearly every ACK; a call_at each is dearer).
+        if when is not None and (self._timer_at is None or when < self._timer_at):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(when, self._on_timer)
+            self._timer_at = when
+
+    def _events(self) -> None:
+        """Turn the connection's events into future results and inbox items."""
         moved = False
         while (event := self.connection.next_event()) is not None:
             if isinstance(event, MessageReceived):
@@ -225,14 +251,7 @@ class RudpPeer:
             elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
                 self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
         if moved:  # what was in flight goes to the validated address now, not at the RTO
-            for datagram in self.connection.datagrams_to_send(now):
-                self._endpoint._sendto(datagram, self.addr)
-        when = self.connection.get_timer()
-        if when != self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._loop.call_at(when, self._on_timer) if when is not None else None
-            self._timer_at = when
+            self._flush()
 
     def _close(self) -> None:
         self._closed = True
@@ -258,7 +277,8 @@ class RudpEndpoint:
         self.socket_buffer = socket_buffer
         self.stats = EndpointStats()
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.DatagramTransport | None = None
+        self._sock: socket.socket | None = None
+        self._backlog: deque[tuple[bytes, tuple[str, int]]] = deque()  # socket buffer full
         self._peers: dict[int, RudpPeer] = {}
         #: Test and diagnostic knob: while true, every datagram received is dropped
         #: (counted in ``stats.dropped_incoming``) as if the path towards this endpoint
@@ -284,17 +304,31 @@ class RudpEndpoint:
         return endpoint
 
     async def _bind(self, host: str, port: int) -> None:
-        transport, _ = await self._loop.create_datagram_endpoint(
-            lambda: _Protocol(self), local_addr=(host, port)
-        )
-        set_socket_buffers(transport, self.socket_buffer)
-        self._transport = transport
+        infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        family, kind, proto, _, where = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.bind(where)
+        except OSError:
+            sock.close()
+            raise
+        set_socket_buffers(sock, self.socket_buffer)
+        self._loop.add_reader(sock.fileno(), self._read_ready, sock)
+        self._sock = sock
+
+    def _unbind(self, sock: socket.socket) -> None:
+        self._loop.remove_reader(sock.fileno())
+        if self._backlog:
+            self._loop.remove_writer(sock.fileno())
+            self._backlog.clear()
+        sock.close()
 
     @property
     def local_addr(self) -> tuple[str, int]:
-        if self._transport is None:
+        if self._sock is None:
             raise RudpError("endpoint closed")
-        name = self._transport.get_extra_info("sockname")
+        name = self._sock.getsockname()
         return (str(name[0]), int(name[1]))
 
     def peer(self, key: bytes, addr: tuple[str, int]) -> RudpPeer:
@@ -317,10 +351,23 @@ class RudpEndpoint:
         """Move to a new local address. Peers keep their state; what they have in flight
         is sent again from the new address at once (:meth:`RudpPeer.path_changed`), and
         the remote end follows after validating the new path."""
-        old = self._transport
-        await self._bind(host, port)
+        old = self._sock
+        if old is not None:  # what waits for the old socket's buffer goes out from the new
+            self._loop.remove_reader(old.fileno())
+            if self._backlog:
+                self._loop.remove_writer(old.fileno())
+        try:
+            await self._bind(host, port)
+        except OSError:
+            if old is not None:
+                self._loop.add_reader(old.fileno(), self._read_ready, old)
+                if self._backlog:
+                    self._loop.add_writer(old.fileno(), self._write_ready)
+            raise
         if old is not None:
             old.close()
+            if self._backlog:
+                self._loop.add_writer(self._sock.fileno(), self._write_ready)  # type: ignore[union-attr]
         for peer in self._peers.values():
             peer.path_changed()
 
@@ -328,26 +375,69 @@ class RudpEndpoint:
         for peer in self._peers.values():
             peer._close()
         self._peers.clear()
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        if self._sock is not None:
+            self._unbind(self._sock)
+            self._sock = None
 
     def _sendto(self, data: bytes, addr: tuple[str, int]) -> None:
-        if self._transport is not None:
-            self._transport.sendto(data, addr)
+        sock = self._sock
+        if sock is None:
+            return
+        if self._backlog:
+            self._backlog.append((data, addr))
+            return
+        try:
+            sock.sendto(data, addr)
+        except (BlockingIOError, InterruptedError):
+            self._backlog.append((data, addr))
+            self._loop.add_writer(sock.fileno(), self._write_ready)
+        except OSError:
+            pass  # ICMP errors on UDP: the retransmission timer is the only judge
 
-    def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+    def _write_ready(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while self._backlog:
+            data, addr = self._backlog[0]
+            try:
+                sock.sendto(data, addr)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                pass
+            self._backlog.popleft()
+        self._loop.remove_writer(sock.fileno())
+
+    def _read_ready(self, sock: socket.socket) -> None:
+        """Read what waits (up to READ_BATCH), then let each peer that got some answer once."""
+        touched: dict[int, RudpPeer] = {}
+        for _ in range(READ_BATCH):
+            try:
+                data, addr = sock.recvfrom(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                continue  # an ICMP error queued on the socket: nothing to read in it
+            peer = self._route(data)
+            if peer is not None:
+                peer._feed(data, (str(addr[0]), int(addr[1])))
+                touched[id(peer)] = peer
+            if self._sock is not sock:
+                break  # closed or rebound by what this datagram caused
+        for peer in touched.values():
+            peer._flush()
+
+    def _route(self, data: bytes) -> RudpPeer | None:
         self.stats.datagrams_received += 1
         if self.drop_incoming:
             self.stats.dropped_incoming += 1
-            return
+            return None
         try:
             cid = wire.peek_cid(data)
         except PacketError:
             self.stats.malformed += 1
-            return
+            return None
         peer = self._peers.get(cid)
         if peer is None:
             self.stats.unknown_cid += 1
-            return
-        peer._feed(data, addr)
+        return peer
