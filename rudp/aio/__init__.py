@@ -50,6 +50,9 @@ SOCKET_BUFFER = 4 << 20
 # Datagrams read per wake before the connections are asked what to send (bounds how long
 # one busy socket keeps the loop from everything else).
 READ_BATCH = 64
+# After a rebind the old socket is still read this long (and only read): datagrams the
+# peer sent before it learnt of the move are not lost while the old address still works.
+REBIND_LINGER = 2.0
 MAX_DATAGRAM = 65535
 
 
@@ -279,6 +282,7 @@ class RudpEndpoint:
         self._loop = asyncio.get_running_loop()
         self._sock: socket.socket | None = None
         self._backlog: deque[tuple[bytes, tuple[str, int]]] = deque()  # socket buffer full
+        self._lingering: set[socket.socket] = set()  # old sockets after a rebind, read only
         self._peers: dict[int, RudpPeer] = {}
         #: Test and diagnostic knob: while true, every datagram received is dropped
         #: (counted in ``stats.dropped_incoming``) as if the path towards this endpoint
@@ -304,7 +308,12 @@ class RudpEndpoint:
         return endpoint
 
     async def _bind(self, host: str, port: int) -> None:
-        infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        try:  # a numeric address needs no resolver thread (a move should not wait for one)
+            infos = socket.getaddrinfo(
+                host, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST
+            )
+        except socket.gaierror:
+            infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
         family, kind, proto, _, where = infos[0]
         sock = socket.socket(family, kind, proto)
         try:
@@ -323,6 +332,14 @@ class RudpEndpoint:
             self._loop.remove_writer(sock.fileno())
             self._backlog.clear()
         sock.close()
+        for old in list(self._lingering):
+            self._close_lingering(old)
+
+    def _close_lingering(self, sock: socket.socket) -> None:
+        if sock in self._lingering:
+            self._lingering.discard(sock)
+            self._loop.remove_reader(sock.fileno())
+            sock.close()
 
     @property
     def local_addr(self) -> tuple[str, int]:
@@ -350,24 +367,19 @@ class RudpEndpoint:
     async def rebind(self, host: str, port: int = 0) -> None:
         """Move to a new local address. Peers keep their state; what they have in flight
         is sent again from the new address at once (:meth:`RudpPeer.path_changed`), and
-        the remote end follows after validating the new path."""
+        the remote end follows after validating the new path. The old socket is still
+        read for ``REBIND_LINGER`` seconds (what was on its way there is not lost)."""
+        for sock in list(self._lingering):
+            if port and sock.getsockname()[:2] == (host, port):
+                self._close_lingering(sock)  # moving back to it before it was closed
         old = self._sock
-        if old is not None:  # what waits for the old socket's buffer goes out from the new
-            self._loop.remove_reader(old.fileno())
-            if self._backlog:
-                self._loop.remove_writer(old.fileno())
-        try:
-            await self._bind(host, port)
-        except OSError:
-            if old is not None:
-                self._loop.add_reader(old.fileno(), self._read_ready, old)
-                if self._backlog:
-                    self._loop.add_writer(old.fileno(), self._write_ready)
-            raise
+        await self._bind(host, port)
         if old is not None:
-            old.close()
-            if self._backlog:
+            if self._backlog:  # what waits for the old socket's buffer goes from the new one
+                self._loop.remove_writer(old.fileno())
                 self._loop.add_writer(self._sock.fileno(), self._write_ready)  # type: ignore[union-attr]
+            self._lingering.add(old)
+            self._loop.call_later(REBIND_LINGER, self._close_lingering, old)
         for peer in self._peers.values():
             peer.path_changed()
 
@@ -422,8 +434,8 @@ class RudpEndpoint:
             if peer is not None:
                 peer._feed(data, (str(addr[0]), int(addr[1])))
                 touched[id(peer)] = peer
-            if self._sock is not sock:
-                break  # closed or rebound by what this datagram caused
+            if sock.fileno() < 0:
+                break  # closed by what this datagram caused
         for peer in touched.values():
             peer._flush()
 

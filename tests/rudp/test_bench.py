@@ -19,7 +19,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -38,14 +38,16 @@ LEN = struct.Struct("!I")
 class Proxy:
     """``python -m rudp.impair`` in a child process, stopped by its own PID."""
 
-    def __init__(self, forward: tuple[str, int], loss: float, tcp: bool) -> None:
+    def __init__(
+        self, forward: tuple[str, int], loss: float, tcp: bool, extra: Sequence[str] = ()
+    ) -> None:
         args = [
             sys.executable, "-m", "rudp.impair", "--listen", "127.0.0.1:0",
             "--forward", f"{forward[0]}:{forward[1]}", "--loss", str(loss),
             "--delay", str(DELAY_MS), "--seed", "1",
         ]  # fmt: skip
         self.process = subprocess.Popen(
-            [*args, *(["--tcp"] if tcp else [])], stdout=subprocess.PIPE, text=True
+            [*args, *(["--tcp"] if tcp else []), *extra], stdout=subprocess.PIPE, text=True
         )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # the proxy says where it listens once bound
