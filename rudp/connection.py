@@ -9,9 +9,11 @@ Sender: a message is cut into fragments, one sequence number each. Up to
 ``window`` sequence numbers past the oldest unacknowledged one are in flight.
 ACKs carry a cumulative point and SACK ranges (RFC 2018 semantics). A packet
 is declared lost and sent again at once when ``reorder_threshold`` packets sent
-after it were acknowledged (fast retransmit, RFC 5681 §3.2 / RFC 9002 §6.1.1).
-One retransmission timer runs as in RFC 6298 §5; each expiry backs the RTO
-off and resends the oldest unacknowledged packet; expiry number
+after it were acknowledged (fast retransmit, RFC 5681 §3.2 / RFC 9002 §6.1.1);
+a lost tail is found by a tail-loss probe (RFC 8985 §7) after 2 SRTT without
+progress. Each ACK costs O(SACK blocks + what it newly acknowledges), never
+O(window) (docs/rudp.md §3). One retransmission timer runs as in RFC 6298 §5;
+each expiry backs the RTO off and resends the oldest unacknowledged packet; expiry number
 ``max_retries + 1`` without progress fails every pending message, in order,
 and the connection becomes DISCONNECTED. A message counts as delivered only
 when the cumulative ACK passes its last fragment.
@@ -19,8 +21,9 @@ when the cumulative ACK passes its last fragment.
 Receiver: packets below the cumulative point or already buffered are
 duplicates; packets beyond the window are dropped; the rest wait in a
 reordering buffer and leave in order into reassembly. ACKs are delayed
-(``ack_delay``/``ack_every``) except for out-of-order and duplicate packets,
-which are acknowledged at once (RFC 5681 §4.2). DATA carries the sender's
+(``ack_delay``/``ack_every``) except for packets that open or fill a hole and
+duplicates, which are acknowledged at once (RFC 5681 §4.2, RFC 9000 §13.2.1);
+the SACK runs are kept up to date per packet. DATA carries the sender's
 ``base``: sequence numbers below it were abandoned by a failed send and are
 skipped, so the stream resumes after ``reset()`` without a hole.
 
