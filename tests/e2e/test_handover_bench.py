@@ -70,6 +70,9 @@ T1, T2, T4 = 0.5, 4.0, 5.0
 # stall of the loaded machine does not drop notifications by policy (counted as lost).
 QUEUE = QueueConfig(max_per_uri=50_000)
 PROGRESS = 100  # moves between progress lines
+# Bounds the publisher (test_handover's 20,000 ran out after ~600 moves on a loaded
+# machine, where a move takes ~0.75 s at ~40 publishes/s).
+MAX_EVENTS = 200 * MOVES
 
 
 def _free_udp_port() -> int:
@@ -156,7 +159,7 @@ async def test_thousand_moves_through_the_impairment_proxy(
         await asyncio.wait_for(a.wait_connected(), GUARD)
         await asyncio.wait_for(b.wait_connected(), GUARD)
         await asyncio.wait_for(a.agent.subscribe("handover.tick", ttl=3600), GUARD)
-        publisher = Publisher(b, "handover.tick", RATE).start()
+        publisher = Publisher(b, "handover.tick", RATE, MAX_EVENTS).start()
         await asyncio.wait_for(next_arrival_after(0), GUARD)
         restore: list[float] = []
         cpu, wall = time.process_time(), time.perf_counter()
