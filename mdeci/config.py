@@ -151,6 +151,10 @@ class MediaConfig:
 
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port; SDP carries the real one, so nothing needs to know it
+    # Broker behind a UDP relay or NAT (issue 14): announce this address in SDP instead of
+    # the socket's, and move a connected agent's media path only by RUDP path validation
+    # (the source its packets arrive from), never to the address in its SDP.
+    advertise: HostPort | None = None
 
     def __post_init__(self) -> None:
         _port(self.port)

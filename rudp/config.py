@@ -29,6 +29,7 @@ class RudpConfig:
     keepalive_interval: float = 15.0  # idle time before a PING (0 disables)
     replay_window: int = 1024  # packet numbers remembered below the highest seen
     max_sack_blocks: int = 32  # selective-ACK ranges per ACK
+    tail_probe: bool = True  # tail-loss probe after 2 SRTT without ACK progress (RFC 8985 §7)
 
     def __post_init__(self) -> None:
         if not 0 < self.rto_min <= self.rto_initial <= self.rto_max:

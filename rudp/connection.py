@@ -9,9 +9,11 @@ Sender: a message is cut into fragments, one sequence number each. Up to
 ``window`` sequence numbers past the oldest unacknowledged one are in flight.
 ACKs carry a cumulative point and SACK ranges (RFC 2018 semantics). A packet
 is declared lost and sent again at once when ``reorder_threshold`` packets sent
-after it were acknowledged (fast retransmit, RFC 5681 §3.2 / RFC 9002 §6.1.1).
-One retransmission timer runs as in RFC 6298 §5; each expiry backs the RTO
-off and resends the oldest unacknowledged packet; expiry number
+after it were acknowledged (fast retransmit, RFC 5681 §3.2 / RFC 9002 §6.1.1);
+a lost tail is found by a tail-loss probe (RFC 8985 §7) after 2 SRTT without
+progress. Each ACK costs O(SACK blocks + what it newly acknowledges), never
+O(window) (docs/rudp.md §3). One retransmission timer runs as in RFC 6298 §5;
+each expiry backs the RTO off and resends the oldest unacknowledged packet; expiry number
 ``max_retries + 1`` without progress fails every pending message, in order,
 and the connection becomes DISCONNECTED. A message counts as delivered only
 when the cumulative ACK passes its last fragment.
@@ -19,8 +21,9 @@ when the cumulative ACK passes its last fragment.
 Receiver: packets below the cumulative point or already buffered are
 duplicates; packets beyond the window are dropped; the rest wait in a
 reordering buffer and leave in order into reassembly. ACKs are delayed
-(``ack_delay``/``ack_every``) except for out-of-order and duplicate packets,
-which are acknowledged at once (RFC 5681 §4.2). DATA carries the sender's
+(``ack_delay``/``ack_every``) except for packets that open or fill a hole and
+duplicates, which are acknowledged at once (RFC 5681 §4.2, RFC 9000 §13.2.1);
+the SACK runs are kept up to date per packet. DATA carries the sender's
 ``base``: sequence numbers below it were abandoned by a failed send and are
 skipped, so the stream resumes after ``reset()`` without a hole.
 
@@ -42,6 +45,8 @@ resends, so the cap cannot deadlock the stream).
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import hmac
 from collections import deque
 from dataclasses import dataclass
@@ -136,6 +141,7 @@ class RudpStats:
     bad_fragment: int = 0
     buffer_full: int = 0
     skipped: int = 0
+    tail_probes: int = 0
 
 
 @dataclass(slots=True)
@@ -175,6 +181,7 @@ class RudpConnection:
         "_next_message_id",
         "_next_pn",
         "_next_seq",
+        "_parked",
         "_partial",
         "_partial_bytes",
         "_partial_count",
@@ -184,12 +191,19 @@ class RudpConnection:
         "_peer_sender",
         "_ping_now",
         "_pn_bitmap",
+        "_probe",
+        "_probe_pn",
+        "_probed",
         "_protection",
+        "_pto_deadline",
+        "_ranges",
         "_rcv_next",
         "_resend",
         "_retries",
         "_rto_deadline",
+        "_sacked_ranges",
         "_send_keys",
+        "_sent_order",
         "_snd_una",
         "_unacked_in_order",
         "_unsent",
@@ -242,10 +256,23 @@ class RudpConnection:
         self._largest_acked_pn = -1
         self._highest_reported = 0
         self._latest_rtt = 0.0
+        # Incremental SACK and loss detection (each ACK costs O(blocks + newly acked), not
+        # O(window)): the [start, end) ranges already marked SACKed; every transmission in
+        # packet-number order (stale entries skipped lazily); and those past the pn/time
+        # rules but above what the peer reported, by sequence number.
+        self._sacked_ranges: list[tuple[int, int]] = []
+        self._sent_order: deque[tuple[int, _Outgoing]] = deque()
+        self._parked: list[tuple[int, int, _Outgoing]] = []
+        # Tail-loss probe (RFC 8985 §7): its timer, the packet chosen, its packet number.
+        self._pto_deadline: float | None = None
+        self._probe: _Outgoing | None = None
+        self._probe_pn = -1
+        self._probed = False  # one probe per episode without progress
         # receiver
         self._rcv_next = 0
         self._buffer: dict[int, wire.Data] = {}
         self._buffer_bytes = 0
+        self._ranges: list[list[int]] = []  # the buffer's seqs as sorted [start, end) runs
         self._partial: list[bytes] = []
         self._partial_count = 0
         self._partial_bytes = 0
@@ -456,6 +483,7 @@ class RudpConnection:
                 self._buffer_bytes -= len(self._buffer.pop(seq).payload)
             self._drop_partial()
             self._rcv_next = d.base
+            self._rebuild_ranges()
         if d.seq < self._rcv_next or d.seq in self._buffer:
             self.stats.duplicates += 1
             self._ack_now = True
@@ -477,10 +505,17 @@ class RudpConnection:
                     break
                 self._buffer_bytes -= len(self._buffer.pop(seq).payload)
                 self.stats.buffer_full += 1
+            self._rebuild_ranges()
         self._buffer[d.seq] = d
         self._buffer_bytes += len(d.payload)
         if d.seq != self._rcv_next:
-            self._ack_now = True  # out of order: ACK at once so the sender sees the hole
+            if self._add_to_ranges(d.seq):
+                self._ack_now = True  # a new hole, or one filled: tell the sender at once
+            else:
+                self._unacked_in_order += 1  # more above the same hole: ACK every ack_every
+        elif self._ranges and self._ranges[0][0] == d.seq + 1:
+            del self._ranges[0]  # the run after the hole leaves with this packet
+            self._ack_now = True  # a hole filled (RFC 5681 §4.2): the sender is waiting
         while self._rcv_next in self._buffer:
             frag = self._buffer.pop(self._rcv_next)
             self._buffer_bytes -= len(frag.payload)
@@ -491,6 +526,37 @@ class RudpConnection:
             self._ack_now = True
         elif self._ack_deadline is None:
             self._ack_deadline = now + self.config.ack_delay
+
+    def _add_to_ranges(self, seq: int) -> bool:
+        """Record out-of-order ``seq`` in the SACK runs. True when it opens a new hole or
+        fills one (ACK at once, as RFC 9000 §13.2.1); False when it extends the highest
+        run, the common case while a hole is open (then ACKs follow ``ack_every``)."""
+        ranges = self._ranges
+        if ranges and ranges[-1][1] == seq:
+            ranges[-1][1] = seq + 1
+            return False
+        i = bisect.bisect_right(ranges, seq, key=lambda run: run[0])
+        joins_left = i > 0 and ranges[i - 1][1] == seq
+        joins_right = i < len(ranges) and ranges[i][0] == seq + 1
+        if joins_left and joins_right:
+            ranges[i - 1][1] = ranges[i][1]
+            del ranges[i]
+        elif joins_left:
+            ranges[i - 1][1] = seq + 1
+        elif joins_right:
+            ranges[i][0] = seq
+        else:
+            ranges.insert(i, [seq, seq + 1])
+        return True
+
+    def _rebuild_ranges(self) -> None:
+        """Recompute the SACK runs from the buffer (after the rare bulk removals)."""
+        self._ranges = []
+        for seq in sorted(self._buffer):
+            if self._ranges and self._ranges[-1][1] == seq:
+                self._ranges[-1][1] = seq + 1
+            else:
+                self._ranges.append([seq, seq + 1])
 
     def _drop_partial(self) -> None:
         self._partial = []
@@ -529,29 +595,43 @@ class RudpConnection:
                 if out.transmissions == 1 and not out.sacked:
                     sample = out
             self._snd_una = ack.cumulative
-            self._resend = [o for o in self._resend if o.seq >= self._snd_una]
+            if self._resend:
+                self._resend = [o for o in self._resend if o.seq >= self._snd_una]
+            self._sacked_ranges = _subtract(self._sacked_ranges, [(0, self._snd_una)])
             while self._messages:
                 first = next(iter(self._messages))
                 if self._messages[first][0] >= self._snd_una:
                     break
                 del self._messages[first]
                 self._emit(MessageAcked(first))
-        window_end = self._snd_una + self.config.window
-        if newest:
+        # Only in-flight sequence numbers matter: bounds the work one ACK can cause.
+        top = min(self._snd_una + self.config.window, self._sent_end())
+        blocks = [
+            (max(start, self._snd_una), min(end, top))
+            for start, end in ack.blocks
+            if max(start, self._snd_una) < min(end, top)
+        ]
+        if newest and self._sacked_ranges:
             # The gaps below the last block are what the receiver lacks now. A packet we
             # took as SACKed in a gap was reneged (dropped by the buffer cap): SACK is
-            # advisory (RFC 2018 §8), so make it eligible for retransmission again.
+            # advisory (RFC 2018 §8), and the receiver surely lacks it: resend it.
             # With no blocks, only the packet at the cumulative point is known missing.
-            gap_start = ack.cumulative
-            for start, end in ack.blocks or ((ack.cumulative + 1, ack.cumulative + 1),):
-                for seq in range(max(gap_start, self._snd_una), min(start, window_end)):
+            below = ack.blocks[-1][1] if ack.blocks else ack.cumulative + 1
+            candidates = _subtract(self._sacked_ranges, [(below, MAX_U32 + 1)])
+            reneged = _subtract(candidates, blocks)
+            for start, end in reneged:
+                for seq in range(start, end):
                     out = self._inflight.get(seq)
                     if out is not None and out.sacked:
                         out.sacked = False
-                gap_start = end
-        for start, end in ack.blocks:
-            # Only in-flight sequence numbers matter: bounds the work one ACK can cause.
-            for seq in range(max(start, self._snd_una), min(end, window_end)):
+                        self._resend.append(out)
+                        self.stats.fast_retransmissions += 1
+            if reneged:
+                self._sacked_ranges = _subtract(self._sacked_ranges, reneged)
+                self._resend.sort(key=lambda o: o.seq)
+        fresh = _subtract(blocks, self._sacked_ranges)  # what this ACK newly reports
+        for start, end in fresh:
+            for seq in range(start, end):
                 out = self._inflight.get(seq)
                 if out is not None and not out.sacked:
                     out.sacked = True
@@ -559,49 +639,89 @@ class RudpConnection:
                     largest_pn = max(largest_pn, out.pn)
                     if out.transmissions == 1 and (sample is None or out.seq > sample.seq):
                         sample = out
+        if fresh:
+            self._sacked_ranges = _union(self._sacked_ranges, fresh)
         if sample is not None:
             # Karn's rule (RFC 6298 §3): only packets sent once give samples.
             self._latest_rtt = now - sample.sent_at
             self.rto.on_sample(self._latest_rtt)
         if progress:
             self._retries = 0
+            self._probed = False
             # RFC 6298 §5.3: restart the timer when new data is acknowledged.
             self._rto_deadline = now + self.rto.rto if self._inflight else None
+            self._arm_probe(now)
         if ack.blocks:
             self._highest_reported = max(self._highest_reported, ack.blocks[-1][1])
         self._largest_acked_pn = max(self._largest_acked_pn, largest_pn)
         if progress:
             self._detect_losses(now)
 
+    def _sent_end(self) -> int:
+        """One past the highest sequence number ever sent."""
+        return self._unsent[0].seq if self._unsent else self._next_seq
+
     def _detect_losses(self, now: float) -> None:
         # RFC 9002 §6.1 style: lost when `reorder_threshold` later-sent packets were acked
         # AND it is older than reorder_time * max(SRTT, latest RTT), so link jitter that
         # reorders packets does not trigger spurious retransmissions; and only below the
-        # highest sequence the peer reported (SACK lists its lowest ranges only).
+        # highest sequence the peer reported (SACK lists its lowest ranges only). Once a
+        # tail-loss probe is acknowledged, one later-sent packet is enough: the probe
+        # went out after PTO of silence, which reordering does not explain (RFC 8985).
+        # Transmissions are visited in packet-number order (so in send-time order too)
+        # and each leaves the queue once: the work per ACK is what it declares, not the
+        # window.
         limit = self._largest_acked_pn - self.config.reorder_threshold
+        if 0 <= self._probe_pn <= self._largest_acked_pn:
+            limit = max(limit, self._probe_pn - 1)
         rtt = max(self.rto.srtt or self.config.rto_initial, self._latest_rtt)
         sent_before = now - self.config.reorder_time * rtt
-        queued = {o.seq for o in self._resend}
-        found = False
-        for out in self._inflight.values():
-            if (
-                not out.sacked
-                and out.pn <= limit
-                and out.sent_at <= sent_before
-                and out.seq < self._highest_reported
-                and out.seq not in queued
-            ):
-                self._resend.append(out)
-                self.stats.fast_retransmissions += 1
-                found = True
-        if found:
+        lost: list[_Outgoing] = []
+        order = self._sent_order
+        while order:
+            pn, out = order[0]
+            if out.pn != pn or out.sacked or out.seq < self._snd_una:
+                order.popleft()  # sent again since, or received: nothing to decide
+                continue
+            if pn > limit or out.sent_at > sent_before:
+                break
+            order.popleft()
+            if out.seq >= self._highest_reported:
+                heapq.heappush(self._parked, (out.seq, pn, out))  # decided when reported
+            else:
+                lost.append(out)
+        parked = self._parked
+        while parked and parked[0][0] < self._highest_reported:
+            seq, pn, out = heapq.heappop(parked)
+            if out.pn == pn and not out.sacked and seq >= self._snd_una:
+                lost.append(out)
+        if lost:
+            queued = {o.seq for o in self._resend}
+            for out in lost:
+                if out.seq not in queued:
+                    self._resend.append(out)
+                    self.stats.fast_retransmissions += 1
             self._resend.sort(key=lambda o: o.seq)
+
+    def _arm_probe(self, now: float) -> None:
+        """(Re)start the tail-loss probe timer: PTO = 2 SRTT + the peer's ACK delay after
+        the last new data sent or the last ACK progress (RFC 8985 §7.2), while data is
+        in flight and it would fire before the RTO."""
+        srtt = self.rto.srtt
+        if srtt is None or not self._inflight or self._probed or not self.config.tail_probe:
+            self._pto_deadline = None
+            return
+        pto = now + max(2 * srtt, self.config.granularity) + self.config.ack_delay
+        rto = self._rto_deadline
+        self._pto_deadline = pto if rto is None or pto < rto else None
 
     # ---------------------------------------------------------------- timers
 
     def get_timer(self) -> float | None:
         """The next time ``handle_timer`` must run, or None."""
-        times = [t for t in (self._rto_deadline, self._ack_deadline) if t is not None]
+        times = [
+            t for t in (self._rto_deadline, self._ack_deadline, self._pto_deadline) if t is not None
+        ]
         if self.config.keepalive_interval > 0 and self.state is ConnectionState.CONNECTED:
             times.append(self._last_sent + self.config.keepalive_interval)
         return min(times) if times else None
@@ -611,6 +731,25 @@ class RudpConnection:
             self._ack_now = True
         if self._rto_deadline is not None and now >= self._rto_deadline:
             self._on_rto(now)
+        elif self._pto_deadline is not None and now >= self._pto_deadline:
+            self._on_probe_timeout()
+
+    def _on_probe_timeout(self) -> None:
+        """No ACK progress for PTO with data in flight: probe with the newest packet the
+        peer has not reported (RFC 8985 §7.3). Its ACK shows the holes before it, which
+        :meth:`_detect_losses` then declares lost: a lost tail costs ~PTO + RTT, not an
+        RTO with its back-off. No back-off, no retry counted; one probe per episode."""
+        self._pto_deadline = None
+        self._probed = True
+        for out in reversed(self._inflight.values()):
+            if not out.sacked:
+                break
+        else:
+            return
+        self.stats.tail_probes += 1
+        self._probe = out
+        if all(o is not out for o in self._resend):
+            self._resend.append(out)
 
     def _on_rto(self, now: float) -> None:
         self.stats.timeouts += 1
@@ -628,8 +767,12 @@ class RudpConnection:
         pending = sorted(self._inflight.values(), key=lambda o: o.seq)
         self._resend = [o for i, o in enumerate(pending) if i == 0 or not o.sacked]
         if self._resend:
-            self._resend[0].sacked = False
+            first = self._resend[0]
+            first.sacked = False
+            self._sacked_ranges = _subtract(self._sacked_ranges, [(first.seq, first.seq + 1)])
         self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.6
+        self._pto_deadline = None
+        self._probed = False
 
     def _fail(self, now: float) -> None:
         self._transition("retries_exhausted")
@@ -642,8 +785,13 @@ class RudpConnection:
         self._unsent = None
         self._inflight.clear()
         self._resend.clear()
+        self._sacked_ranges = []
+        self._sent_order.clear()
+        self._parked = []
+        self._probe = None
         self._snd_una = self._next_seq  # abandoned; DATA's base tells the receiver
         self._rto_deadline = None
+        self._pto_deadline = None
         self._emit(PeerDisconnected(failed))
 
     # ---------------------------------------------------------------- output
@@ -671,25 +819,19 @@ class RudpConnection:
         out.transmissions += 1
         out.sent_at = now
         out.pn = pn
+        self._sent_order.append((out.pn, out))
         self.stats.data_sent += 1
         if self._rto_deadline is None:
             self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.1
         return wire.Data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
 
     def _ack_frame(self) -> wire.Ack:
-        blocks: list[tuple[int, int]] = []
-        for seq in sorted(self._buffer):
-            if blocks and blocks[-1][1] == seq:
-                blocks[-1] = (blocks[-1][0], seq + 1)
-            elif len(blocks) < self._max_sack_blocks:
-                blocks.append((seq, seq + 1))
-            else:
-                break
+        blocks = tuple((start, end) for start, end in self._ranges[: self._max_sack_blocks])
         self._ack_now = False
         self._ack_deadline = None
         self._unacked_in_order = 0
         self.stats.acks_sent += 1
-        return wire.Ack(self._rcv_next, tuple(blocks))
+        return wire.Ack(self._rcv_next, blocks)
 
     def datagrams_to_send(self, now: float) -> list[bytes]:
         """Every datagram due now: retransmissions, new data within the window, ACK, PING.
@@ -722,12 +864,19 @@ class RudpConnection:
         for item in self._resend:
             if item.seq in self._inflight and not item.sacked:
                 add(item)
+                if item is self._probe:
+                    self._probe_pn = item.pn
         self._resend.clear()
+        self._probe = None
         limit = self._snd_una + self.config.window
+        sent_new = False
         while self._unsent and self._unsent[0].seq < limit:
             item = self._unsent.popleft()
             self._inflight[item.seq] = item
             add(item)
+            sent_new = True
+        if sent_new:
+            self._arm_probe(now)  # RFC 8985 §7.2: the tail moved
         if self._unsent is not None and not self._unsent:
             self._unsent = None  # an idle connection holds no queue
         # An emptied dict keeps the table it grew to (224 bytes for one entry, 4.7 kB after
@@ -770,3 +919,33 @@ class RudpConnection:
         if self._events is None:
             self._events = deque()
         self._events.append(event)
+
+
+def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted disjoint [start, end) runs ``a`` less the sorted disjoint runs ``b``."""
+    result: list[tuple[int, int]] = []
+    j = 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while start < end and k < len(b) and b[k][0] < end:
+            if b[k][0] > start:
+                result.append((start, b[k][0]))
+            start = max(start, b[k][1])
+            k += 1
+        if start < end:
+            result.append((start, end))
+    return result
+
+
+def _union(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted disjoint runs covering ``a`` and ``b`` (adjacent runs merged)."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(a + b):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged

@@ -8,7 +8,9 @@ then ``await proxy.start()`` / ``await proxy.close()``. Command::
 
 Options: --loss/--dup/--reorder are probabilities, --delay/--jitter milliseconds,
 --rate a link rate (bit, kbit, mbit, gbit), --seed the RNG seed, --tcp relays TCP,
---socket-buffer sizes the UDP sockets' kernel buffers (the relay should not drop).
+--socket-buffer sizes the UDP sockets' kernel buffers (the relay should not drop),
+--max-clients bounds the UDP client addresses relayed (a device that moves often is a
+new client at each address).
 
 UDP (default): clients send to ``listen``; each client address gets its own
 upstream socket towards ``forward``, so the server sees a distinct source per
@@ -370,6 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--socket-buffer", type=int, default=4 << 20, help="UDP socket buffer bytes (0: system)"
     )
+    parser.add_argument(
+        "--max-clients", type=int, default=64, help="UDP client addresses relayed (others dropped)"
+    )
     args = parser.parse_args(argv)
     impairment = Impairment(
         loss=args.loss,
@@ -388,6 +393,7 @@ def main(argv: list[str] | None = None) -> None:
             impairment=impairment,
             seed=args.seed,
             protocol="tcp" if args.tcp else "udp",
+            max_clients=args.max_clients,
         )
         await proxy.start()
         print(f"impairing {proxy.listen_addr} -> {args.forward}", flush=True)

@@ -214,6 +214,8 @@ async def run_broker(
             raise BrokerError(
                 f"cannot listen for media on {media_host}:{media_port}: {exc.strerror or exc}"
             ) from None
+        if config.media.advertise is not None:
+            service.advertise = (config.media.advertise.host, config.media.advertise.port)
         service.start()
         if config.sms.enabled:
             defaults = {

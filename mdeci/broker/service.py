@@ -118,6 +118,9 @@ class BrokerService:
         # The channel selector and SMS side when set (run_broker; see the sms property).
         self._sms: SmsFallback | None = None
         self.refused_requests = 0  # requests answered 503 or dropped by _admit
+        # [media] advertise: the relay's address, announced in SDP; agents are then
+        # followed by path validation only (see connected).
+        self.advertise: tuple[str, int] | None = None
         broker.listener = self
         # A broker served again by a new service (a restart in-process) is not wrapped twice.
         sink = broker.log.sink if isinstance(broker.log, LoopSink) else broker.log
@@ -166,7 +169,7 @@ class BrokerService:
     @property
     def local_addr(self) -> tuple[str, int]:
         """The media address to put in the broker's SDP answer."""
-        return self.endpoint.local_addr
+        return self.advertise or self.endpoint.local_addr
 
     def peers(self) -> list[tuple[str, RudpPeer]]:
         """Each user with a live RUDP association, and its peer (for the metrics)."""
@@ -205,8 +208,11 @@ class BrokerService:
             # is in flight to the new address itself; restarting the stream from the
             # lowest un-acked nseq would send the whole window again on every move, and a
             # device moving often would spend its link on copies.
-            # (A new address also gives the association a fresh retry budget.)
-            link.peer.set_address(media_addr)
+            # (A new address also gives the association a fresh retry budget.) Behind a
+            # relay the SDP address is not where the agent's packets come from: the RUDP
+            # path validation follows it instead (it also resends what is in flight).
+            if self.advertise is None:
+                link.peer.set_address(media_addr)
             self.worker.post("media moved", self.broker.mark_moved, uri, _addr_text(media_addr))
             self._kick(link)
             return
@@ -215,7 +221,8 @@ class BrokerService:
             self._users[uri] = link
             link.peer.on_heard = lambda: self._heard(link)
             link.peer.on_message = lambda data: self._received(link, data)
-        link.peer.set_address(media_addr)
+        if self.advertise is None or link.peer.path_changes == 0:
+            link.peer.set_address(media_addr)  # behind a relay: until a path is validated
         # Always a fresh retry budget: the (re-)INVITE just proved the user reachable at
         # this address; retries spent on the old one during a move must not fail the
         # association a moment later (then nothing would bring it back: the agent, which

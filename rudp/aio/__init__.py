@@ -3,6 +3,13 @@
 Glue only (the core is sans-IO; tests/test_layering.py checks it): datagrams go into
 ``RudpConnection.receive_datagram``, timers are one ``loop.call_at`` per peer, events
 become future results, exceptions and queue items. The core decides everything.
+
+Per wake of the event loop the endpoint reads every datagram waiting (up to
+``READ_BATCH``), hands each to its connection, and only then asks each connection that
+got one for what to send: a burst of DATA costs one ACK per batch, not one per two
+packets, and one epoll per batch, not per datagram (asyncio's datagram transport reads
+one datagram per wake). Sends made by the application within one loop iteration are
+likewise written together, once, just after it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import contextlib
 import logging
 import secrets
 import socket
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,10 +47,18 @@ CHALLENGE_INTERVAL = 0.05
 SOCKET_BUFFER = 4 << 20
 
 
-def set_socket_buffers(transport: asyncio.BaseTransport, size: int) -> None:
+# Datagrams read per wake before the connections are asked what to send (bounds how long
+# one busy socket keeps the loop from everything else).
+READ_BATCH = 64
+# After a rebind the old socket is still read this long (and only read): datagrams the
+# peer sent before it learnt of the move are not lost while the old address still works.
+REBIND_LINGER = 2.0
+MAX_DATAGRAM = 65535
+
+
+def set_socket_buffers(sock: socket.socket, size: int) -> None:
     """Ask for ``size``-byte send and receive buffers (the kernel caps it at rmem/wmem_max)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None or size <= 0:
+    if size <= 0:
         return
     for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
         with contextlib.suppress(OSError):
@@ -62,17 +78,6 @@ class EndpointStats:
     dropped_incoming: int = 0  # while ``RudpEndpoint.drop_incoming`` was set
 
 
-class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, endpoint: RudpEndpoint) -> None:
-        self._endpoint = endpoint
-
-    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
-        self._endpoint._on_datagram(data, (str(addr[0]), int(addr[1])))
-
-    def error_received(self, exc: Exception) -> None:
-        pass  # ICMP errors on UDP: the retransmission timer is the only judge of reachability
-
-
 class RudpPeer:
     """One peer of an endpoint, identified by its session key (never by its address).
 
@@ -87,9 +92,9 @@ class RudpPeer:
         "_challenged_at",
         "_closed",
         "_endpoint",
+        "_flush_soon",
         "_inbox",
         "_loop",
-        "_pump_soon",
         "_source",
         "_timer",
         "_timer_at",
@@ -133,7 +138,7 @@ class RudpPeer:
         self._inbox: asyncio.Queue[bytes] | None = None  # built by the first receive()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._pump_soon = False  # a _pump is scheduled (see send)
+        self._flush_soon = False  # a flush is scheduled for the end of this iteration
         self._closed = False
 
     @property
@@ -177,11 +182,9 @@ class RudpPeer:
         message_id = self.connection.send_message(message, self._loop.time())
         future: asyncio.Future[None] = self._loop.create_future()
         self._waiters[message_id] = future
-        if not self._pump_soon:
-            # Sent once the loop has run every send of this turn: a burst of small
-            # messages shares datagrams (the core packs them up to the MTU).
-            self._pump_soon = True
-            self._loop.call_soon(self._pump)
+        if not self._flush_soon:  # sends of this iteration leave together (module doc)
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
         await future
 
     async def receive(self) -> bytes:
@@ -194,6 +197,7 @@ class RudpPeer:
         return self._inbox
 
     def _feed(self, data: bytes, addr: tuple[str, int]) -> None:
+        """Take one datagram; its events are handled now, its answers at :meth:`_flush`."""
         # Known to every _pump this datagram causes, including one run from on_heard
         # (a PATH_RESPONSE is only valid from the address that was challenged).
         self._source = addr
@@ -205,7 +209,8 @@ class RudpPeer:
             if self.on_heard is not None:
                 self.on_heard()
         self._source = addr
-        self._pump()
+        if not self._closed:
+            self._events()
         self._source = None
 
     def _challenge(self, addr: tuple[str, int]) -> None:
@@ -244,12 +249,30 @@ class RudpPeer:
         self._pump()
 
     def _pump(self) -> None:
-        self._pump_soon = False
         if self._closed:
             return
-        now = self._loop.time()
-        for datagram in self.connection.datagrams_to_send(now):
+        self._events()
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write what the connection has to send; re-arm the timer."""
+        self._flush_soon = False
+        if self._closed:
+            return
+        for datagram in self.connection.datagrams_to_send(self._loop.time()):
             self._endpoint._sendto(datagram, self.addr)
+        self._events()
+        when = self.connection.get_timer()
+        # Only an earlier deadline moves the timer: one that fires early finds nothing due
+        # and re-arms (deadlines move later on nearly every ACK; a call_at each is dearer).
+        if when is not None and (self._timer_at is None or when < self._timer_at):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(when, self._on_timer)
+            self._timer_at = when
+
+    def _events(self) -> None:
+        """Turn the connection's events into future results and inbox items."""
         moved = False
         while (event := self.connection.next_event()) is not None:
             if isinstance(event, MessageReceived):
@@ -272,14 +295,7 @@ class RudpPeer:
         if not self._waiters:
             self._waiters.clear()  # an emptied dict keeps its table; clear() frees it
         if moved:  # what was in flight goes to the validated address now, not at the RTO
-            for datagram in self.connection.datagrams_to_send(now):
-                self._endpoint._sendto(datagram, self.addr)
-        when = self.connection.get_timer()
-        if when != self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._loop.call_at(when, self._on_timer) if when is not None else None
-            self._timer_at = when
+            self._flush()
 
     def _close(self) -> None:
         self._closed = True
@@ -305,7 +321,9 @@ class RudpEndpoint:
         self.socket_buffer = socket_buffer
         self.stats = EndpointStats()
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.DatagramTransport | None = None
+        self._sock: socket.socket | None = None
+        self._backlog: deque[tuple[bytes, tuple[str, int]]] = deque()  # socket buffer full
+        self._lingering: set[socket.socket] = set()  # old sockets after a rebind, read only
         self._peers: dict[int, RudpPeer] = {}
         #: Test and diagnostic knob: while true, every datagram received is dropped
         #: (counted in ``stats.dropped_incoming``) as if the path towards this endpoint
@@ -331,17 +349,44 @@ class RudpEndpoint:
         return endpoint
 
     async def _bind(self, host: str, port: int) -> None:
-        transport, _ = await self._loop.create_datagram_endpoint(
-            lambda: _Protocol(self), local_addr=(host, port)
-        )
-        set_socket_buffers(transport, self.socket_buffer)
-        self._transport = transport
+        try:  # a numeric address needs no resolver thread (a move should not wait for one)
+            infos = socket.getaddrinfo(
+                host, port, type=socket.SOCK_DGRAM, flags=socket.AI_NUMERICHOST
+            )
+        except socket.gaierror:
+            infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        family, kind, proto, _, where = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.bind(where)
+        except OSError:
+            sock.close()
+            raise
+        set_socket_buffers(sock, self.socket_buffer)
+        self._loop.add_reader(sock.fileno(), self._read_ready, sock)
+        self._sock = sock
+
+    def _unbind(self, sock: socket.socket) -> None:
+        self._loop.remove_reader(sock.fileno())
+        if self._backlog:
+            self._loop.remove_writer(sock.fileno())
+            self._backlog.clear()
+        sock.close()
+        for old in list(self._lingering):
+            self._close_lingering(old)
+
+    def _close_lingering(self, sock: socket.socket) -> None:
+        if sock in self._lingering:
+            self._lingering.discard(sock)
+            self._loop.remove_reader(sock.fileno())
+            sock.close()
 
     @property
     def local_addr(self) -> tuple[str, int]:
-        if self._transport is None:
+        if self._sock is None:
             raise RudpError("endpoint closed")
-        name = self._transport.get_extra_info("sockname")
+        name = self._sock.getsockname()
         return (str(name[0]), int(name[1]))
 
     def peer(self, key: bytes, addr: tuple[str, int]) -> RudpPeer:
@@ -363,11 +408,19 @@ class RudpEndpoint:
     async def rebind(self, host: str, port: int = 0) -> None:
         """Move to a new local address. Peers keep their state; what they have in flight
         is sent again from the new address at once (:meth:`RudpPeer.path_changed`), and
-        the remote end follows after validating the new path."""
-        old = self._transport
+        the remote end follows after validating the new path. The old socket is still
+        read for ``REBIND_LINGER`` seconds (what was on its way there is not lost)."""
+        for sock in list(self._lingering):
+            if port and sock.getsockname()[:2] == (host, port):
+                self._close_lingering(sock)  # moving back to it before it was closed
+        old = self._sock
         await self._bind(host, port)
         if old is not None:
-            old.close()
+            if self._backlog:  # what waits for the old socket's buffer goes from the new one
+                self._loop.remove_writer(old.fileno())
+                self._loop.add_writer(self._sock.fileno(), self._write_ready)  # type: ignore[union-attr]
+            self._lingering.add(old)
+            self._loop.call_later(REBIND_LINGER, self._close_lingering, old)
         for peer in self._peers.values():
             peer.path_changed()
 
@@ -375,26 +428,69 @@ class RudpEndpoint:
         for peer in self._peers.values():
             peer._close()
         self._peers.clear()
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
+        if self._sock is not None:
+            self._unbind(self._sock)
+            self._sock = None
 
     def _sendto(self, data: bytes, addr: tuple[str, int]) -> None:
-        if self._transport is not None:
-            self._transport.sendto(data, addr)
+        sock = self._sock
+        if sock is None:
+            return
+        if self._backlog:
+            self._backlog.append((data, addr))
+            return
+        try:
+            sock.sendto(data, addr)
+        except (BlockingIOError, InterruptedError):
+            self._backlog.append((data, addr))
+            self._loop.add_writer(sock.fileno(), self._write_ready)
+        except OSError:
+            pass  # ICMP errors on UDP: the retransmission timer is the only judge
 
-    def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+    def _write_ready(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while self._backlog:
+            data, addr = self._backlog[0]
+            try:
+                sock.sendto(data, addr)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                pass
+            self._backlog.popleft()
+        self._loop.remove_writer(sock.fileno())
+
+    def _read_ready(self, sock: socket.socket) -> None:
+        """Read what waits (up to READ_BATCH), then let each peer that got some answer once."""
+        touched: dict[int, RudpPeer] = {}
+        for _ in range(READ_BATCH):
+            try:
+                data, addr = sock.recvfrom(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                continue  # an ICMP error queued on the socket: nothing to read in it
+            peer = self._route(data)
+            if peer is not None:
+                peer._feed(data, (str(addr[0]), int(addr[1])))
+                touched[id(peer)] = peer
+            if sock.fileno() < 0:
+                break  # closed by what this datagram caused
+        for peer in touched.values():
+            peer._flush()
+
+    def _route(self, data: bytes) -> RudpPeer | None:
         self.stats.datagrams_received += 1
         if self.drop_incoming:
             self.stats.dropped_incoming += 1
-            return
+            return None
         try:
             cid = wire.peek_cid(data)
         except PacketError:
             self.stats.malformed += 1
-            return
+            return None
         peer = self._peers.get(cid)
         if peer is None:
             self.stats.unknown_cid += 1
-            return
-        peer._feed(data, addr)
+        return peer

@@ -97,7 +97,7 @@ class Swarm:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_datagram_endpoint(_SipSocket, local_addr=(host, 0))
         assert protocol.transport is not None
-        set_socket_buffers(protocol.transport, SOCKET_BUFFER)
+        set_socket_buffers(protocol.transport.get_extra_info("socket"), SOCKET_BUFFER)
         rudp = await RudpEndpoint.open(host, 0)
         return cls(protocol, rudp, domain, broker_aor, host)
 

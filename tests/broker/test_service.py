@@ -438,3 +438,34 @@ async def test_a_user_that_does_not_acknowledge_cannot_grow_the_broker(
     finally:
         await agent.close()
         await service.close()
+
+
+async def test_behind_a_relay_the_sdp_address_is_announced_and_moves_follow_the_source(
+    service: BrokerService, store: BrokerStore, sink: WaitingSink
+) -> None:
+    """``[media] advertise`` (issue 14): the SDP answer carries the relay's address, and a
+    move's SDP address (here one that reaches nobody, like a private address behind NAT)
+    does not redirect a connected agent: its packets from the new address do, through
+    RUDP path validation, and delivery goes on there."""
+    service.advertise = ("192.0.2.7", 40000)
+    assert service.local_addr == ("192.0.2.7", 40000)
+    broker = service.broker
+    add_session(store, ALICE)
+    await service.worker.run(broker.handle, ALICE, Sub(req=1, subject="news.rio"))
+    agent = await Agent.open(service.endpoint.local_addr)
+    try:
+        service.connected(ALICE, agent.addr, agent.key)  # first contact: the SDP address
+        await publish(service, "m1")
+        assert (await agent.next_notify()).nseq == 1
+        await agent.send(Ack(upto=1))
+        await sink.wait_for("notify_delivered", ALICE)
+        await agent.endpoint.rebind(HOST, 0)  # moved; its first packets come from there
+        service.connected(ALICE, (HOST, 9), agent.key)  # the re-INVITE's unusable address
+        [(_, peer)] = service.peers()
+        assert peer.addr != (HOST, 9)  # not followed
+        await publish(service, "m2")
+        assert (await agent.next_notify()).nseq == 2
+        assert peer.addr == agent.addr
+        assert peer.path_changes >= 1
+    finally:
+        await agent.close()

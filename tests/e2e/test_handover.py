@@ -113,15 +113,16 @@ def agent_config(
 
 
 class Publisher:
-    """B publishing ``t<i>`` at ``rate`` per second until stopped (or ``MAX_EVENTS``).
+    """B publishing ``t<i>`` at ``rate`` per second until stopped (or ``limit`` events).
 
     Each publish is its own task, so the offered rate does not depend on the round trip
     to ``pub-ok``. Order is still B's: a publish reaches the RUDP core before its task
     first suspends, and asyncio starts tasks in creation order.
     """
 
-    def __init__(self, b: RunningAgent, subject: str, rate: float) -> None:
+    def __init__(self, b: RunningAgent, subject: str, rate: float, limit: int = MAX_EVENTS) -> None:
         self.b = b
+        self.limit = limit
         self.subject = subject
         self.interval = 1.0 / rate
         self.sent = 0
@@ -143,7 +144,7 @@ class Publisher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        while not self._stop.is_set() and self.sent < MAX_EVENTS:
+        while not self._stop.is_set() and self.sent < self.limit:
             # Pacing (the offered load), not synchronisation.
             delay = start + self.sent * self.interval - loop.time()
             if delay > 0:
