@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from mdeci.agent import Agent
 from mdeci.agent.api import ApiClient
 from mdeci.agent.daemon import RunningAgent, run_agent
 from mdeci.agent.ipmonitor import is_held, make_monitor, netlink_source
@@ -169,6 +170,39 @@ class Publisher:
         return self.sent
 
 
+class Arrivals:
+    """What ``agent``'s application receives, each with the loop time it arrived, in
+    order; awaitable by count (no polling)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.received: list[tuple[float, dict[str, Any]]] = []
+        self._arrived = asyncio.Event()
+        self._inbox = agent.listen()
+        self._task = asyncio.create_task(self._consume())
+
+    async def _consume(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            record = await self._inbox.get()
+            self.received.append((loop.time(), record))
+            self._arrived.set()
+
+    async def at_least(self, count: int, *, idle: float | None = None) -> None:
+        """Return once ``count`` records arrived; ``idle``: raise TimeoutError when none
+        arrives for that long (a long backlog may take as long as it keeps moving)."""
+        while len(self.received) < count:
+            self._arrived.clear()
+            await asyncio.wait_for(self._arrived.wait(), idle)
+
+    async def time_of(self, index: int) -> float:
+        """When record ``index`` (0-based) arrived, once it has."""
+        await self.at_least(index + 1)
+        return self.received[index][0]
+
+    def close(self) -> None:
+        self._task.cancel()
+
+
 async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
     tmp_path: Path,
     store: BrokerStore,
@@ -187,49 +221,28 @@ async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
     )
     publisher: Publisher | None = None
     loop = asyncio.get_running_loop()
-    received: list[tuple[float, dict[str, Any]]] = []
-    arrived = asyncio.Event()
-    inbox = a.agent.listen()
-
-    async def consume() -> None:
-        while True:
-            record = await inbox.get()
-            received.append((loop.time(), record))
-            arrived.set()
-
-    consumer = asyncio.create_task(consume())
+    arrivals = Arrivals(a.agent)
+    received = arrivals.received
     try:
         await asyncio.wait_for(a.wait_connected(), GUARD)
         await asyncio.wait_for(b.wait_connected(), GUARD)
         await asyncio.wait_for(a.agent.subscribe("handover.tick", ttl=600), GUARD)
         publisher = Publisher(b, "handover.tick", RATE).start()
-
-        async def next_arrival_after(mark: int) -> float:
-            while len(received) <= mark:
-                arrived.clear()
-                await arrived.wait()
-            return received[mark][0]
-
-        await asyncio.wait_for(next_arrival_after(0), GUARD)
+        await asyncio.wait_for(arrivals.time_of(0), GUARD)
         restore: list[float] = []
         for k in range(1, MOVES + 1):
             host = A_HOSTS[k % len(A_HOSTS)]
             mark = len(received)
             changed_at = loop.time()
             await asyncio.wait_for(a.move_to(host), GUARD)
-            first = await asyncio.wait_for(next_arrival_after(mark), GUARD)
+            first = await asyncio.wait_for(arrivals.time_of(mark), GUARD)
             restore.append(first - changed_at)
             assert a.status().media_addr.startswith(host + ":")
         sent = await publisher.stop()
         publisher_elapsed = publisher.elapsed
         publisher = None
 
-        async def all_in() -> None:
-            while len(received) < sent:
-                arrived.clear()
-                await arrived.wait()
-
-        await asyncio.wait_for(all_in(), GUARD)
+        await asyncio.wait_for(arrivals.at_least(sent), GUARD)
         records = [r for _, r in received]
         check_exactly(records, [f"t{i}" for i in range(sent)])
         assert [r["nseq"] for r in records] == list(range(1, sent + 1))
@@ -248,7 +261,7 @@ async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
             f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {max(restore) * 1000:.1f} ms"
         )
     finally:
-        consumer.cancel()
+        arrivals.close()
         if publisher is not None:
             with contextlib.suppress(Exception):
                 await publisher.stop()

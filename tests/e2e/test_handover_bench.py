@@ -53,7 +53,7 @@ from tests.broker.conftest import WaitingSink
 # The store fixtures of the broker and store tests (a migrated SQLite file per test).
 from tests.broker.conftest import store as store
 from tests.e2e.harness_a import GUARD, percentile
-from tests.e2e.test_handover import A_HOSTS, RATE, RUDP, Publisher, agent_config
+from tests.e2e.test_handover import A_HOSTS, RATE, RUDP, Arrivals, Publisher, agent_config
 from tests.rudp.test_bench import Proxy
 from tests.store.conftest import sqlite_path as sqlite_path
 from tests.store.conftest import sqlite_template as sqlite_template
@@ -138,29 +138,14 @@ async def test_thousand_moves_through_the_impairment_proxy(
     )
     publisher: Publisher | None = None
     loop = asyncio.get_running_loop()
-    received: list[tuple[float, dict[str, Any]]] = []
-    arrived = asyncio.Event()
-    inbox = a.agent.listen()
-
-    async def consume() -> None:
-        while True:
-            record = await inbox.get()
-            received.append((loop.time(), record))
-            arrived.set()
-
-    async def next_arrival_after(mark: int) -> float:
-        while len(received) <= mark:
-            arrived.clear()
-            await arrived.wait()
-        return received[mark][0]
-
-    consumer = asyncio.create_task(consume())
+    arrivals = Arrivals(a.agent)
+    received = arrivals.received
     try:
         await asyncio.wait_for(a.wait_connected(), GUARD)
         await asyncio.wait_for(b.wait_connected(), GUARD)
         await asyncio.wait_for(a.agent.subscribe("handover.tick", ttl=3600), GUARD)
         publisher = Publisher(b, "handover.tick", RATE, MAX_EVENTS).start()
-        await asyncio.wait_for(next_arrival_after(0), GUARD)
+        await asyncio.wait_for(arrivals.time_of(0), GUARD)
         restore: list[float] = []
         cpu, wall = time.process_time(), time.perf_counter()
         for k in range(1, MOVES + 1):
@@ -168,7 +153,7 @@ async def test_thousand_moves_through_the_impairment_proxy(
             mark = len(received)
             changed_at = loop.time()
             await asyncio.wait_for(a.move_to(host), GUARD)
-            first = await asyncio.wait_for(next_arrival_after(mark), GUARD)
+            first = await asyncio.wait_for(arrivals.time_of(mark), GUARD)
             restore.append(first - changed_at)
             if k % PROGRESS == 0:
                 print(
@@ -184,9 +169,7 @@ async def test_thousand_moves_through_the_impairment_proxy(
         # A backlog of thousands drains at the delivery rate: wait as long as it moves.
         drain = time.perf_counter()
         with contextlib.suppress(TimeoutError):  # GUARD without progress: the rest is lost
-            while len(received) < sent:
-                arrived.clear()
-                await asyncio.wait_for(arrived.wait(), GUARD)
+            await arrivals.at_least(sent, idle=GUARD)
         drain = time.perf_counter() - drain
         records = [r for _, r in received]
         lost, dup = _count(records, sent)
@@ -209,7 +192,7 @@ async def test_thousand_moves_through_the_impairment_proxy(
         assert a.agent.event_counts["ip_changed"] == MOVES
     finally:
         try:
-            consumer.cancel()
+            arrivals.close()
             if publisher is not None:
                 with contextlib.suppress(Exception):
                     await publisher.stop()
