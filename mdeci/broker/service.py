@@ -79,6 +79,9 @@ class _UserLink:
     reply_bytes: int = 0
     listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
     refusing: bool = False  # over the cap: its requests are answered 503, logged once
+    # The SMS side was told IP is back for this connection (see _proved): only once a
+    # datagram sent over it was acknowledged, not when the (re-)INVITE completed.
+    ip_proved: bool = True
 
 
 def _nothing() -> None:
@@ -230,8 +233,7 @@ class BrokerService:
         link.peer.reset()
         link.epoch += 1
         link.delivering = True
-        if self.sms is not None:
-            self.sms.ip_back(uri)
+        link.ip_proved = False  # the SMS side hears of it at the first acknowledged send
         # Posted before the delivery task's next take_batches: the worker runs them in order.
         self.worker.post("session status", self.broker.mark_connected, uri, _addr_text(media_addr))
         self._kick(link)
@@ -512,6 +514,23 @@ class BrokerService:
             await link.peer.send(data)
         except PeerUnreachable as exc:
             self._unreachable(link, epoch, exc.reason)
+        else:
+            if not link.ip_proved and epoch == link.epoch:
+                self._proved(link)
+
+    def _proved(self, link: _UserLink) -> None:
+        """The first datagram sent over this connection was acknowledged: IP works both
+        ways, so the SMS side stops its buffers for the user (:meth:`SmsFallback.ip_back`).
+
+        Not at the (re-)INVITE: a device whose SIP works while its IP downlink does not
+        (a half-broken radio, a firewall dropping UDP towards it) re-INVITEs again and
+        again; stopping its SMS at each one and sending it again when IP fails anew paid
+        every SMS twice or more, and a notification that had reached the phone by SMS was
+        sent to it once more.
+        """
+        link.ip_proved = True
+        if self.sms is not None:
+            self.sms.ip_back(link.uri)
 
     def _unreachable(self, link: _UserLink, epoch: int, reason: str) -> None:
         if epoch != link.epoch or self._users.get(link.uri) is not link:

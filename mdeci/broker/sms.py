@@ -27,10 +27,12 @@ buffer ack the broker deletes exactly that notification from the queue
 (:func:`mdeci.store.usage.remove_delivered`, not the cumulative ``ack``: older
 non-urgent ones still wait for IP) and logs ``notify_delivered`` with ``channel = "sms"``.
 A buffer whose TTL ends unacknowledged is reported undeliverable (``notify_dropped``) and
-deleted as well. When IP comes back (:meth:`SmsFallback.ip_back`) every buffer of the
-user still in flight is cancelled; those notifications are still queued and the IP
-flush sends them; if an SMS copy got there first, the agent's gate refuses the IP copy
-(and still acks it), so nothing reaches the application twice.
+deleted as well. When IP comes back (:meth:`SmsFallback.ip_back`: the service calls it
+once a datagram sent over the new connection was acknowledged, not at the re-INVITE,
+which proves only SIP) every buffer of the user still in flight is cancelled; those
+notifications are still queued and the IP flush sends them; if an SMS copy got there
+first, the agent's gate refuses the IP copy (and still acks it), so nothing reaches the
+application twice.
 
 Threads. Like the core, every store call of this side runs on the service's database
 thread (:class:`~mdeci.broker.worker.DbWorker`), never on the event loop, so a hung
@@ -472,8 +474,8 @@ class SmsFallback:
         return self._calendars[uri]
 
     def ip_back(self, uri: str) -> None:
-        """``uri`` is CONNECTED again: stop its SMS buffers; IP delivers what is queued;
-        tell it the limits it reached meanwhile."""
+        """``uri`` is CONNECTED again and IP proved to work: stop its SMS buffers; IP
+        delivers what is queued; tell it the limits it reached meanwhile."""
         timer = self._timers.pop(uri, None)
         if timer is not None:
             timer.cancel()

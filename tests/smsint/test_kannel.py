@@ -67,12 +67,6 @@ class FakesmscPhone:
             self._task.cancel()
 
 
-@pytest.mark.xfail(
-    reason="flaky under load: the test cuts only alice's RUDP, her agent re-INVITEs over the "
-    "SIP that still works, the broker then stops the SMS in flight and sends it again "
-    "(8 parts for 4) or is between buffers; open, see the closing note",
-    strict=False,
-)
 async def test_urgent_notification_through_kannel_and_mo_back(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:

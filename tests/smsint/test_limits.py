@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from mdeci.channels import Period, period_days
 from mdeci.sms.smsc import SmscConfig
 from mdeci.store.repo import BrokerStore
@@ -28,12 +26,6 @@ from tests.smsint.harness import (
 LIMIT = 3
 
 
-@pytest.mark.xfail(
-    reason="flaky under load: the test cuts only alice's RUDP, her agent re-INVITEs over the "
-    "SIP that still works, the broker then stops the SMS in flight and sends it again "
-    "(8 parts for 4) or is between buffers; open, see the closing note",
-    strict=False,
-)
 async def test_monthly_limit_stops_sms_and_urgent_ones_wait(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:

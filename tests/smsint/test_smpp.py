@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from mdeci.config import HostPort, SmsGatewayKind
 from mdeci.sms import segments_needed
 from mdeci.store.repo import BrokerStore
@@ -27,12 +25,6 @@ from tests.smsint.harness import (
 from tests.smsint.smppsim import SmppSim
 
 
-@pytest.mark.xfail(
-    reason="flaky under load: the test cuts only alice's RUDP, her agent re-INVITEs over the "
-    "SIP that still works, the broker then stops the SMS in flight and sends it again "
-    "(8 parts for 4) or is between buffers; open, see the closing note",
-    strict=False,
-)
 async def test_urgent_notification_through_smpp_and_ack_back(
     tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
 ) -> None:
