@@ -9,7 +9,7 @@ in aioquic's connection and :mod:`mdeci.broker.core`). The asyncio glue
 
 - **inputs**: :meth:`~AgentCore.start`, :meth:`~AgentCore.sip_done` (the outcome of the
   SIP command it asked for), :meth:`~AgentCore.media_bound` (the RUDP socket's address),
-  :meth:`~AgentCore.frame_received` (bytes from the broker over RUDP),
+  :meth:`~AgentCore.frames_received` (a burst of messages from the broker over RUDP),
   :meth:`~AgentCore.frame_by_sms` (the SMS channel's hook), :meth:`~AgentCore.peer_lost`,
   :meth:`~AgentCore.bye_received`, :meth:`~AgentCore.address_changed`, the applications'
   :meth:`~AgentCore.subscribe` / :meth:`~AgentCore.unsubscribe` /
@@ -32,7 +32,12 @@ States (``docs/agent.md`` has the diagram)::
 
 The exactly-once gate (:class:`~mdeci.agent.state.NseqState`), the inbox, the outbox and
 the subscription record are the durable state handed in (files, no socket): a notify
-the gate accepts is appended to the inbox and the gate saved *before* ``ack`` is sent.
+the gate accepts is appended to the inbox (and a windowed gate saved) *before* ``ack``
+is sent. :meth:`~AgentCore.frames_received` takes a burst (what the glue read in one
+loop turn): the notifications the gate accepts in it are recorded with one append and
+one ``fsync``, then handed over, then acknowledged by one cumulative ``ack``; if the
+write fails, nothing of the burst is handed over or acknowledged and the gate is rolled
+back, so the broker's resend is taken.
 A publish is in the outbox before it is sent; after each connection the outbox is sent
 again oldest first with the same ``msg_id`` (the broker dedupes by it).
 
@@ -96,6 +101,7 @@ from mdeci.frames import (
     decode,
     encode,
 )
+from mdeci.sms.dedupe import NseqGate
 from rudp.keys import KeyExchange
 from sip.errors import SdpError
 
@@ -396,6 +402,10 @@ class AgentCore:
         self._moving_from: Address | None = None
         self._restore_subs = False
         self._slow_at: float | None = None  # when a pending attempt counts as slow
+        # Notifications of the burst being read, not recorded yet (record None: a
+        # duplicate), and the gate as it was before the burst.
+        self._burst: list[tuple[Notify, str, dict[str, Any] | None]] = []
+        self._burst_gate: NseqGate | None = None
 
     # ------------------------------------------------------------------ observing
 
@@ -822,13 +832,26 @@ class AgentCore:
 
     def frame_received(self, now: float, data: bytes) -> None:
         """A frame from the broker over RUDP; a malformed one is dropped."""
-        try:
-            frame = decode(data)
-        except FrameError:
-            return
-        if isinstance(frame, Notify):
-            self._on_notify(now, frame, "ip")
-        elif isinstance(frame, LimitReached):
+        self.frames_received(now, (data,))
+
+    def frames_received(self, now: float, batch: Sequence[bytes]) -> None:
+        """A burst of frames from the broker over RUDP, in order (malformed ones are
+        dropped): its notifications are recorded together (module docstring)."""
+        for data in batch:
+            try:
+                frame = decode(data)
+            except FrameError:
+                continue
+            if isinstance(frame, Notify):
+                self._take_notify(frame, "ip")
+            else:
+                # What came before it is handed over first: the events keep the order.
+                self._commit(now)
+                self._other_frame(now, frame)
+        self._commit(now)
+
+    def _other_frame(self, now: float, frame: Frame) -> None:
+        if isinstance(frame, LimitReached):
             self.limits.append(frame)
             self.sink(LimitNotice(frame))
         elif isinstance(frame, SubOk | Subs | PubOk | Error | CalendarOk) and frame.req is not None:
@@ -845,26 +868,50 @@ class AgentCore:
         nseq = frame.nseq if isinstance(frame, Notify) else None
         self._log(Event.SMS_RECEIVED, nseq=nseq, channel="sms", bytes=len(data))
         if isinstance(frame, Notify):
-            self._on_notify(now, frame, "sms")
+            self._take_notify(frame, "sms")
+            self._commit(now)
 
-    def _on_notify(self, now: float, n: Notify, channel: str) -> None:
+    def _take_notify(self, n: Notify, channel: str) -> None:
+        """Pass ``n`` through the gate into the burst; :meth:`_commit` records it."""
+        if self._burst_gate is None:
+            self._burst_gate = self.files.nseq.gate.copy()  # to roll back to
+        record = notification_record(n) if self.files.nseq.gate.accept(n.nseq) else None
+        self._burst.append((n, channel, record))
+
+    def _commit(self, now: float) -> None:
+        """Record the burst's new notifications (one write, one fsync), hand them over,
+        then ack: nothing is acked before it is durable."""
+        burst, before = self._burst, self._burst_gate
+        if not burst:
+            return
+        self._burst, self._burst_gate = [], None
         files = self.files
-        if files.nseq.gate.accept(n.nseq):
-            record = notification_record(n)
+        records = [record for _, _, record in burst if record is not None]
+        if records:
             try:
-                files.inbox.append(record)  # the applications have it...
-                files.nseq.save()  # ...and it is never handed over again
+                files.inbox.extend(records)  # the applications have them...
+                if files.nseq.per_burst:
+                    files.nseq.save()  # ...and a windowed gate's recent numbers too
             except StateError as exc:
-                # Not durable: do not ack, the broker sends it again.
+                # Not durable: no ack, and the gate forgets them, so that the broker's
+                # resend is taken (and not acked as a duplicate, which would lose it).
+                assert before is not None
+                files.nseq.gate = before
                 self._alert("state", str(exc))
                 return
-            self.sink(Delivered(record))
-            latency = max(0.0, (now - n.published_at) * 1000.0)
-            self._log(Event.NOTIFY_DELIVERED, nseq=n.nseq, channel=channel, latency_ms=latency)
-        if channel == "ip":
-            # Up to this nseq, not the gate's highest: the highest may have come by SMS
-            # while older ones still wait for IP, and the broker's ack is cumulative.
-            self._send(Ack(upto=n.nseq))
+        upto = 0
+        for n, channel, record in burst:
+            if record is not None:
+                self.sink(Delivered(record))
+                latency = max(0.0, (now - n.published_at) * 1000.0)
+                self._log(Event.NOTIFY_DELIVERED, nseq=n.nseq, channel=channel, latency_ms=latency)
+            if channel == "ip":
+                # Up to what came by IP, not the gate's highest: the highest may have
+                # come by SMS while older ones still wait for IP. The broker's ack is
+                # cumulative, so one for the burst's highest covers the others.
+                upto = max(upto, n.nseq)
+        if upto:
+            self._send(Ack(upto=upto))
 
     def _answered_request(self, now: float, frame: Frame, pending: _Pending) -> None:
         sent = pending.frame
