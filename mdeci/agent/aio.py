@@ -255,6 +255,7 @@ class Agent:
         self._peer_key: bytes | None = None
         self._burst: list[bytes] = []  # messages read in this loop turn (_on_message)
         self._burst_soon = False
+        self._sync_soon = False  # publishes wait for the outbox's fsync (_sync_outbox)
         self._timer: asyncio.TimerHandle | None = None
         self._monitor: Wakeable | None = None
         self._rebind_error: OSError | None = None
@@ -468,8 +469,15 @@ class Agent:
             self._burst_soon = True
             asyncio.get_running_loop().call_soon(self._take_burst)
 
+    def _sync_outbox(self) -> None:
+        self._sync_soon = False
+        if self.core is not None:
+            self.core.sync_outbox(self.clock())
+            self._pump()
+
     def _take_burst(self) -> None:
         self._burst_soon = False
+        self._sync_soon = False  # publishes wait for the outbox's fsync (_sync_outbox)
         burst, self._burst = self._burst, []
         if self.core is None or not burst:
             return
@@ -782,6 +790,10 @@ class Agent:
         """
         assert self.core is not None
         msg_id, req = self.core.publish(self.clock(), subject, attrs, payload, urgent=urgent)
+        if req is not None and not self._sync_soon:
+            # One fsync for the publishes of this loop turn, then they are sent.
+            self._sync_soon = True
+            asyncio.get_running_loop().call_soon(self._sync_outbox)
         if req is None:
             self._pump()
             self._publish_by_sms(msg_id, subject, attrs, payload, urgent)

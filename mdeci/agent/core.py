@@ -406,6 +406,7 @@ class AgentCore:
         # duplicate), and the gate as it was before the burst.
         self._burst: list[tuple[Notify, str, dict[str, Any] | None]] = []
         self._burst_gate: NseqGate | None = None
+        self._held: list[Pub] = []  # publishes written, waiting for sync_outbox
 
     # ------------------------------------------------------------------ observing
 
@@ -733,6 +734,10 @@ class AgentCore:
         self.sink(StateChanged(self.state, self.status))
 
     def _fail_pending(self, error: AgentError) -> None:
+        # A held publish is answered now ("buffered"): durable first. It stays in the
+        # outbox and goes with the others after the next connection.
+        held, self._held = self._held, []
+        self._durable_outbox(held)
         pending, self._pending = self._pending, {}
         for req in pending:
             self.sink(RequestFailed(req, error))
@@ -790,6 +795,7 @@ class AgentCore:
     # ------------------------------------------------------------------ timers
 
     def handle_timer(self, now: float) -> None:
+        self.sync_outbox(now)  # a held publish's timeout answers it: durable first
         if self._slow_at is not None and now >= self._slow_at:
             self._slow_at = None
             busy = self._sip_busy
@@ -823,11 +829,16 @@ class AgentCore:
         *,
         probe: bool = False,
         restore: KnownSub | None = None,
+        hold: bool = False,
     ) -> int:
         self._pending[frame.req] = _Pending(
             frame, now + self.response_timeout, probe=probe, restore=restore
         )
-        self._send(frame)
+        if hold:
+            assert isinstance(frame, Pub)
+            self._held.append(frame)  # sent by sync_outbox
+        else:
+            self._send(frame)
         return frame.req
 
     def frame_received(self, now: float, data: bytes) -> None:
@@ -1018,7 +1029,7 @@ class AgentCore:
             if pub.msg_id not in waiting:
                 self._send_pub(now, pub)
 
-    def _send_pub(self, now: float, pub: OutgoingPub) -> int:
+    def _send_pub(self, now: float, pub: OutgoingPub, *, hold: bool = False) -> int:
         frame = Pub(
             req=self._next_req(),
             msg_id=pub.msg_id,
@@ -1027,7 +1038,7 @@ class AgentCore:
             payload=pub.payload,
             urgent=pub.urgent,
         )
-        return self._request(now, frame)
+        return self._request(now, frame, hold=hold)
 
     # ------------------------------------------------------------------ applications
 
@@ -1099,10 +1110,38 @@ class AgentCore:
         pub = OutgoingPub(
             msg_id=msg_id, subject=subject, attrs=frame.attrs, payload=payload, urgent=urgent
         )
-        self.files.outbox.add(pub)
         if not self._connected:
+            self.files.outbox.add(pub)  # durable now: the application is answered now
             return msg_id, None
-        return msg_id, self._send_pub(now, pub)
+        # Written now, made durable (with the other publishes of this loop turn) by
+        # sync_outbox, which sends it then: never on the wire before it is durable.
+        self.files.outbox.add(pub, sync=False)
+        return msg_id, self._send_pub(now, pub, hold=True)
+
+    def sync_outbox(self, now: float) -> None:
+        """The glue's durable point for publishes (once per loop turn): one fsync for the
+        publishes buffered since the last one, then they are sent, in order."""
+        held, self._held = self._held, []
+        if not self._durable_outbox(held):
+            return
+        for frame in held:
+            if frame.req in self._pending:  # not failed meanwhile
+                self._send(frame)
+
+    def _durable_outbox(self, held: Sequence[Pub]) -> bool:
+        """fsync the outbox; if that fails the held publishes fail (the application is
+        told) and are not sent again: it may publish them anew."""
+        try:
+            self.files.outbox.sync()
+        except StateError as exc:
+            self._alert("state", str(exc))
+            for frame in held:
+                if self._pending.pop(frame.req, None) is not None:
+                    self.sink(RequestFailed(frame.req, exc))
+                with contextlib.suppress(StateError):
+                    self.files.outbox.done(frame.msg_id)
+            return False
+        return True
 
     # ------------------------------------------------------------------ shutdown
 

@@ -134,6 +134,13 @@ class _Appender:
                 self._fh.truncate(end)
             raise StateError(f"cannot append to {self.path}: {exc}") from exc
 
+    def sync(self) -> None:
+        """fsync what was written. Raises :class:`StateError`."""
+        try:
+            self._fsync(self._fh.fileno())
+        except (OSError, ValueError) as exc:
+            raise StateError(f"cannot sync {self.path}: {exc}") from exc
+
     def close(self) -> None:
         self._fh.close()
 
@@ -321,11 +328,21 @@ class Outbox:
         self.path = path
         self._pending = pending
         self._file = _Appender(path, fsync)
+        self._unsynced = False  # an add written and not fsync-ed yet
 
-    def add(self, pub: OutgoingPub) -> None:
-        """Record a publish durably before it is sent. Raises :class:`StateError`."""
-        self._file.extend([{"add": pub.to_json()}])
+    def add(self, pub: OutgoingPub, *, sync: bool = True) -> None:
+        """Record a publish before it is sent: durably, or (``sync`` False) written now
+        and made durable by :meth:`sync`, once for several. Raises :class:`StateError`."""
+        self._file.extend([{"add": pub.to_json()}], sync=sync)
+        self._unsynced = self._unsynced or not sync
         self._pending[pub.msg_id] = pub
+
+    def sync(self) -> None:
+        """fsync what :meth:`add` wrote without (nothing if nothing). Raises
+        :class:`StateError`."""
+        if self._unsynced:
+            self._file.sync()
+            self._unsynced = False
 
     def done(self, msg_id: str) -> None:
         """The broker acknowledged ``msg_id`` (idempotent). Raises :class:`StateError`.

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mdeci.agent.core import Alert, Delivered
-from mdeci.agent.state import INBOX_FILE, NSEQ_FILE
-from mdeci.frames import Ack, PubOk, encode
+from mdeci.agent.core import Alert, Delivered, RequestFailed
+from mdeci.agent.state import INBOX_FILE, NSEQ_FILE, OUTBOX_FILE, Outbox
+from mdeci.frames import Ack, Pub, PubOk, encode
 from mdeci.sms.dedupe import NseqGate
 from tests.agent.test_core import Rig, open_files
 
@@ -82,8 +82,9 @@ def test_a_burst_is_recorded_with_one_fsync_then_handed_over_and_acked_once(
 def test_a_frame_in_the_middle_of_a_burst_keeps_the_order(tmp_path: Path) -> None:
     syncs = Syncs()
     rig = connected(tmp_path, syncs)
-    _, req = rig.core.publish(rig.now, "news.b", payload=b"p")  # the outbox add: 1 fsync
+    _, req = rig.core.publish(rig.now, "news.b", payload=b"p")
     assert req is not None
+    rig.core.sync_outbox(rig.now)  # the outbox add: 1 fsync
     rig.commands()
     pub_ok = encode(PubOk(req=req, msg_id=rig.files.outbox.pending()[0].msg_id, matched=1))
     rig.core.frames_received(rig.now, [rig.notify_frame(1), pub_ok, rig.notify_frame(2)])
@@ -159,3 +160,41 @@ def test_a_windowed_gate_is_saved_with_each_burst_and_not_when_unchanged(
     assert syncs.calls == 3
     rig.files.nseq.save()  # unchanged: not written again
     assert syncs.calls == 3
+
+
+def test_the_publishes_of_one_loop_turn_are_made_durable_with_one_fsync_then_sent(
+    tmp_path: Path,
+) -> None:
+    syncs = Syncs()
+    rig = connected(tmp_path, syncs)
+    ids = [rig.core.publish(rig.now, "news.b", payload=f"p{i}".encode())[0] for i in range(3)]
+    # Written, not durable yet: nothing on the wire.
+    assert syncs.calls == 0 and rig.frames(rig.commands()) == []
+    rig.core.sync_outbox(rig.now)
+    assert syncs.calls == 1
+    sent = rig.frames(rig.commands())
+    assert [f.msg_id for f in sent if isinstance(f, Pub)] == ids
+    rig.core.frames_received(
+        rig.now,
+        [encode(PubOk(req=f.req, msg_id=f.msg_id, matched=1)) for f in sent if isinstance(f, Pub)],
+    )
+    assert syncs.calls == 1 and len(rig.files.outbox) == 0  # "done" lines: no fsync
+    rig.core.sync_outbox(rig.now)  # nothing new: no fsync
+    assert syncs.calls == 1
+    assert len(Outbox(tmp_path / OUTBOX_FILE)) == 0  # what a restart finds
+
+
+def test_a_publish_answered_before_its_sync_is_made_durable_first(tmp_path: Path) -> None:
+    """The connection drops before the loop turn's sync: the application hears
+    "buffered" (RequestFailed) only once the publish is durable; it goes after the next
+    connection."""
+    syncs = Syncs()
+    rig = connected(tmp_path, syncs)
+    msg_id, req = rig.core.publish(rig.now, "news.b", payload=b"p")
+    rig.core.peer_lost(rig.now, "rudp: test")
+    assert syncs.calls == 1
+    assert [e.req for e in rig.events if isinstance(e, RequestFailed)] == [req]
+    assert [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)] == []
+    rig.core.sync_outbox(rig.now)  # the glue's turn comes: nothing left to send
+    assert [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)] == []
+    assert [p.msg_id for p in Outbox(tmp_path / OUTBOX_FILE).pending()] == [msg_id]
