@@ -13,8 +13,9 @@ in aioquic's connection and :mod:`mdeci.broker.core`). The asyncio glue
   :meth:`~AgentCore.frame_by_sms` (the SMS channel's hook), :meth:`~AgentCore.peer_lost`,
   :meth:`~AgentCore.bye_received`, :meth:`~AgentCore.address_changed`, the applications'
   :meth:`~AgentCore.subscribe` / :meth:`~AgentCore.unsubscribe` /
-  :meth:`~AgentCore.list` / :meth:`~AgentCore.publish`, :meth:`~AgentCore.handle_timer`
-  and :meth:`~AgentCore.close`;
+  :meth:`~AgentCore.list` / :meth:`~AgentCore.publish`, :meth:`~AgentCore.sync_outbox`
+  (once per loop turn after publishes), :meth:`~AgentCore.handle_timer` and
+  :meth:`~AgentCore.close`;
 - **outputs**: :meth:`~AgentCore.next_command` gives :class:`SendFrame` and one SIP
   command at a time (:class:`Register`, :class:`Invite`, :class:`Reinvite`,
   :class:`Bye`, :class:`MoveSip`, and :class:`Rebind` / :class:`AttachMedia` for the
@@ -38,8 +39,10 @@ loop turn): the notifications the gate accepts in it are recorded with one appen
 one ``fsync``, then handed over, then acknowledged by one cumulative ``ack``; if the
 write fails, nothing of the burst is handed over or acknowledged and the gate is rolled
 back, so the broker's resend is taken.
-A publish is in the outbox before it is sent; after each connection the outbox is sent
-again oldest first with the same ``msg_id`` (the broker dedupes by it).
+A publish is in the outbox, durably, before it is sent: :meth:`~AgentCore.publish` writes
+it and holds the frame, :meth:`~AgentCore.sync_outbox` fsyncs once for all held ones and
+sends them. After each connection the outbox is sent again oldest first with the same
+``msg_id`` (the broker dedupes by it).
 
 Keys (docs/security.md): each new session, and each re-INVITE after the media failed,
 offers a fresh ephemeral X25519 value (``a=mdeci-kx``); the RUDP session secret is

@@ -21,7 +21,8 @@ Three files, none of them SQL (only ``mdeci/store`` speaks SQL):
   leaves the inbox ahead).
 - ``outbox.jsonl``: publishes not yet acknowledged by ``pub-ok``: ``{"add": {...}}`` when
   an application publishes, ``{"done": msg_id}`` when the broker accepted it. An ``add``
-  is ``fsync``-ed before the publish is sent and the application answered; a ``done`` is
+  is ``fsync``-ed (once for the publishes of a loop turn, :meth:`Outbox.sync`) before the
+  publish is sent and the application answered; a ``done`` is
   written without ``fsync``: losing it in a power cut only sends the publish again with
   its ``msg_id``, which the broker takes once (docs/protocol.md). Opening replays the
   lines, drops a torn last line and rewrites the file with only the pending publishes.
