@@ -471,15 +471,14 @@ class Agent:
 
     def _sync_outbox(self) -> None:
         self._sync_soon = False
-        if self.core is not None:
+        if self.core is not None and not self._closed:
             self.core.sync_outbox(self.clock())
             self._pump()
 
     def _take_burst(self) -> None:
         self._burst_soon = False
-        self._sync_soon = False  # publishes wait for the outbox's fsync (_sync_outbox)
         burst, self._burst = self._burst, []
-        if self.core is None or not burst:
+        if self.core is None or not burst or self._closed:
             return
         self.core.frames_received(self.clock(), burst)
         self._pump()
