@@ -69,6 +69,7 @@ from mdeci.agent.state import (
     NSEQ_FILE,
     OUTBOX_FILE,
     SUBS_FILE,
+    Fsync,
     Inbox,
     NseqState,
     Outbox,
@@ -224,9 +225,12 @@ class Agent:
         address_source: AddressSource | None = None,
         response_timeout: float | None = None,
         sms_gateway: SmsGateway | None = None,
+        fsync: Fsync = os.fsync,
     ) -> None:
         self.config = config
         self.clock = clock
+        # Every fsync of the state files (tests and benchmarks count them).
+        self.fsync = fsync
         self.random_bytes = random_bytes
         self.jitter = jitter
         self.address_source = address_source
@@ -249,7 +253,9 @@ class Agent:
         self._sip_queue: asyncio.Queue[SipCommand | Rebind] = asyncio.Queue()
         self._peer: RudpPeer | None = None
         self._peer_key: bytes | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._burst: list[bytes] = []  # messages read in this loop turn (_on_message)
+        self._burst_soon = False
+        self._sync_soon = False  # publishes wait for the outbox's fsync (_sync_outbox)
         self._timer: asyncio.TimerHandle | None = None
         self._monitor: Wakeable | None = None
         self._rebind_error: OSError | None = None
@@ -269,15 +275,16 @@ class Agent:
         except OSError as exc:
             raise StateError(f"cannot create {cfg.state_dir}: {exc.strerror}") from exc
         self._lock = lock_state_dir(cfg.state_dir)  # before any file is opened or rewritten
-        inbox = Inbox(cfg.state_dir / INBOX_FILE)
-        nseq = NseqState(cfg.state_dir / NSEQ_FILE, floor=inbox.last_nseq)
+        fsync = self.fsync
+        inbox = Inbox(cfg.state_dir / INBOX_FILE, fsync=fsync)
+        nseq = NseqState(cfg.state_dir / NSEQ_FILE, floor=inbox.last_nseq, fsync=fsync)
         if cfg.sms.enabled:
             nseq.gate = windowed_gate(nseq.path, nseq.highest, cfg.sms.window)
         files = AgentFiles(
             inbox=inbox,
             nseq=nseq,
-            outbox=Outbox(cfg.state_dir / OUTBOX_FILE),
-            subs=SubsRecord(cfg.state_dir / SUBS_FILE),
+            outbox=Outbox(cfg.state_dir / OUTBOX_FILE, fsync=fsync),
+            subs=SubsRecord(cfg.state_dir / SUBS_FILE, fsync=fsync),
         )
         self._files = files
         self.churn = ChurnLog(
@@ -362,6 +369,11 @@ class Agent:
         if self.endpoint is not None:
             await self.endpoint.close()
         if self._files is not None:
+            # The gate's checkpoint (with window 0 the inbox alone holds it meanwhile).
+            try:
+                self._files.nseq.save()
+            except StateError as exc:
+                log.warning("state: %s", exc)
             self._files.inbox.close()
             self._files.outbox.close()
         if self.churn is not None:
@@ -435,24 +447,41 @@ class Agent:
             peer = endpoint.peer(key, addr)
             self._peer, self._peer_key = peer, key
             peer.on_disconnected = lambda exc: self._peer_lost(peer, exc)
-            self._reader = asyncio.create_task(self._read(peer))
+            peer.on_message = lambda data: self._on_message(peer, data)
         peer = self._peer
         peer.set_address(addr)
         if not peer.connected:
             peer.reset()
 
     def _stop_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
+        if self._peer is not None:
+            self._peer.on_message = None
+        self._burst.clear()
 
-    async def _read(self, peer: RudpPeer) -> None:
-        while True:
-            data = await peer.receive()
-            if self.core is None or peer is not self._peer:
-                return
-            self.core.frame_received(self.clock(), data)
+    def _on_message(self, peer: RudpPeer, data: bytes) -> None:
+        # Called by RUDP for each message as it reads a datagram: collected, and handed
+        # to the core as one burst once the loop turn's reading is done (one fsync for
+        # the burst's notifications, docs/agent.md).
+        if peer is not self._peer:
+            return
+        self._burst.append(data)
+        if not self._burst_soon:
+            self._burst_soon = True
+            asyncio.get_running_loop().call_soon(self._take_burst)
+
+    def _sync_outbox(self) -> None:
+        self._sync_soon = False
+        if self.core is not None and not self._closed:
+            self.core.sync_outbox(self.clock())
             self._pump()
+
+    def _take_burst(self) -> None:
+        self._burst_soon = False
+        burst, self._burst = self._burst, []
+        if self.core is None or not burst or self._closed:
+            return
+        self.core.frames_received(self.clock(), burst)
+        self._pump()
 
     def _on_sms_frame(self, data: bytes) -> None:
         # The SMS channel's hook into the core (agent/sms.py).
@@ -760,6 +789,10 @@ class Agent:
         """
         assert self.core is not None
         msg_id, req = self.core.publish(self.clock(), subject, attrs, payload, urgent=urgent)
+        if req is not None and not self._sync_soon:
+            # One fsync for the publishes of this loop turn, then they are sent.
+            self._sync_soon = True
+            asyncio.get_running_loop().call_soon(self._sync_outbox)
         if req is None:
             self._pump()
             self._publish_by_sms(msg_id, subject, attrs, payload, urgent)

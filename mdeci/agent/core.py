@@ -9,12 +9,13 @@ in aioquic's connection and :mod:`mdeci.broker.core`). The asyncio glue
 
 - **inputs**: :meth:`~AgentCore.start`, :meth:`~AgentCore.sip_done` (the outcome of the
   SIP command it asked for), :meth:`~AgentCore.media_bound` (the RUDP socket's address),
-  :meth:`~AgentCore.frame_received` (bytes from the broker over RUDP),
+  :meth:`~AgentCore.frames_received` (a burst of messages from the broker over RUDP),
   :meth:`~AgentCore.frame_by_sms` (the SMS channel's hook), :meth:`~AgentCore.peer_lost`,
   :meth:`~AgentCore.bye_received`, :meth:`~AgentCore.address_changed`, the applications'
   :meth:`~AgentCore.subscribe` / :meth:`~AgentCore.unsubscribe` /
-  :meth:`~AgentCore.list` / :meth:`~AgentCore.publish`, :meth:`~AgentCore.handle_timer`
-  and :meth:`~AgentCore.close`;
+  :meth:`~AgentCore.list` / :meth:`~AgentCore.publish`, :meth:`~AgentCore.sync_outbox`
+  (once per loop turn after publishes), :meth:`~AgentCore.handle_timer` and
+  :meth:`~AgentCore.close`;
 - **outputs**: :meth:`~AgentCore.next_command` gives :class:`SendFrame` and one SIP
   command at a time (:class:`Register`, :class:`Invite`, :class:`Reinvite`,
   :class:`Bye`, :class:`MoveSip`, and :class:`Rebind` / :class:`AttachMedia` for the
@@ -32,9 +33,16 @@ States (``docs/agent.md`` has the diagram)::
 
 The exactly-once gate (:class:`~mdeci.agent.state.NseqState`), the inbox, the outbox and
 the subscription record are the durable state handed in (files, no socket): a notify
-the gate accepts is appended to the inbox and the gate saved *before* ``ack`` is sent.
-A publish is in the outbox before it is sent; after each connection the outbox is sent
-again oldest first with the same ``msg_id`` (the broker dedupes by it).
+the gate accepts is appended to the inbox (and a windowed gate saved) *before* ``ack``
+is sent. :meth:`~AgentCore.frames_received` takes a burst (what the glue read in one
+loop turn): the notifications the gate accepts in it are recorded with one append and
+one ``fsync``, then handed over, then acknowledged by one cumulative ``ack``; if the
+write fails, nothing of the burst is handed over or acknowledged and the gate is rolled
+back, so the broker's resend is taken.
+A publish is in the outbox, durably, before it is sent: :meth:`~AgentCore.publish` writes
+it and holds the frame, :meth:`~AgentCore.sync_outbox` fsyncs once for all held ones and
+sends them. After each connection the outbox is sent again oldest first with the same
+``msg_id`` (the broker dedupes by it).
 
 Keys (docs/security.md): each new session, and each re-INVITE after the media failed,
 offers a fresh ephemeral X25519 value (``a=mdeci-kx``); the RUDP session secret is
@@ -96,6 +104,7 @@ from mdeci.frames import (
     decode,
     encode,
 )
+from mdeci.sms.dedupe import NseqGate
 from rudp.keys import KeyExchange
 from sip.errors import SdpError
 
@@ -396,6 +405,11 @@ class AgentCore:
         self._moving_from: Address | None = None
         self._restore_subs = False
         self._slow_at: float | None = None  # when a pending attempt counts as slow
+        # Notifications of the burst being read, not recorded yet (record None: a
+        # duplicate), and the gate as it was before the burst.
+        self._burst: list[tuple[Notify, str, dict[str, Any] | None]] = []
+        self._burst_gate: NseqGate | None = None
+        self._held: list[Pub] = []  # publishes written, waiting for sync_outbox
 
     # ------------------------------------------------------------------ observing
 
@@ -723,6 +737,10 @@ class AgentCore:
         self.sink(StateChanged(self.state, self.status))
 
     def _fail_pending(self, error: AgentError) -> None:
+        # A held publish is answered now ("buffered"): durable first. It stays in the
+        # outbox and goes with the others after the next connection.
+        held, self._held = self._held, []
+        self._durable_outbox(held)
         pending, self._pending = self._pending, {}
         for req in pending:
             self.sink(RequestFailed(req, error))
@@ -780,6 +798,7 @@ class AgentCore:
     # ------------------------------------------------------------------ timers
 
     def handle_timer(self, now: float) -> None:
+        self.sync_outbox(now)  # a held publish's timeout answers it: durable first
         if self._slow_at is not None and now >= self._slow_at:
             self._slow_at = None
             busy = self._sip_busy
@@ -813,22 +832,40 @@ class AgentCore:
         *,
         probe: bool = False,
         restore: KnownSub | None = None,
+        hold: bool = False,
     ) -> int:
         self._pending[frame.req] = _Pending(
             frame, now + self.response_timeout, probe=probe, restore=restore
         )
-        self._send(frame)
+        if hold:
+            assert isinstance(frame, Pub)
+            self._held.append(frame)  # sent by sync_outbox
+        else:
+            self._send(frame)
         return frame.req
 
     def frame_received(self, now: float, data: bytes) -> None:
         """A frame from the broker over RUDP; a malformed one is dropped."""
-        try:
-            frame = decode(data)
-        except FrameError:
-            return
-        if isinstance(frame, Notify):
-            self._on_notify(now, frame, "ip")
-        elif isinstance(frame, LimitReached):
+        self.frames_received(now, (data,))
+
+    def frames_received(self, now: float, batch: Sequence[bytes]) -> None:
+        """A burst of frames from the broker over RUDP, in order (malformed ones are
+        dropped): its notifications are recorded together (module docstring)."""
+        for data in batch:
+            try:
+                frame = decode(data)
+            except FrameError:
+                continue
+            if isinstance(frame, Notify):
+                self._take_notify(frame, "ip")
+            else:
+                # What came before it is handed over first: the events keep the order.
+                self._commit(now)
+                self._other_frame(now, frame)
+        self._commit(now)
+
+    def _other_frame(self, now: float, frame: Frame) -> None:
+        if isinstance(frame, LimitReached):
             self.limits.append(frame)
             self.sink(LimitNotice(frame))
         elif isinstance(frame, SubOk | Subs | PubOk | Error | CalendarOk) and frame.req is not None:
@@ -845,26 +882,50 @@ class AgentCore:
         nseq = frame.nseq if isinstance(frame, Notify) else None
         self._log(Event.SMS_RECEIVED, nseq=nseq, channel="sms", bytes=len(data))
         if isinstance(frame, Notify):
-            self._on_notify(now, frame, "sms")
+            self._take_notify(frame, "sms")
+            self._commit(now)
 
-    def _on_notify(self, now: float, n: Notify, channel: str) -> None:
+    def _take_notify(self, n: Notify, channel: str) -> None:
+        """Pass ``n`` through the gate into the burst; :meth:`_commit` records it."""
+        if self._burst_gate is None:
+            self._burst_gate = self.files.nseq.gate.copy()  # to roll back to
+        record = notification_record(n) if self.files.nseq.gate.accept(n.nseq) else None
+        self._burst.append((n, channel, record))
+
+    def _commit(self, now: float) -> None:
+        """Record the burst's new notifications (one write, one fsync), hand them over,
+        then ack: nothing is acked before it is durable."""
+        burst, before = self._burst, self._burst_gate
+        if not burst:
+            return
+        self._burst, self._burst_gate = [], None
         files = self.files
-        if files.nseq.gate.accept(n.nseq):
-            record = notification_record(n)
+        records = [record for _, _, record in burst if record is not None]
+        if records:
             try:
-                files.inbox.append(record)  # the applications have it...
-                files.nseq.save()  # ...and it is never handed over again
+                files.inbox.extend(records)  # the applications have them...
+                if files.nseq.per_burst:
+                    files.nseq.save()  # ...and a windowed gate's recent numbers too
             except StateError as exc:
-                # Not durable: do not ack, the broker sends it again.
+                # Not durable: no ack, and the gate forgets them, so that the broker's
+                # resend is taken (and not acked as a duplicate, which would lose it).
+                assert before is not None
+                files.nseq.gate = before
                 self._alert("state", str(exc))
                 return
-            self.sink(Delivered(record))
-            latency = max(0.0, (now - n.published_at) * 1000.0)
-            self._log(Event.NOTIFY_DELIVERED, nseq=n.nseq, channel=channel, latency_ms=latency)
-        if channel == "ip":
-            # Up to this nseq, not the gate's highest: the highest may have come by SMS
-            # while older ones still wait for IP, and the broker's ack is cumulative.
-            self._send(Ack(upto=n.nseq))
+        upto = 0
+        for n, channel, record in burst:
+            if record is not None:
+                self.sink(Delivered(record))
+                latency = max(0.0, (now - n.published_at) * 1000.0)
+                self._log(Event.NOTIFY_DELIVERED, nseq=n.nseq, channel=channel, latency_ms=latency)
+            if channel == "ip":
+                # Up to what came by IP, not the gate's highest: the highest may have
+                # come by SMS while older ones still wait for IP. The broker's ack is
+                # cumulative, so one for the burst's highest covers the others.
+                upto = max(upto, n.nseq)
+        if upto:
+            self._send(Ack(upto=upto))
 
     def _answered_request(self, now: float, frame: Frame, pending: _Pending) -> None:
         sent = pending.frame
@@ -971,7 +1032,7 @@ class AgentCore:
             if pub.msg_id not in waiting:
                 self._send_pub(now, pub)
 
-    def _send_pub(self, now: float, pub: OutgoingPub) -> int:
+    def _send_pub(self, now: float, pub: OutgoingPub, *, hold: bool = False) -> int:
         frame = Pub(
             req=self._next_req(),
             msg_id=pub.msg_id,
@@ -980,7 +1041,7 @@ class AgentCore:
             payload=pub.payload,
             urgent=pub.urgent,
         )
-        return self._request(now, frame)
+        return self._request(now, frame, hold=hold)
 
     # ------------------------------------------------------------------ applications
 
@@ -1052,10 +1113,38 @@ class AgentCore:
         pub = OutgoingPub(
             msg_id=msg_id, subject=subject, attrs=frame.attrs, payload=payload, urgent=urgent
         )
-        self.files.outbox.add(pub)
         if not self._connected:
+            self.files.outbox.add(pub)  # durable now: the application is answered now
             return msg_id, None
-        return msg_id, self._send_pub(now, pub)
+        # Written now, made durable (with the other publishes of this loop turn) by
+        # sync_outbox, which sends it then: never on the wire before it is durable.
+        self.files.outbox.add(pub, sync=False)
+        return msg_id, self._send_pub(now, pub, hold=True)
+
+    def sync_outbox(self, now: float) -> None:
+        """The glue's durable point for publishes (once per loop turn): one fsync for the
+        publishes buffered since the last one, then they are sent, in order."""
+        held, self._held = self._held, []
+        if not self._durable_outbox(held):
+            return
+        for frame in held:
+            if frame.req in self._pending:  # not failed meanwhile
+                self._send(frame)
+
+    def _durable_outbox(self, held: Sequence[Pub]) -> bool:
+        """fsync the outbox; if that fails the held publishes fail (the application is
+        told) and are not sent again: it may publish them anew."""
+        try:
+            self.files.outbox.sync()
+        except StateError as exc:
+            self._alert("state", str(exc))
+            for frame in held:
+                if self._pending.pop(frame.req, None) is not None:
+                    self.sink(RequestFailed(frame.req, exc))
+                with contextlib.suppress(StateError):
+                    self.files.outbox.done(frame.msg_id)
+            return False
+        return True
 
     # ------------------------------------------------------------------ shutdown
 

@@ -4,19 +4,31 @@ Theory of operation
 -------------------
 Three files, none of them SQL (only ``mdeci/store`` speaks SQL):
 
-- ``nseq.json``: ``{"highest": N, "recent": [...]}``, the state of the
-  :class:`~mdeci.sms.dedupe.NseqGate`. Replaced atomically (write a temporary file,
-  ``fsync``, ``rename``, ``fsync`` the folder) *before* the agent sends ``ack``, so a
-  notification handed to the applications is never handed over again, whatever crashes.
 - ``inbox.jsonl``: the notifications handed to the applications, one JSON object per
-  line, appended and ``fsync``-ed before ``nseq.json`` moves. ``tail`` reads it, so an
+  line. It is the durable record of what was handed over: the records of one burst (all
+  the notifications the glue got in one loop turn) are appended with one write and one
+  ``fsync`` *before* the agent sends ``ack``, so a notification handed to the
+  applications is never handed over again, whatever crashes. ``tail`` reads it, so an
   application that was not listening still finds what arrived. It keeps the newest
-  ``inbox_keep`` records (compacted when opened). A crash between the inbox append and the
-  nseq write leaves the inbox one ahead; opening takes the higher of the two.
+  ``inbox_keep`` records (compacted when opened; the newest is always kept).
+- ``nseq.json``: ``{"highest": N, "recent": [...], "store": id}``, the state of the
+  :class:`~mdeci.sms.dedupe.NseqGate` and the broker store it belongs to. Replaced
+  atomically (write a temporary file, ``fsync``, ``rename``, ``fsync`` the folder). With
+  a window (SMS) it is saved after every burst, since ``recent`` is not derivable; with
+  window 0 the gate is just its highest, which the inbox already holds durably, so it is a
+  checkpoint: saved when the store changes and when the agent stops. Opening takes the
+  higher of ``highest`` and the inbox's last ``nseq`` (a crash after an inbox append
+  leaves the inbox ahead).
 - ``outbox.jsonl``: publishes not yet acknowledged by ``pub-ok``: ``{"add": {...}}`` when
-  an application publishes, ``{"done": msg_id}`` when the broker accepted it; each line is
-  ``fsync``-ed before the application is answered. Opening replays the lines, drops a torn
-  last line and rewrites the file with only the pending publishes.
+  an application publishes, ``{"done": msg_id}`` when the broker accepted it. An ``add``
+  is ``fsync``-ed (once for the publishes of a loop turn, :meth:`Outbox.sync`) before the
+  publish is sent and the application answered; a ``done`` is
+  written without ``fsync``: losing it in a power cut only sends the publish again with
+  its ``msg_id``, which the broker takes once (docs/protocol.md). Opening replays the
+  lines, drops a torn last line and rewrites the file with only the pending publishes.
+
+Every ``fsync`` goes through the ``fsync`` callable handed to the classes (``os.fsync``
+by default), so tests count them per burst.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import base64
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,17 +51,20 @@ INBOX_FILE = "inbox.jsonl"
 OUTBOX_FILE = "outbox.jsonl"
 SUBS_FILE = "subs.json"
 
+#: Makes a file descriptor's data durable (``os.fsync``; tests hand in a counting one).
+Fsync = Callable[[int], None]
 
-def _fsync_dir(folder: Path) -> None:
+
+def _fsync_dir(folder: Path, fsync: Fsync) -> None:
     with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
         fd = os.open(folder, os.O_RDONLY)
         try:
-            os.fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, fsync: Fsync = os.fsync) -> None:
     """Replace ``path`` with ``data``: temporary file, fsync, rename, fsync the folder.
 
     Raises :class:`StateError` when the file cannot be written.
@@ -59,11 +74,11 @@ def write_atomic(path: Path, data: bytes) -> None:
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         raise StateError(f"cannot write {path}: {exc.strerror}") from exc
-    _fsync_dir(path.parent)
+    _fsync_dir(path.parent, fsync)
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
@@ -92,29 +107,47 @@ def _line(obj: Mapping[str, Any]) -> bytes:
 
 
 class _Appender:
-    """An append-only file where every line is fsync-ed before ``append`` returns."""
+    """An append-only file of JSON lines; :meth:`extend` writes several with one write
+    and (with ``sync``) one fsync before it returns."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fsync: Fsync) -> None:
         self.path = path
+        self._fsync = fsync
         try:
             self._fh = open(path, "ab")  # noqa: SIM115 - kept open for the agent's life
         except OSError as exc:
             raise StateError(f"cannot open {path}: {exc.strerror}") from exc
 
-    def append(self, obj: Mapping[str, Any]) -> None:
+    def extend(self, objs: Iterable[Mapping[str, Any]], *, sync: bool = True) -> None:
+        """Raises :class:`StateError`; then the lines are taken back (best effort), so
+        that a burst taken again later is not in the file twice."""
         try:
-            self._fh.write(_line(obj))
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            end = self._fh.tell()
         except (OSError, ValueError) as exc:
             raise StateError(f"cannot append to {self.path}: {exc}") from exc
+        try:
+            self._fh.write(b"".join(_line(o) for o in objs))
+            self._fh.flush()  # in the OS's hands: a crash of this process keeps it
+            if sync:
+                self._fsync(self._fh.fileno())
+        except (OSError, ValueError) as exc:
+            with contextlib.suppress(OSError, ValueError):
+                self._fh.truncate(end)
+            raise StateError(f"cannot append to {self.path}: {exc}") from exc
+
+    def sync(self) -> None:
+        """fsync what was written. Raises :class:`StateError`."""
+        try:
+            self._fsync(self._fh.fileno())
+        except (OSError, ValueError) as exc:
+            raise StateError(f"cannot sync {self.path}: {exc}") from exc
 
     def close(self) -> None:
         self._fh.close()
 
 
-def _rewrite(path: Path, objs: list[dict[str, Any]]) -> None:
-    write_atomic(path, b"".join(_line(o) for o in objs))
+def _rewrite(path: Path, objs: list[dict[str, Any]], fsync: Fsync) -> None:
+    write_atomic(path, b"".join(_line(o) for o in objs), fsync)
 
 
 # ------------------------------------------------------------------ delivered nseq
@@ -123,8 +156,9 @@ def _rewrite(path: Path, objs: list[dict[str, Any]]) -> None:
 class NseqState:
     """The exactly-once gate and its file (``nseq.json``)."""
 
-    def __init__(self, path: Path, floor: int = 0) -> None:
+    def __init__(self, path: Path, floor: int = 0, fsync: Fsync = os.fsync) -> None:
         self.path = path
+        self._fsync = fsync
         highest, recent = 0, []
         # The broker store incarnation these numbers belong to (None: not known yet).
         self.store_id: str | None = None
@@ -138,18 +172,33 @@ class NseqState:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise StateError(f"{path} is unreadable: {exc}") from exc
         self.gate = NseqGate(max(highest, floor), recent=recent)
+        # What the file holds (None: no file), so that an unchanged gate is not written
+        # again (a stop right after a checkpoint, a burst of duplicates).
+        self._saved: tuple[int, tuple[int, ...], str | None] | None = (
+            (highest, tuple(recent), self.store_id) if path.exists() else None
+        )
 
     @property
     def highest(self) -> int:
         """The highest ``nseq`` handed to the applications."""
         return self.gate.highest
 
+    @property
+    def per_burst(self) -> bool:
+        """Whether the gate must be saved with every burst of notifications: only a
+        windowed gate has ``recent`` numbers the inbox does not give back."""
+        return self.gate.window > 0
+
     def save(self) -> None:
-        """Persist the gate atomically. Raises :class:`StateError`."""
+        """Persist the gate atomically (not again if unchanged). Raises :class:`StateError`."""
+        now = (self.gate.highest, self.gate.recent, self.store_id)
+        if now == self._saved:
+            return
         data: dict[str, Any] = {"highest": self.gate.highest, "recent": list(self.gate.recent)}
         if self.store_id is not None:
             data["store"] = self.store_id
-        write_atomic(self.path, json.dumps(data).encode())
+        write_atomic(self.path, json.dumps(data).encode(), self._fsync)
+        self._saved = now
 
     def restart(self, store_id: str, window: int = 0) -> None:
         """A new broker store numbers from 1 again: an empty gate for ``store_id``, saved.
@@ -167,14 +216,21 @@ class NseqState:
 class Inbox:
     """Notifications handed to the applications (newest ``keep`` kept)."""
 
-    def __init__(self, path: Path, keep: int = 1000) -> None:
+    def __init__(self, path: Path, keep: int = 1000, fsync: Fsync = os.fsync) -> None:
+        # The newest record holds the gate's highest (nseq.json is a checkpoint): kept.
+        keep = max(1, keep)
         records = [r for r in _read_lines(path) if isinstance(r.get("nseq"), int)]
         if len(records) > keep:
+            # The highest is kept too, wherever it is (SMS may hand over out of order).
+            top = max(records, key=lambda r: int(r["nseq"]))
             records = records[-keep:]
-            _rewrite(path, records)
+            if top not in records:
+                records.insert(0, top)
+            _rewrite(path, records, fsync)
         self.records = records
         self.keep = keep
-        self._file = _Appender(path)
+        self._fsync = fsync
+        self._file = _Appender(path, fsync)
 
     @property
     def last_nseq(self) -> int:
@@ -182,8 +238,15 @@ class Inbox:
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one notification and fsync it. Raises :class:`StateError`."""
-        self._file.append(record)
-        self.records.append(record)
+        self.extend([record])
+
+    def extend(self, records: list[dict[str, Any]]) -> None:
+        """Append a burst of notifications with one write and one fsync.
+
+        Raises :class:`StateError` (then none of them counts as recorded).
+        """
+        self._file.extend(records)
+        self.records.extend(records)
         if len(self.records) > 2 * self.keep:
             del self.records[: -self.keep]
 
@@ -204,7 +267,7 @@ class Inbox:
         except OSError as exc:
             raise StateError(f"cannot archive {path}: {exc.strerror}") from exc
         self.records = []
-        self._file = _Appender(path)
+        self._file = _Appender(path, self._fsync)
         return target
 
     def since(self, nseq: int) -> list[dict[str, Any]]:
@@ -251,7 +314,7 @@ class OutgoingPub:
 class Outbox:
     """Publishes waiting for ``pub-ok``, durable across crashes (``outbox.jsonl``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fsync: Fsync = os.fsync) -> None:
         pending: dict[str, OutgoingPub] = {}
         for obj in _read_lines(path):
             if isinstance(obj.get("add"), dict):
@@ -262,20 +325,34 @@ class Outbox:
                 pending[pub.msg_id] = pub
             elif isinstance(obj.get("done"), str):
                 pending.pop(obj["done"], None)
-        _rewrite(path, [{"add": p.to_json()} for p in pending.values()])
+        _rewrite(path, [{"add": p.to_json()} for p in pending.values()], fsync)
         self.path = path
         self._pending = pending
-        self._file = _Appender(path)
+        self._file = _Appender(path, fsync)
+        self._unsynced = False  # an add written and not fsync-ed yet
 
-    def add(self, pub: OutgoingPub) -> None:
-        """Record a publish durably before it is sent. Raises :class:`StateError`."""
-        self._file.append({"add": pub.to_json()})
+    def add(self, pub: OutgoingPub, *, sync: bool = True) -> None:
+        """Record a publish before it is sent: durably, or (``sync`` False) written now
+        and made durable by :meth:`sync`, once for several. Raises :class:`StateError`."""
+        self._file.extend([{"add": pub.to_json()}], sync=sync)
+        self._unsynced = self._unsynced or not sync
         self._pending[pub.msg_id] = pub
 
+    def sync(self) -> None:
+        """fsync what :meth:`add` wrote without (nothing if nothing). Raises
+        :class:`StateError`."""
+        if self._unsynced:
+            self._file.sync()
+            self._unsynced = False
+
     def done(self, msg_id: str) -> None:
-        """The broker acknowledged ``msg_id`` (idempotent). Raises :class:`StateError`."""
+        """The broker acknowledged ``msg_id`` (idempotent). Raises :class:`StateError`.
+
+        Not fsync-ed: a ``done`` lost in a power cut only sends the publish again with its
+        ``msg_id``, which the broker dedupes; the next fsync of the file carries it anyway.
+        """
         if msg_id in self._pending:
-            self._file.append({"done": msg_id})
+            self._file.extend([{"done": msg_id}], sync=False)
             del self._pending[msg_id]
 
     def pending(self) -> list[OutgoingPub]:
@@ -309,8 +386,9 @@ class KnownSub:
 class SubsRecord:
     """The agent's own record of its subscriptions (``subs.json``, replaced atomically)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fsync: Fsync = os.fsync) -> None:
         self.path = path
+        self._fsync = fsync
         items: list[KnownSub] = []
         try:
             data = json.loads(path.read_bytes())
@@ -344,5 +422,5 @@ class SubsRecord:
             }
             for s in items
         ]
-        write_atomic(self.path, json.dumps(data).encode())
+        write_atomic(self.path, json.dumps(data).encode(), self._fsync)
         self.items = items

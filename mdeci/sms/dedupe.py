@@ -34,6 +34,15 @@ class NseqGate:
         return self._highest
 
     @property
+    def window(self) -> int:
+        """How far below :attr:`highest` an unseen number is still accepted."""
+        return self._window
+
+    def copy(self) -> NseqGate:
+        """An independent gate in the same state (to roll back a burst not recorded)."""
+        return NseqGate(self._highest, window=self._window, recent=self._recent)
+
+    @property
     def recent(self) -> tuple[int, ...]:
         """Accepted numbers within the window (to persist with :attr:`highest`)."""
         return tuple(sorted(self._recent))

@@ -103,6 +103,21 @@ def _agent(state: Path, user: str, host: str, port: int) -> AgentConfig:
     return dataclasses.replace(config, sip=dataclasses.replace(config.sip, t1=T1, t2=T2, t4=T4))
 
 
+class TimedFsync:
+    """``os.fsync``, counted and timed: how often the agents wait for the disk, and how
+    long (the disk is shared with the other processes of the machine)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+
+    def __call__(self, fd: int) -> None:
+        start = time.perf_counter()
+        os.fsync(fd)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+
+
 def _summary(restore: list[float]) -> str:
     return (
         f"restore p50 {percentile(restore, 0.5) * 1000:.1f} ms, "
@@ -130,11 +145,16 @@ async def test_thousand_moves_through_the_impairment_proxy(
     sink = WaitingSink()
     broker = await _broker(tmp_path, store, sink, media_port, proxy.addr)
     port = broker.sip_addr[1]
+    fsync_a, fsync_b = TimedFsync(), TimedFsync()
     a = await run_agent(
-        _agent(tmp_path / "alice", "alice", A_HOSTS[0], port), address_source=lo_only
+        _agent(tmp_path / "alice", "alice", A_HOSTS[0], port),
+        address_source=lo_only,
+        fsync=fsync_a,
     )
     b = await run_agent(
-        _agent(tmp_path / "bob", "bob", "127.0.0.100", port), address_source=lo_only
+        _agent(tmp_path / "bob", "bob", "127.0.0.100", port),
+        address_source=lo_only,
+        fsync=fsync_b,
     )
     publisher: Publisher | None = None
     loop = asyncio.get_running_loop()
@@ -147,6 +167,8 @@ async def test_thousand_moves_through_the_impairment_proxy(
         publisher = Publisher(b, "handover.tick", RATE, MAX_EVENTS).start()
         await asyncio.wait_for(arrivals.time_of(0), GUARD)
         restore: list[float] = []
+        synced = (fsync_a.calls, fsync_a.seconds, fsync_b.calls, fsync_b.seconds)
+        before = len(received)
         cpu, wall = time.process_time(), time.perf_counter()
         for k in range(1, MOVES + 1):
             host = A_HOSTS[k % len(A_HOSTS)]
@@ -162,6 +184,9 @@ async def test_thousand_moves_through_the_impairment_proxy(
                     flush=True,
                 )
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        calls_a, seconds_a = fsync_a.calls - synced[0], fsync_a.seconds - synced[1]
+        calls_b, seconds_b = fsync_b.calls - synced[2], fsync_b.seconds - synced[3]
+        during = len(received) - before
         sent = await publisher.stop()
         elapsed = publisher.elapsed
         publisher = None
@@ -184,6 +209,8 @@ async def test_thousand_moves_through_the_impairment_proxy(
             f"{drain:.1f} s after the last move; broker RUDP "
             f"retransmissions {sum(s.retransmissions for s in stats)}, timeouts "
             f"{sum(s.timeouts for s in stats)}, tail probes {sum(s.tail_probes for s in stats)}; "
+            f"during the moves A fsync-ed {calls_a} times ({seconds_a:.2f} s) for "
+            f"~{during} notifications, B {calls_b} times ({seconds_b:.2f} s); "
             f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}",
             flush=True,
         )
