@@ -48,6 +48,7 @@ import collections
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sqlalchemy import Delete, bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -111,9 +112,12 @@ class PublishRequest:
     urgent_subs: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class QueuedNotification:
-    """A notification waiting in ``uri``'s queue: what a ``notify`` frame carries."""
+class QueuedNotification(NamedTuple):
+    """A notification waiting in ``uri``'s queue: what a ``notify`` frame carries.
+
+    A named tuple, not a frozen dataclass: one is built per notification delivered, and
+    a frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field) cost more than
+    reading the row (issue 14)."""
 
     uri: str
     nseq: int
