@@ -197,7 +197,8 @@ class _NotifyEncoder:
     @staticmethod
     def _build(row: QueuedNotification) -> tuple[bytes, int] | None:
         try:
-            attrs = cbor2.loads(row.attrs_cbor)
+            # Most publications carry no attrs: no decoding for them.
+            attrs = {} if row.attrs_cbor == _EMPTY_MAP else cbor2.loads(row.attrs_cbor)
         except (ValueError, cbor2.CBORDecodeError):
             return None
         if not isinstance(attrs, dict) or not isinstance(row.published_at, float):
@@ -253,6 +254,8 @@ class Broker:
         self._acks: dict[str, int] = {}
         # Users whose held ack is applied at the end of the current batch (see _ack).
         self._acks_due: set[str] = set()
+        # Users who acked in the current batch, in order: the listener hears of each once.
+        self._acked: dict[str, None] = {}
         #: Queue classes a sub or pub may name (issue 13; run_broker sets [channels]'s).
         self.classes: frozenset[str] = frozenset()
         self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
@@ -549,8 +552,9 @@ class Broker:
             # that is at the end of this batch of frames, with the other users' in the
             # same transaction (a fan-out's acks arrive together).
             self._acks_due.add(uri)
-        if self.listener is not None:
-            self.listener.acked(uri)
+        # Told once per user at the end of the batch of frames (_flush_due_acks), not once
+        # per ack: the loop wakes the user's delivery once either way.
+        self._acked[uri] = None
 
     def flush_acks(self, uri: str | None = None) -> None:
         """Apply the held acks of ``uri`` (every user if None) to the store.
@@ -579,6 +583,11 @@ class Broker:
             self._apply_acks(uris)
 
     def _flush_due_acks(self) -> None:
+        if self._acked:
+            acked, self._acked = self._acked, {}
+            if self.listener is not None:
+                for uri in acked:
+                    self.listener.acked(uri)
         if self._acks_due:
             due, self._acks_due = self._acks_due, set()
             self._try_flush_acks(*sorted(due))

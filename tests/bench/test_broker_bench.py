@@ -60,6 +60,17 @@ RESULTS: dict[str, float] = {}
 PROFILE = (
     ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
 )
+# BENCH_UVLOOP=1: the broker child runs on uvloop's event loop (a measurement only: uvloop
+# is not a dependency; docs/benchmarks.md has the figures).
+UVLOOP = (
+    [
+        "-c",
+        "import runpy, sys, uvloop; uvloop.install(); del sys.argv[1:3]; "
+        "runpy.run_module('mdeci', run_name='__main__', alter_sys=True)",
+    ]
+    if os.environ.get("BENCH_UVLOOP")
+    else []
+)
 # BENCH_PYSPY=prefix: py-spy samples the broker child during each timed phase (BrokerProc.spy).
 PYSPY = os.environ.get("BENCH_PYSPY", "")
 
@@ -145,7 +156,7 @@ class BrokerProc:
         config = tmp / "broker.toml"
         config.write_text("\n".join(lines) + "\n")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, *(PROFILE if wrapper is None else wrapper),
+            sys.executable, *(PROFILE + UVLOOP if wrapper is None else wrapper),
             "-m", "mdeci", "broker", "--config", str(config),
             "--listen-sip", f"{HOST}:0", "--listen-media", f"{HOST}:0",
             cwd=ROOT if root is None else root, stdout=asyncio.subprocess.PIPE,
