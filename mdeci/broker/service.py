@@ -414,10 +414,28 @@ class BrokerService:
                     frame = self._admit(link, data, reserved)
                     if frame is not None:
                         admitted.append((link, frame))
-                replies = await self.worker.run(
-                    self.broker.handle_decoded, [(link.uri, frame) for link, frame in admitted]
+                # The users whose acks are in this batch get their window refilled in the
+                # same worker call (Broker.handle_and_take), not by a wake-up and another.
+                acking = {
+                    link.uri: (link, link.epoch)
+                    for link, frame in admitted
+                    if isinstance(frame, Ack)
+                    and link.delivering
+                    and self._users.get(link.uri) is link
+                }
+                replies, batches = await self.worker.run(
+                    self.broker.handle_and_take,
+                    [(link.uri, frame) for link, frame in admitted],
+                    frozenset(acking),
                 )
                 self._reply([link for link, _ in admitted], replies)
+                for uri, items in batches.items():
+                    link, epoch = acking[uri]
+                    if link.epoch != epoch or not link.delivering:
+                        continue  # as in _deliver: the mark_* behind the call resends
+                    for item in items:
+                        if self._spawn_send(link, item.data) is None:
+                            break
         finally:
             self._pump = None
 
