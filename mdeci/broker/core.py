@@ -37,9 +37,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import cbor2
 
@@ -84,6 +84,17 @@ from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from mdeci.store.subscriptions import Subscription
 
+# The CBOR items of a notify frame that never change (see _NotifyEncoder).
+_K_OP_NOTIFY_NSEQ = cbor2.dumps("op") + cbor2.dumps(Notify.op) + cbor2.dumps("nseq")
+_K_SUB_ID = cbor2.dumps("sub_id")
+_K_SUBJECT = cbor2.dumps("subject")
+_K_MSG_ID = cbor2.dumps("msg_id")
+_K_PUBLISHED_AT = cbor2.dumps("published_at")
+_K_ATTRS = cbor2.dumps("attrs")
+_K_PAYLOAD = cbor2.dumps("payload")
+_K_MISSED = cbor2.dumps("missed")
+_EMPTY_MAP = cbor2.dumps({})
+
 # What a notify frame adds around a publish's subject, msg_id, attrs and payload (keys,
 # nseq, sub_id up to 128 characters, times, CBOR heads), rounded up generously.
 NOTIFY_OVERHEAD = 512
@@ -99,9 +110,9 @@ class QueueListener(Protocol):
         """``uri`` acknowledged notifications: its window has room again."""
 
 
-@dataclass(frozen=True, slots=True)
-class OutgoingNotify:
-    """An encoded ``notify`` frame ready to send, with its ``nseq``."""
+class OutgoingNotify(NamedTuple):
+    """An encoded ``notify`` frame ready to send, with its ``nseq`` (a named tuple: one
+    per notification, built cheaper than a frozen dataclass)."""
 
     nseq: int
     data: bytes
@@ -133,6 +144,81 @@ def _sub_id(text: str) -> int | None:
         return None
     value = int(text)
     return value if 0 < value <= UINT63 else None
+
+
+class _NotifyEncoder:
+    """Builds ``notify`` frames from queued rows, byte for byte what
+    ``encode(Notify(...))`` gives, without a ``Notify`` per row (issue 14: building and
+    validating one, and decoding the stored attrs to encode them again, was the largest
+    Python cost of a delivery).
+
+    ``encode`` writes a frame as a CBOR map, ``op`` first, then the fields in their
+    order, leaving out those at their default; CBOR concatenates a map's items as they
+    are, so the frame is its head byte followed by each item's own encoding. What all
+    recipients of one publication share (subject to payload, the attrs as stored: the
+    publish encoded them with the same ``cbor2.dumps``) is built once per publication
+    and kept for the rest of the batch (a fan-out's hundred rows); only ``nseq``,
+    ``sub_id`` and ``missed`` are per row. ``tests/broker/test_notify_encoding.py``
+    checks the equality against ``encode``.
+    """
+
+    __slots__ = ("_shared",)
+
+    def __init__(self) -> None:
+        # (publisher_uri, msg_id) -> (items after sub_id, how many items in all), or None
+        # for a publication that must take the checked path (see encode).
+        self._shared: dict[tuple[str, str], tuple[bytes, int] | None] = {}
+
+    def encode(self, row: QueuedNotification, missed: int) -> bytes | None:
+        """The frame, or None when the row needs ``encode``'s checks (a row this broker's
+        publish did not write: attrs that are not a map, a frame over the limit)."""
+        key = (row.publisher_uri, row.msg_id)
+        if key in self._shared:
+            shared = self._shared[key]
+        else:
+            shared = self._shared[key] = self._build(row)
+        if shared is None:
+            return None
+        tail, items = shared
+        parts = [
+            _K_OP_NOTIFY_NSEQ,
+            cbor2.dumps(row.nseq),
+            _K_SUB_ID,
+            cbor2.dumps(str(row.sub_id)),
+            tail,
+        ]
+        if missed:
+            parts.append(_K_MISSED)
+            parts.append(cbor2.dumps(missed))
+            items += 1
+        data = bytes((0xA0 + items,)) + b"".join(parts)  # a map of < 24 items: one byte
+        return data if len(data) <= MAX_FRAME_BYTES else None
+
+    @staticmethod
+    def _build(row: QueuedNotification) -> tuple[bytes, int] | None:
+        try:
+            # Most publications carry no attrs: no decoding for them.
+            attrs = {} if row.attrs_cbor == _EMPTY_MAP else cbor2.loads(row.attrs_cbor)
+        except (ValueError, cbor2.CBORDecodeError):
+            return None
+        if not isinstance(attrs, dict) or not isinstance(row.published_at, float):
+            return None
+        parts = [
+            _K_SUBJECT,
+            cbor2.dumps(row.subject),
+            _K_MSG_ID,
+            cbor2.dumps(row.msg_id),
+            _K_PUBLISHED_AT,
+            cbor2.dumps(row.published_at),
+        ]
+        items = 6  # op, nseq, sub_id and the three above
+        if attrs:
+            parts += (_K_ATTRS, row.attrs_cbor)
+            items += 1
+        if row.payload:
+            parts += (_K_PAYLOAD, cbor2.dumps(row.payload))
+            items += 1
+        return b"".join(parts), items
 
 
 class Broker:
@@ -168,6 +254,8 @@ class Broker:
         self._acks: dict[str, int] = {}
         # Users whose held ack is applied at the end of the current batch (see _ack).
         self._acks_due: set[str] = set()
+        # Users who acked in the current batch, in order: the listener hears of each once.
+        self._acked: dict[str, None] = {}
         #: Queue classes a sub or pub may name (issue 13; run_broker sets [channels]'s).
         self.classes: frozenset[str] = frozenset()
         self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
@@ -320,6 +408,35 @@ class Broker:
         decodes each to admit it; decoding twice cost as much as handling an ack); a
         :class:`FrameError` stands for bytes that did not decode."""
         self._owned()
+        return self._handle_batch(batch, frozenset())[0]
+
+    def handle_and_take(
+        self, batch: Sequence[tuple[str, Frame | FrameError]], deliverable: Collection[str]
+    ) -> tuple[list[list[Frame]], dict[str, list[OutgoingNotify]]]:
+        """:meth:`handle_decoded`, then :meth:`take_batches` for the users of
+        ``deliverable`` (those the caller is sending to) who acked in ``batch``, in the
+        same call: an ack's freed window is refilled without the listener's wake-up and
+        a second call (issue 14: two hand-offs to this thread per round of acks were the
+        largest share of a drain's CPU). The listener still hears of the other users'
+        acks; if the read fails, of these too (their delivery retries as usual).
+        """
+        self._owned()
+        replies, served = self._handle_batch(batch, deliverable)
+        if not served:
+            return replies, {}
+        try:
+            return replies, self.take_batches(served)
+        except StoreError:
+            if self.listener is not None:
+                for uri in served:
+                    self.listener.acked(uri)
+            return replies, {}
+
+    def _handle_batch(
+        self, batch: Sequence[tuple[str, Frame | FrameError]], deliverable: Collection[str]
+    ) -> tuple[list[list[Frame]], list[str]]:
+        """The replies, and the users of ``deliverable`` who acked (the listener was not
+        told of those: see :meth:`handle_and_take`)."""
         replies: list[list[Frame]] = [[] for _ in batch]
         run: list[tuple[int, str, Pub]] = []
         for i, (uri, frame) in enumerate(batch):
@@ -334,8 +451,7 @@ class Broker:
                 run = []
             replies[i] = self._handle(uri, frame)
         self._pubs(run, replies)
-        self._flush_due_acks()
-        return replies
+        return replies, self._flush_due_acks(deliverable)
 
     def _pub(self, uri: str, frame: Pub) -> Frame:
         replies: list[list[Frame]] = [[]]
@@ -438,7 +554,17 @@ class Broker:
         link = self._links.get(uri)
         if link is not None:
             now = self.clock()
-            for nseq in sorted(n for n in {*link.inflight, *link.earlier} if n <= upto):
+            if link.earlier:
+                acked = sorted(n for n in {*link.inflight, *link.earlier} if n <= upto)
+            else:
+                # The common case, without a set and a sort per ack: ``inflight`` gets
+                # its nseqs in increasing order (take_batches), so those acked lead it.
+                acked = []
+                for n in link.inflight:
+                    if n > upto:
+                        break
+                    acked.append(n)
+            for nseq in acked:
                 published_at = link.earlier.pop(nseq, 0.0)
                 published_at = link.inflight.pop(nseq, published_at)
                 latency = max(0.0, (now - published_at) * 1000.0)
@@ -454,8 +580,9 @@ class Broker:
             # that is at the end of this batch of frames, with the other users' in the
             # same transaction (a fan-out's acks arrive together).
             self._acks_due.add(uri)
-        if self.listener is not None:
-            self.listener.acked(uri)
+        # Told once per user at the end of the batch of frames (_flush_due_acks), not once
+        # per ack: the loop wakes the user's delivery once either way.
+        self._acked[uri] = None
 
     def flush_acks(self, uri: str | None = None) -> None:
         """Apply the held acks of ``uri`` (every user if None) to the store.
@@ -483,10 +610,22 @@ class Broker:
         with contextlib.suppress(StoreError):
             self._apply_acks(uris)
 
-    def _flush_due_acks(self) -> None:
+    def _flush_due_acks(self, served: Collection[str] = frozenset()) -> list[str]:
+        """Tell the listener who acked in this batch, except the users of ``served``
+        (returned: the caller refills their window itself), and apply the held acks
+        that are due."""
+        held_back: list[str] = []
+        if self._acked:
+            acked, self._acked = self._acked, {}
+            for uri in acked:
+                if uri in served:
+                    held_back.append(uri)
+                elif self.listener is not None:
+                    self.listener.acked(uri)
         if self._acks_due:
             due, self._acks_due = self._acks_due, set()
             self._try_flush_acks(*sorted(due))
+        return held_back
 
     # ------------------------------------------------------------------ TTL sweep
 
@@ -633,6 +772,7 @@ class Broker:
         )
         taken: dict[str, list[OutgoingNotify]] = {}
         error: StoreError | None = None
+        encoder = _NotifyEncoder()  # for this batch: a fan-out's rows share their frames
         for (uri, link, room), rows in zip(plan, reads, strict=True):
             if rows:
                 try:
@@ -646,7 +786,9 @@ class Broker:
             out: list[OutgoingNotify] = []
             for row in rows:
                 link.sent_upto = row.nseq
-                data = self._encode_notify(row)
+                data = encoder.encode(row, self._missed(uri, row.nseq))
+                if data is None:
+                    data = self._encode_notify(row)
                 if data is None:
                     continue
                 link.inflight[row.nseq] = row.published_at

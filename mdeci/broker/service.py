@@ -15,13 +15,13 @@ work (issue 14: an idle session holds no task, event or queue, for memory):
   :class:`~mdeci.broker.core.QueueListener` calls: a publish queued something, an ack
   freed the window; a connection) are marked due, and the task hands all of them to
   ``Broker.take_batches`` in one worker call (a fan-out wakes a hundred users at once:
-  one call, one transaction for their held acks, one connection for their reads) -> one
-  send task per notify, started in nseq order (asyncio runs tasks in creation order, so
-  the RUDP core queues them in order); what is marked due during the call is the next
-  call's: no polling;
-- send tasks: ``await peer.send(...)``; a :class:`~rudp.aio.PeerUnreachable` marks the
-  user DISCONNECTED (only if it belongs to the current connection: each
-  :meth:`BrokerService.connected` starts a new epoch) and stops its delivery.
+  one call, one transaction for their held acks, one connection for their reads) -> each
+  notify queued on the RUDP peer at once, in nseq order (``send_nowait``: no task per
+  message); what is marked due during the call is the next call's: no polling;
+- sends: the future of each queued message; a :class:`~rudp.aio.PeerUnreachable` (at
+  once, or when its retries run out) marks the user DISCONNECTED (only if it belongs to
+  the current connection: each :meth:`BrokerService.connected` starts a new epoch) and
+  stops its delivery.
 
 A periodic task runs the subscription sweep every ``BrokerCoreConfig.sweep_interval``
 and marks every user due, which also retries a batch a database error stopped.
@@ -54,7 +54,18 @@ from mdeci.broker.errors import SessionKeyError
 from mdeci.broker.sms import SmsFallback
 from mdeci.broker.worker import DbWorker, LoopQueue, LoopSink
 from mdeci.errors import FrameError
-from mdeci.frames import UNAVAILABLE, Ack, CalendarOk, Error, Frame, List, Subs, decode, encode
+from mdeci.frames import (
+    UINT63,
+    UNAVAILABLE,
+    Ack,
+    CalendarOk,
+    Error,
+    Frame,
+    List,
+    Subs,
+    decode,
+    encode,
+)
 from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
 from mdeci.store.sessions import SessionStatus
@@ -74,7 +85,7 @@ class _UserLink:
     peer: RudpPeer
     epoch: int = 0
     delivering: bool = False  # the loop's view of CONNECTED (see the module docstring)
-    sends: set[asyncio.Task[None]] | None = None  # only while sends are in flight
+    sends: set[asyncio.Future[None]] | None = None  # only while sends are in flight
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
     listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
@@ -86,6 +97,28 @@ class _UserLink:
 
 def _nothing() -> None:
     pass
+
+
+# An ``ack`` frame as every agent encodes it (``encode``: op first), less its integer.
+_ACK_PREFIX = encode(Ack(upto=0))[:-1]
+_UINT_SIZES = {24: 1, 25: 2, 26: 4, 27: 8}  # CBOR unsigned heads with a following integer
+
+
+def decode_fast(data: bytes) -> Frame:
+    """``decode(data)``, with a short cut for the commonest frame, an ``ack`` (one per
+    notification; the general decoder's checks cost as much as handling it): the same
+    frame or :class:`FrameError` for any input (tests/broker/test_notify_encoding.py)."""
+    start = len(_ACK_PREFIX)
+    if data.startswith(_ACK_PREFIX) and len(data) > start:
+        head = data[start]
+        if head < 24 and len(data) == start + 1:
+            return Ack(upto=head)
+        size = _UINT_SIZES.get(head)
+        if size is not None and len(data) == start + 1 + size:
+            value = int.from_bytes(data[start + 1 :], "big")
+            if value <= UINT63:
+                return Ack(upto=value)
+    return decode(data)
 
 
 def _addr_text(addr: tuple[str, int]) -> str:
@@ -275,7 +308,7 @@ class BrokerService:
         if self._closed:
             return
         self._closed = True
-        tasks: list[asyncio.Task[None]] = []
+        tasks: list[asyncio.Future[None]] = []
         for task in (self._sweeper, self._pump, self._delivery):
             if task is not None:
                 task.cancel()
@@ -355,7 +388,7 @@ class BrokerService:
 
     # ------------------------------------------------------------------ tasks
 
-    def _drop(self, link: _UserLink) -> list[asyncio.Task[None]]:
+    def _drop(self, link: _UserLink) -> list[asyncio.Future[None]]:
         tasks = [t for t in (link.sends or ()) if t is not None]
         for task in tasks:
             task.cancel()
@@ -383,10 +416,28 @@ class BrokerService:
                     frame = self._admit(link, data, reserved)
                     if frame is not None:
                         admitted.append((link, frame))
-                replies = await self.worker.run(
-                    self.broker.handle_decoded, [(link.uri, frame) for link, frame in admitted]
+                # The users whose acks are in this batch get their window refilled in the
+                # same worker call (Broker.handle_and_take), not by a wake-up and another.
+                acking = {
+                    link.uri: (link, link.epoch)
+                    for link, frame in admitted
+                    if isinstance(frame, Ack)
+                    and link.delivering
+                    and self._users.get(link.uri) is link
+                }
+                replies, batches = await self.worker.run(
+                    self.broker.handle_and_take,
+                    [(link.uri, frame) for link, frame in admitted],
+                    frozenset(acking),
                 )
                 self._reply([link for link, _ in admitted], replies)
+                for uri, items in batches.items():
+                    link, epoch = acking[uri]
+                    if link.epoch != epoch or not link.delivering:
+                        continue  # as in _deliver: the mark_* behind the call resends
+                    for item in items:
+                        if self._spawn_send(link, item.data) is None:
+                            break
         finally:
             self._pump = None
 
@@ -421,7 +472,7 @@ class BrokerService:
         bounded whatever it sends; the first refusal of a streak is logged.
         """
         try:
-            frame: Frame | FrameError = decode(data)
+            frame: Frame | FrameError = decode_fast(data)
         except FrameError as exc:
             frame = exc  # the core answers it (400); a small reply
         if isinstance(frame, Ack):
@@ -449,9 +500,10 @@ class BrokerService:
         return None
 
     def _spawn_reply(self, link: _UserLink, data: bytes) -> None:
-        link.reply_bytes += len(data)
-        task = self._spawn_send(link, data)
-        task.add_done_callback(lambda _: self._replied(link, len(data)))
+        future = self._spawn_send(link, data)
+        if future is not None:
+            link.reply_bytes += len(data)
+            future.add_done_callback(lambda _: self._replied(link, len(data)))
 
     @staticmethod
     def _replied(link: _UserLink, size: int) -> None:
@@ -490,29 +542,37 @@ class BrokerService:
                         # the lowest un-acked nseq.
                         continue
                     for item in batches.get(link.uri, ()):
-                        self._spawn_send(link, item.data)
+                        if self._spawn_send(link, item.data) is None:
+                            break  # unreachable: the rest goes after the next connection
         finally:
             self._delivery = None
 
-    def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._send(link, data, link.epoch))
+    def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Future[None] | None:
+        """Queue ``data`` on ``link``'s peer; the future of its acknowledgement (None if
+        the peer refused it at once: then the user is marked unreachable). No task per
+        message (issue 14: a task and its steps per notify were a visible share of a
+        delivery's CPU): the future's callback does what the task did when it ended."""
+        epoch = link.epoch
+        try:
+            future = link.peer.send_nowait(data)
+        except PeerUnreachable as exc:
+            self._unreachable(link, epoch, exc.reason)
+            return None
         if link.sends is None:
             link.sends = set()
-        link.sends.add(task)
-        task.add_done_callback(lambda done: self._sent(link, done))
-        return task
+        link.sends.add(future)
+        future.add_done_callback(lambda done: self._sent(link, done, epoch))
+        return future
 
-    @staticmethod
-    def _sent(link: _UserLink, task: asyncio.Task[None]) -> None:
+    def _sent(self, link: _UserLink, future: asyncio.Future[None], epoch: int) -> None:
         if link.sends is not None:
-            link.sends.discard(task)
+            link.sends.discard(future)
             if not link.sends:
                 link.sends = None  # an idle session holds no set
-
-    async def _send(self, link: _UserLink, data: bytes, epoch: int) -> None:
-        try:
-            await link.peer.send(data)
-        except PeerUnreachable as exc:
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if isinstance(exc, PeerUnreachable):
             self._unreachable(link, epoch, exc.reason)
         else:
             if not link.ip_proved and epoch == link.epoch:

@@ -107,7 +107,6 @@ class LoopQueue:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self._pending: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
-        self._lock = threading.Lock()
         self._scheduled = False
 
     def call(self, fn: Callable[..., object], *args: object) -> None:
@@ -115,19 +114,23 @@ class LoopQueue:
             self._flush()
             fn(*args)
             return
-        with self._lock:
-            self._pending.append((fn, args))
-            if self._scheduled:
-                return
-            self._scheduled = True
+        # No lock (two churn events per notification each took one): deque.append is
+        # atomic, and the flag is only a hint. The worker appends BEFORE it reads the
+        # flag, and _flush clears it BEFORE it empties the deque, so a call either sees
+        # the flag clear and schedules a flush, or was appended before that flush began
+        # emptying the deque and is run by it. At worst a flush finds nothing to do.
+        self._pending.append((fn, args))
+        if self._scheduled:
+            return
+        self._scheduled = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
             self._loop.call_soon_threadsafe(self._flush)
 
     def _flush(self) -> None:
-        with self._lock:
-            batch, self._pending = self._pending, deque()
-            self._scheduled = False
-        for fn, args in batch:
+        self._scheduled = False
+        pending = self._pending
+        while pending:
+            fn, args = pending.popleft()
             fn(*args)
 
 

@@ -177,6 +177,16 @@ class RudpPeer:
         Raises PeerUnreachable when the retries ran out (for this message or one
         queued before it) or the peer is already DISCONNECTED; MessageTooLarge.
         """
+        await self.send_nowait(message)
+
+    def send_nowait(self, message: bytes) -> asyncio.Future[None]:
+        """:meth:`send` without a coroutine: queue the message now and return the future
+        that :meth:`send` awaits (its result when acknowledged, PeerUnreachable when the
+        retries ran out). A server sending many messages needs no task per message.
+
+        Raises PeerUnreachable (endpoint closed, peer DISCONNECTED) and MessageTooLarge
+        at once.
+        """
         if self._closed:
             raise PeerUnreachable("endpoint closed", message)
         message_id = self.connection.send_message(message, self._loop.time())
@@ -185,7 +195,7 @@ class RudpPeer:
         if not self._flush_soon:  # sends of this iteration leave together (module doc)
             self._flush_soon = True
             self._loop.call_soon(self._flush)
-        await future
+        return future
 
     async def receive(self) -> bytes:
         """The next message, in order."""

@@ -60,6 +60,19 @@ RESULTS: dict[str, float] = {}
 PROFILE = (
     ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
 )
+# BENCH_UVLOOP=1: the broker child runs on uvloop's event loop (a measurement only: uvloop
+# is not a dependency; docs/benchmarks.md has the figures).
+UVLOOP = (
+    [
+        "-c",
+        "import runpy, sys, uvloop; uvloop.install(); del sys.argv[1:3]; "
+        "runpy.run_module('mdeci', run_name='__main__', alter_sys=True)",
+    ]
+    if os.environ.get("BENCH_UVLOOP")
+    else []
+)
+# BENCH_PYSPY=prefix: py-spy samples the broker child during each timed phase (BrokerProc.spy).
+PYSPY = os.environ.get("BENCH_PYSPY", "")
 
 
 def password(user: str) -> str:
@@ -87,6 +100,30 @@ class BrokerProc:
     def __init__(self, proc: asyncio.subprocess.Process, sip: tuple[str, int]) -> None:
         self.proc = proc
         self.sip = sip
+        self._spy: subprocess.Popen[bytes] | None = None
+
+    async def spy(self, phase: str) -> None:
+        """With BENCH_PYSPY=prefix, sample the broker child (every thread holding the GIL,
+        i.e. its CPU, not its waits) from now to :meth:`unspy`, into
+        ``prefix-<phase>.txt``; returns once py-spy says it samples. cProfile (BENCH_PROFILE)
+        sees only the event loop's thread."""
+        if not PYSPY:
+            return
+        self._spy = subprocess.Popen(
+            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(self.pid),
+             "--nonblocking", "--gil", "-r", "250", "-f", "raw", "--threads",
+             "-o", f"{PYSPY}-{phase}.txt"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert self._spy.stdout is not None
+        line = await asyncio.to_thread(self._spy.stdout.readline)  # "Sampling process ..."
+        assert b"Sampling" in line, line
+
+    async def unspy(self) -> None:
+        if self._spy is not None:  # our own child: SIGINT makes it write what it sampled
+            self._spy.send_signal(signal.SIGINT)
+            await asyncio.to_thread(self._spy.wait, 60)
+            self._spy = None
 
     @classmethod
     async def start(
@@ -119,7 +156,7 @@ class BrokerProc:
         config = tmp / "broker.toml"
         config.write_text("\n".join(lines) + "\n")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, *(PROFILE if wrapper is None else wrapper),
+            sys.executable, *(PROFILE + UVLOOP if wrapper is None else wrapper),
             "-m", "mdeci", "broker", "--config", str(config),
             "--listen-sip", f"{HOST}:0", "--listen-media", f"{HOST}:0",
             cwd=ROOT if root is None else root, stdout=asyncio.subprocess.PIPE,
@@ -142,6 +179,7 @@ class BrokerProc:
         return _proc_cpu_s(self.pid)
 
     async def stop(self) -> None:
+        await self.unspy()
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -329,12 +367,14 @@ async def _mdeci_run(tmp: Path, url: str, label: str) -> None:
         await pub.connect(broker.sip, register=True)
         for a in agents[:N_AGENTS]:
             a.expect(FAN_PUBS)
+        await broker.spy(f"{label}-fanout")
         cpu0, t0 = broker.cpu_s(), time.perf_counter()
         await asyncio.wait_for(pub.publish("bench.fan", FAN_PUBS, "f"), RUN_LIMIT)
         await asyncio.wait_for(
             asyncio.gather(*(a.done.wait() for a in agents[:N_AGENTS])), RUN_LIMIT
         )
         elapsed = time.perf_counter() - t0
+        await broker.unspy()
         total = FAN_PUBS * N_AGENTS
         RESULTS[f"{label}.fan_rate"] = total / elapsed
         RESULTS[f"{label}.fan_cpu"] = (broker.cpu_s() - cpu0) / total * 10_000
@@ -346,15 +386,20 @@ async def _mdeci_run(tmp: Path, url: str, label: str) -> None:
         await drain.connect(broker.sip, register=True)
         await drain.subscribe("bench.drain")
         await drain.hang_up()
-        t_pub = time.perf_counter()
+        await broker.spy(f"{label}-publish")
+        cpu0, t_pub = broker.cpu_s(), time.perf_counter()
         await asyncio.wait_for(pub.publish("bench.drain", DRAIN, "d"), RUN_LIMIT)
         RESULTS[f"{label}.pub_rate"] = DRAIN / (time.perf_counter() - t_pub)
+        RESULTS[f"{label}.pub_cpu_us"] = (broker.cpu_s() - cpu0) / DRAIN * 1e6
+        await broker.unspy()
         drain.expect(DRAIN)
+        await broker.spy(f"{label}-drain")
         cpu0, t0 = broker.cpu_s(), time.perf_counter()
         await drain.connect(broker.sip, register=False)
         await asyncio.wait_for(drain.done.wait(), RUN_LIMIT)
         RESULTS[f"{label}.drain_s"] = time.perf_counter() - t0
         RESULTS[f"{label}.drain_cpu"] = broker.cpu_s() - cpu0
+        await broker.unspy()
         print(f"{label}: drain {DRAIN} in {RESULTS[f'{label}.drain_s']:.2f} s")
     finally:
         for a in agents:
@@ -547,17 +592,21 @@ def test_report() -> None:
             print(
                 f"| fan-out {FAN_PUBS}x{N_AGENTS} | {label} | "
                 f"{r[f'{label}.fan_rate']:.0f} notifications/s | "
-                f"{r[f'{label}.fan_cpu']:.2f} s / 10k |"
+                f"{r[f'{label}.fan_cpu']:.2f} s / 10k ({r[f'{label}.fan_cpu'] * 100:.0f} µs each) |"
             )
     for label in ("mdeci-sqlite", "mdeci-postgresql", "mosquitto"):
         if f"{label}.drain_s" in r:
             print(
                 f"| drain {DRAIN} | {label} | {r[f'{label}.drain_s']:.2f} s "
-                f"({DRAIN / r[f'{label}.drain_s']:.0f}/s) | {r[f'{label}.drain_cpu']:.2f} s |"
+                f"({DRAIN / r[f'{label}.drain_s']:.0f}/s) | {r[f'{label}.drain_cpu']:.2f} s "
+                f"({r[f'{label}.drain_cpu'] / DRAIN * 1e6:.0f} µs each) |"
             )
     for label in ("mdeci-sqlite", "mdeci-postgresql", "mosquitto"):
         if f"{label}.pub_rate" in r:
-            print(f"| publish {DRAIN} (1 recipient) | {label} | {r[f'{label}.pub_rate']:.0f}/s | |")
+            cpu = r.get(f"{label}.pub_cpu_us")
+            per = "" if cpu is None else f"{cpu:.0f} µs / publish"
+            rate = r[f"{label}.pub_rate"]
+            print(f"| publish {DRAIN} (1 recipient) | {label} | {rate:.0f}/s | {per} |")
     if "rss.after_kb" in r:
         before, after = r["rss.before_kb"], r["rss.after_kb"]
         print(

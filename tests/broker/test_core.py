@@ -712,3 +712,42 @@ def test_handle_decoded_answers_as_handle_frames_for_frames_decoded_once(
     assert replies == [*again, [PubOk(req=3, msg_id="m0", matched=1)]]
     assert isinstance(replies[1][0], Error) and replies[1][0].code == 400
     assert [q[1] for q in queued(store, ALICE)] == ["m0"]  # the copies were duplicates
+
+
+class _Heard:
+    """A QueueListener that records what it hears."""
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def queued(self, uri: str) -> None:
+        pass
+
+    def acked(self, uri: str) -> None:
+        self.told.append(uri)
+
+
+def test_handle_and_take_refills_the_acking_users_window_in_the_same_call(
+    store: BrokerStore, clock: FakeClock, sink: MemorySink
+) -> None:
+    broker = make_broker(store, clock, sink, queue=QueueConfig(window=2))
+    heard = _Heard()
+    broker.listener = heard
+    for uri in (ALICE, BOB):
+        add_session(store, uri)
+        subscribe(broker, uri, "a.b")
+        broker.mark_connected(uri)
+    for i in range(4):
+        publish(broker, f"m{i}", "a.b")
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2]
+    assert [n.nseq for n in notifies(broker, BOB)] == [1, 2]
+    replies, taken = broker.handle_and_take(
+        [(ALICE, Ack(upto=2)), (BOB, Ack(upto=1))], frozenset({ALICE})
+    )
+    assert replies == [[], []]
+    # Alice's window was refilled here and she is not woken; Bob (not served) is.
+    assert [item.nseq for item in taken[ALICE]] == [3, 4]
+    assert [decode(item.data).nseq for item in taken[ALICE]] == [3, 4]  # type: ignore[union-attr]
+    assert BOB not in taken
+    assert heard.told == [BOB]
+    assert broker.in_flight(ALICE) == (3, 4)
