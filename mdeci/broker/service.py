@@ -574,9 +574,8 @@ class BrokerService:
         exc = future.exception()
         if isinstance(exc, PeerUnreachable):
             self._unreachable(link, epoch, exc.reason)
-        else:
-            if not link.ip_proved and epoch == link.epoch:
-                self._proved(link)
+        elif exc is None and not link.ip_proved and epoch == link.epoch:
+            self._proved(link)
 
     def _proved(self, link: _UserLink) -> None:
         """The first datagram sent over this connection was acknowledged: IP works both
