@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Protocol
 
 from mdeci.churnlog import ChurnLog
 
@@ -69,8 +69,7 @@ class ChurnLogSink:
         self.failures = 0
 
     def emit(self, event: str, uri: str, **fields: FieldValue) -> None:
-        values: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
         try:
-            self._log.write(event, uri=uri, **values)
+            self._log.append(event, uri, fields)  # None fields are left out
         except Exception:  # ChurnLogError, or TypeError for a field §8 does not have
             self.failures += 1

@@ -8,12 +8,23 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from random import Random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mdeci.churnlog import AUTHORITY, FIELDS, ChurnLog, Event, Role, format_ts, make_record
+from mdeci.churnlog import (
+    AUTHORITY,
+    FIELDS,
+    ChurnLog,
+    Event,
+    Role,
+    format_ts,
+    make_record,
+    record_of,
+)
 from mdeci.errors import ChurnLogError, MdeciError
 
 # 2026-11-22T21:05:03.123Z
@@ -145,6 +156,8 @@ def test_clock_is_read_per_line(tmp_path: Path) -> None:
         ({"latency_ms": float("nan")}, "not finite"),
         ({"uri": 5}, "'uri' has type int"),
         ({"reason": b"x"}, "'reason' has type bytes"),
+        ({"colour": "red"}, "unknown churn log field 'colour'"),
+        ({"colour": None, "zone": 1}, "unknown churn log field 'zone'"),
     ],
 )
 def test_invalid_records_rejected(tmp_path: Path, kwargs: dict[str, object], fragment: str) -> None:
@@ -173,6 +186,39 @@ def test_make_record_is_pure() -> None:
         "bytes": 140,
         "cost": 0.05,
     }
+
+
+FIELD_VALUES = st.fixed_dictionaries(
+    {},
+    optional={
+        "call_id": st.text(max_size=8),
+        "addr": st.text(max_size=8),
+        "channel": st.sampled_from(["ip", "sms"]),
+        "queue_depth": st.integers(0, 10**6),
+        "nseq": st.integers(0, 10**9),
+        "latency_ms": st.floats(0, 1e6) | st.integers(0, 1000),
+        "reason": st.none() | st.text(max_size=8),
+        "cost": st.floats(0, 10),
+    },
+)
+
+
+@given(fields=FIELD_VALUES, order=st.randoms(use_true_random=False))
+def test_the_mapping_path_builds_the_same_record_in_section_8_order(
+    fields: dict[str, object], order: Random
+) -> None:
+    # record_of (what the broker's sink calls, no keyword packing) and make_record agree,
+    # whatever order the fields come in; its field-order cache changes nothing.
+    keys = list(fields)
+    order.shuffle(keys)
+    shuffled = {key: fields[key] for key in keys}
+    built = record_of(1.5, "n", "notify_delivered", "sip:a@x", Role.BROKER, shuffled)
+    kwargs: Any = fields  # the strategy draws only §8 names, with their types
+    assert built == make_record(
+        1.5, "n", Event.NOTIFY_DELIVERED, uri="sip:a@x", role=Role.BROKER, **kwargs
+    )
+    assert list(built) == [f for f in FIELDS if f in built]
+    assert all(value is not None for value in built.values())
 
 
 def test_rotation_by_size(tmp_path: Path) -> None:
