@@ -334,6 +334,10 @@ class RudpConnection:
         self.stats.messages_sent += 1
         return message_id
 
+    def is_pending(self, message_id: int) -> bool:
+        """Whether message ``message_id`` is neither acknowledged nor failed yet."""
+        return message_id in self._messages
+
     def reset(self, now: float) -> None:
         """Leave DISCONNECTED: forget the failure and the RTT history so sending resumes."""
         self._transition("reset")
@@ -564,6 +568,10 @@ class RudpConnection:
         self._partial_bytes = 0
 
     def _reassemble(self, frag: wire.Data) -> None:
+        if frag.frag_count == 1 and not self._partial:  # a whole message: the common case
+            self.stats.messages_delivered += 1
+            self._emit(MessageReceived(frag.payload))
+            return
         if frag.frag_index == 0:
             if self._partial:
                 self.stats.bad_fragment += 1

@@ -91,6 +91,7 @@ class RudpPeer:
         "_candidate",
         "_challenged_at",
         "_closed",
+        "_drains",
         "_endpoint",
         "_flush_soon",
         "_inbox",
@@ -100,6 +101,7 @@ class RudpPeer:
         "_timer_at",
         "_token",
         "_waiters",
+        "_written",
         "addr",
         "connection",
         "key",
@@ -135,6 +137,10 @@ class RudpPeer:
         #: :meth:`receive` (what was queued before it was set stays for ``receive``).
         self.on_message: Callable[[bytes], None] | None = None
         self._waiters: dict[int, asyncio.Future[None]] = {}
+        # write()/drain(): the last message id written, and drains waiting for an id to be
+        # acknowledged, oldest first (ids only grow, so acks resolve them in order).
+        self._written = -1
+        self._drains: deque[tuple[int, asyncio.Future[None]]] | None = None
         self._inbox: asyncio.Queue[bytes] | None = None  # built by the first receive()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -185,6 +191,32 @@ class RudpPeer:
         if not self._flush_soon:  # sends of this iteration leave together (module doc)
             self._flush_soon = True
             self._loop.call_soon(self._flush)
+        await future
+
+    def write(self, message: bytes) -> None:
+        """Queue one message without waiting for it (a stream's ``write``): no future per
+        message, for bulk senders; :meth:`drain` waits for everything written so far.
+
+        Raises PeerUnreachable when closed or DISCONNECTED; MessageTooLarge.
+        """
+        if self._closed:
+            raise PeerUnreachable("endpoint closed", message)
+        self._written = self.connection.send_message(message, self._loop.time())
+        if not self._flush_soon:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
+
+    async def drain(self) -> None:
+        """Return when the peer acknowledged every message :meth:`write` queued so far.
+
+        Raises PeerUnreachable when one of them failed (retries ran out) or on close.
+        """
+        if self._written < 0 or not self.connection.is_pending(self._written):
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        if self._drains is None:
+            self._drains = deque()
+        self._drains.append((self._written, future))
         await future
 
     async def receive(self) -> bytes:
@@ -284,10 +316,23 @@ class RudpPeer:
                 future = self._waiters.pop(event.message_id, None)
                 if future is not None and not future.done():
                     future.set_result(None)
+                drains = self._drains
+                while drains and drains[0][0] <= event.message_id:
+                    _, future = drains.popleft()
+                    if not future.done():
+                        future.set_result(None)
             elif isinstance(event, MessageFailed):
                 future = self._waiters.pop(event.message_id, None)
                 if future is not None and not future.done():
                     future.set_exception(PeerUnreachable("no ACK after retries", event.data))
+                if self._drains:
+                    # Every drain still waiting covers this message (those below it were
+                    # resolved by its predecessors' acks): it fails.
+                    error = PeerUnreachable("no ACK after retries", event.data)
+                    for _, future in self._drains:
+                        if not future.done():
+                            future.set_exception(error)
+                    self._drains = None
             elif isinstance(event, PathResponseReceived):
                 moved = self._path_response(event.token) or moved
             elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
@@ -305,6 +350,10 @@ class RudpPeer:
             if not future.done():
                 future.set_exception(PeerUnreachable("endpoint closed"))
         self._waiters.clear()
+        for _, future in self._drains or ():
+            if not future.done():
+                future.set_exception(PeerUnreachable("endpoint closed"))
+        self._drains = None
 
 
 class RudpEndpoint:
