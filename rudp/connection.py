@@ -403,16 +403,23 @@ class RudpConnection:
             return False
         try:
             frames = wire.pull_frames(payload)
-            for frame in frames:  # every check before any effect: a datagram counts whole
-                if isinstance(frame, wire.Ack) and (
-                    frame.cumulative > self._next_seq
-                    or any(e > self._next_seq for _, e in frame.blocks)
-                ):
-                    raise PacketError("ACK for data never sent")
         except PacketError:
             self.stats.malformed += 1
             return False
-        if any(isinstance(f, wire.Data) and not self._data_ok(f) for f in frames):
+        # Every check before any effect: a datagram counts whole. One pass; a bad ACK
+        # (malformed) outranks a bad fragment, as two passes would rank them.
+        bad_fragment = False
+        sent_end = self._next_seq
+        for frame in frames:
+            if isinstance(frame, wire.Data):
+                bad_fragment = bad_fragment or not self._data_ok(frame)
+            elif isinstance(frame, wire.Ack) and (
+                # blocks ascend (pull_frames checks it): the last one ends highest
+                frame.cumulative > sent_end or (frame.blocks and frame.blocks[-1][1] > sent_end)
+            ):
+                self.stats.malformed += 1  # an ACK for data never sent
+                return False
+        if bad_fragment:
             self.stats.bad_fragment += 1
             return False
         for frame in frames:
@@ -804,12 +811,13 @@ class RudpConnection:
 
     # ---------------------------------------------------------------- output
 
-    def _packet(self, frames: list[wire.Frame], now: float) -> bytes:
-        header = wire.Header(self.cid, self.sender_id, self._next_pn)
+    def _packet(self, frames: list[bytes], now: float) -> bytes:
+        """One datagram of encoded ``frames``, numbered with the next packet number."""
+        pn = self._next_pn
         self._next_pn += 1
         self._last_sent = now
         self.stats.packets_sent += 1
-        return wire.seal(self._send_keys, header, frames)
+        return wire.seal_encoded(self._send_keys, self.cid, pn, frames)
 
     def path_challenge(self, token: bytes, now: float) -> bytes:
         """A datagram carrying PATH_CHALLENGE ``token`` (8 bytes), for the adapter to send
@@ -818,9 +826,9 @@ class RudpConnection:
         if len(token) != wire.TOKEN_SIZE:
             raise ValueError(f"a path token is {wire.TOKEN_SIZE} bytes")
         self.stats.path_challenges_sent += 1
-        return self._packet([wire.PathChallenge(token)], now)
+        return self._packet([wire.push_frame(wire.PathChallenge(token))], now)
 
-    def _data_frame(self, out: _Outgoing, now: float, pn: int) -> wire.Data:
+    def _data_frame(self, out: _Outgoing, now: float, pn: int) -> bytes:
         """``out`` as a DATA frame of the packet numbered ``pn`` being built."""
         if out.transmissions:
             self.stats.retransmissions += 1
@@ -831,7 +839,7 @@ class RudpConnection:
         self.stats.data_sent += 1
         if self._rto_deadline is None:
             self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.1
-        return wire.Data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
+        return wire.push_data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
 
     def _ack_frame(self) -> wire.Ack:
         blocks = tuple((start, end) for start, end in self._ranges[: self._max_sack_blocks])
@@ -852,9 +860,9 @@ class RudpConnection:
         for token in self._path_responses:
             # Answered at once, to the peer's current address (the adapter's choice).
             self.stats.path_responses_sent += 1
-            out.append(self._packet([wire.PathResponse(token)], now))
+            out.append(self._packet([wire.push_frame(wire.PathResponse(token))], now))
         self._path_responses.clear()
-        frames: list[wire.Frame] = []
+        frames: list[bytes] = []
         room = self.config.mtu - wire.HEADER_SIZE - wire.TAG_SIZE
         used = 0
 
@@ -897,7 +905,7 @@ class RudpConnection:
             if frames and used + wire.ACK_FRAME.size + wire.BLOCK.size * len(ack.blocks) > room:
                 out.append(self._packet(frames, now))
                 frames.clear()
-            frames.append(ack)
+            frames.append(wire.push_frame(ack))
         if frames:
             out.append(self._packet(frames, now))
         probe, self._ping_now = self._ping_now and not self._inflight, False
@@ -907,7 +915,7 @@ class RudpConnection:
             and (probe or (not out and now >= self._last_sent + self.config.keepalive_interval))
         ):
             self.stats.pings_sent += 1
-            out.append(self._packet([wire.Ping()], now))
+            out.append(self._packet([wire.push_frame(wire.Ping())], now))
             if self._rto_deadline is None:
                 # An unanswered PING counts like unacknowledged DATA (same timer, back-off
                 # and max_retries), so an idle side notices a dead peer (docs/rudp.md §3).
