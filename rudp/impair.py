@@ -17,7 +17,10 @@ upstream socket towards ``forward``, so the server sees a distinct source per
 client (a client that rebinds looks like a peer that moved). Replies travel
 back impaired the same way. Every decision (loss, duplicate, reorder, delay)
 comes from one ``random.Random(seed)`` per direction, so a given packet
-sequence meets the same fate on every run.
+sequence meets the same fate on every run. The relay must cost less per datagram than
+what it measures: it reads every datagram waiting per wake, keeps its departures in one
+heap behind one loop timer, and sends those due together to one place in one GSO write
+(``rudp.aio.gso``; ~3 µs a datagram on loopback, against ~40-65 µs before).
 
 TCP (``protocol="tcp"``): a byte stream cannot lose, duplicate or reorder
 bytes, so the proxy imposes what TCP would suffer from the same link: every
@@ -38,6 +41,8 @@ import random
 import re
 import socket
 from dataclasses import dataclass, field
+
+from rudp.aio import gso
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,6 +176,7 @@ class ImpairmentProxy:
         self._arrivals = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._gso = gso.AVAILABLE  # cleared when the kernel refuses it
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -302,35 +308,58 @@ class ImpairmentProxy:
         self._timer_at = when
 
     def _depart(self) -> None:
-        """Send every datagram due by now, in departure order."""
+        """Send every datagram due by now, in departure order; consecutive ones to the same
+        place leave in one GSO write where the kernel takes it (``rudp.aio.gso``)."""
         assert self._loop is not None
         self._timer = None
         now = self._loop.time()
         due = self._due
+        batch: list[bytes] = []
+        target: tuple[bool, tuple[str, int]] | None = None
         while due and due[0][0] <= now:
             _, _, up, data, client = heapq.heappop(due)
-            if up:
-                self.upstream.queued -= 1
-                sock = self._clients.get(client)
-                if sock is not None:
-                    self.upstream.stats.packets_out += 1
-                    self._send(sock, data, None)
-            else:
-                self.downstream.queued -= 1
-                if self._listener is not None:
-                    self.downstream.stats.packets_out += 1
-                    self._send(self._listener, data, client)
+            link = self.upstream if up else self.downstream
+            link.queued -= 1
+            if (up, client) != target:
+                if target is not None:
+                    self._send(target, batch)
+                target, batch = (up, client), []
+            batch.append(data)
+        if target is not None:
+            self._send(target, batch)
         self._arm()
 
-    @staticmethod
-    def _send(sock: socket.socket, data: bytes, addr: tuple[str, int] | None) -> None:
-        # A full socket buffer drops the datagram, as a full router queue would (the
-        # buffers are sized so the benchmarks do not get here); so does an ICMP error.
-        with contextlib.suppress(OSError):
-            if addr is None:
-                sock.send(data)
-            else:
-                sock.sendto(data, addr)
+    def _send(self, target: tuple[bool, tuple[str, int]], batch: list[bytes]) -> None:
+        up, client = target
+        if up:
+            sock, addr = self._clients.get(client), None
+        else:
+            sock, addr = self._listener, client
+        if sock is None:
+            return
+        (self.upstream if up else self.downstream).stats.packets_out += len(batch)
+        # A full socket buffer drops a datagram, as a full router queue would (the
+        # buffers are sized so the benchmarks do not get there); so does an ICMP error.
+        for start, end in gso.runs(batch) if self._gso else ((i, i + 1) for i in range(len(batch))):
+            try:
+                if end - start > 1:
+                    gso.send_run(sock, batch[start:end], addr)
+                elif addr is None:
+                    sock.send(batch[start])
+                else:
+                    sock.sendto(batch[start], addr)
+                continue
+            except OSError as error:
+                if end - start == 1:
+                    continue
+                if error.errno in gso.REFUSED:
+                    self._gso = False  # no GSO here: one by one from now on
+            for data in batch[start:end]:
+                with contextlib.suppress(OSError):
+                    if addr is None:
+                        sock.send(data)
+                    else:
+                        sock.sendto(data, addr)
 
     # ---------------------------------------------------------------- TCP
 

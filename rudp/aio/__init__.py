@@ -9,7 +9,10 @@ Per wake of the event loop the endpoint reads every datagram waiting (up to
 got one for what to send: a burst of DATA costs one ACK per batch, not one per two
 packets, and one epoll per batch, not per datagram (asyncio's datagram transport reads
 one datagram per wake). Sends made by the application within one loop iteration are
-likewise written together, once, just after it.
+likewise written together, once, just after it; the datagrams of one flush leave in as
+few system calls as UDP GSO allows (``rudp.aio.gso``; Linux, else one ``sendto`` each).
+For bulk senders, :meth:`RudpPeer.write` and :meth:`RudpPeer.drain` queue messages
+without a future each.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rudp import packet as wire
+from rudp.aio import gso
 from rudp.config import RudpConfig
 from rudp.connection import (
     MessageAcked,
@@ -291,8 +295,9 @@ class RudpPeer:
         self._flush_soon = False
         if self._closed:
             return
-        for datagram in self.connection.datagrams_to_send(self._loop.time()):
-            self._endpoint._sendto(datagram, self.addr)
+        datagrams = self.connection.datagrams_to_send(self._loop.time())
+        if datagrams:
+            self._endpoint._send_many(datagrams, self.addr)
         self._events()
         when = self.connection.get_timer()
         # Only an earlier deadline moves the timer: one that fires early finds nothing due
@@ -374,6 +379,7 @@ class RudpEndpoint:
         self._backlog: deque[tuple[bytes, tuple[str, int]]] = deque()  # socket buffer full
         self._lingering: set[socket.socket] = set()  # old sockets after a rebind, read only
         self._peers: dict[int, RudpPeer] = {}
+        self._gso = gso.AVAILABLE  # cleared when the kernel refuses it
         #: Test and diagnostic knob: while true, every datagram received is dropped
         #: (counted in ``stats.dropped_incoming``) as if the path towards this endpoint
         #: had failed; sends are unaffected. Lets a test cut a device's IP path without a
@@ -495,6 +501,38 @@ class RudpEndpoint:
             self._loop.add_writer(sock.fileno(), self._write_ready)
         except OSError:
             pass  # ICMP errors on UDP: the retransmission timer is the only judge
+
+    def _send_many(self, datagrams: list[bytes], addr: tuple[str, int]) -> None:
+        """Send ``datagrams`` to ``addr`` in order; runs of one size share a system call
+        (``rudp.aio.gso``) where the kernel allows it."""
+        if not self._gso or len(datagrams) == 1 or self._backlog:
+            for data in datagrams:
+                self._sendto(data, addr)
+            return
+        for start, end in gso.runs(datagrams):
+            if end - start == 1 or not self._gso or self._backlog:
+                for data in datagrams[start:end]:
+                    self._sendto(data, addr)
+            else:
+                self._send_run(datagrams[start:end], addr)
+
+    def _send_run(self, run: list[bytes], addr: tuple[str, int]) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            gso.send_run(sock, run, addr)
+        except (BlockingIOError, InterruptedError):
+            self._backlog.extend((data, addr) for data in run)
+            self._loop.add_writer(sock.fileno(), self._write_ready)
+        except OSError as error:
+            if error.errno in gso.REFUSED:
+                log.info("rudp endpoint: UDP GSO refused (%s); sending one by one", error)
+                self._gso = False
+            # Else an ICMP error queued on the socket was reported (and cleared) instead
+            # of sending: nothing went out, so send them one by one.
+            for data in run:
+                self._sendto(data, addr)
 
     def _write_ready(self) -> None:
         sock = self._sock
