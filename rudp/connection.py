@@ -175,6 +175,7 @@ class RudpConnection:
         "_largest_acked_pn",
         "_last_sent",
         "_latest_rtt",
+        "_loss_deadline",
         "_max_fragments",
         "_max_sack_blocks",
         "_messages",
@@ -265,6 +266,9 @@ class RudpConnection:
         self._parked: list[tuple[int, int, _Outgoing]] = []
         # Tail-loss probe (RFC 8985 §7): its timer, the packet chosen, its packet number.
         self._pto_deadline: float | None = None
+        # RFC 9002 §6.1.2's loss timer: when the oldest packet past the packet-number rule
+        # but still inside the time rule becomes old enough to be declared lost.
+        self._loss_deadline: float | None = None
         self._probe: _Outgoing | None = None
         self._probe_pn = -1
         self._probed = False  # one probe per episode without progress
@@ -690,15 +694,23 @@ class RudpConnection:
         if 0 <= self._probe_pn <= self._largest_acked_pn:
             limit = max(limit, self._probe_pn - 1)
         rtt = max(self.rto.srtt or self.config.rto_initial, self._latest_rtt)
-        sent_before = now - self.config.reorder_time * rtt
+        age = self.config.reorder_time * rtt  # lost only once sent_at + age <= now
         lost: list[_Outgoing] = []
         order = self._sent_order
+        self._loss_deadline = None
         while order:
             pn, out = order[0]
             if out.pn != pn or out.sacked or out.seq < self._snd_una:
                 order.popleft()  # sent again since, or received: nothing to decide
                 continue
-            if pn > limit or out.sent_at > sent_before:
+            if pn > limit:
+                break
+            if out.sent_at + age > now:
+                # Too young to call lost yet. Without a timer for when it is not, a burst
+                # whose last ACKs came in before it aged (every RTT sample of a burst sent
+                # at once measures the burst itself) would wait for the probe or the RTO.
+                # The same sum as the test above, so the timer firing at it passes it.
+                self._loss_deadline = out.sent_at + age
                 break
             order.popleft()
             if out.seq >= self._highest_reported:
@@ -735,7 +747,14 @@ class RudpConnection:
     def get_timer(self) -> float | None:
         """The next time ``handle_timer`` must run, or None."""
         times = [
-            t for t in (self._rto_deadline, self._ack_deadline, self._pto_deadline) if t is not None
+            t
+            for t in (
+                self._rto_deadline,
+                self._ack_deadline,
+                self._pto_deadline,
+                self._loss_deadline,
+            )
+            if t is not None
         ]
         if self.config.keepalive_interval > 0 and self.state is ConnectionState.CONNECTED:
             times.append(self._last_sent + self.config.keepalive_interval)
@@ -746,6 +765,8 @@ class RudpConnection:
             self._ack_now = True
         if self._rto_deadline is not None and now >= self._rto_deadline:
             self._on_rto(now)
+        elif self._loss_deadline is not None and now >= self._loss_deadline:
+            self._detect_losses(now)  # RFC 9002 §6.2.1: the loss timer comes before the PTO
         elif self._pto_deadline is not None and now >= self._pto_deadline:
             self._on_probe_timeout()
 
@@ -787,6 +808,7 @@ class RudpConnection:
             self._sacked_ranges = _subtract(self._sacked_ranges, [(first.seq, first.seq + 1)])
         self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.6
         self._pto_deadline = None
+        self._loss_deadline = None  # everything not reported received is resent already
         self._probed = False
 
     def _fail(self, now: float) -> None:
@@ -807,6 +829,7 @@ class RudpConnection:
         self._snd_una = self._next_seq  # abandoned; DATA's base tells the receiver
         self._rto_deadline = None
         self._pto_deadline = None
+        self._loss_deadline = None
         self._emit(PeerDisconnected(failed))
 
     # ---------------------------------------------------------------- output
