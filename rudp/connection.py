@@ -617,12 +617,15 @@ class RudpConnection:
             if self._resend:
                 self._resend = [o for o in self._resend if o.seq >= self._snd_una]
             self._sacked_ranges = _subtract(self._sacked_ranges, [(0, self._snd_una)])
-            while self._messages:
-                first = next(iter(self._messages))
-                if self._messages[first][0] >= self._snd_una:
-                    break
-                del self._messages[first]
+            # The pending ids are always the newest len(messages) ones (acks remove the
+            # oldest, a failure all): the oldest is known without iterating the dict,
+            # whose deleted head entries a next(iter()) would walk again on every call.
+            messages = self._messages
+            first = self._next_message_id - len(messages)
+            while messages and messages[first][0] < self._snd_una:
+                del messages[first]
                 self._emit(MessageAcked(first))
+                first += 1
         # Only in-flight sequence numbers matter: bounds the work one ACK can cause.
         top = min(self._snd_una + self.config.window, self._sent_end())
         blocks = [
