@@ -419,6 +419,7 @@ class RudpEndpoint:
             sock.close()
             raise
         set_socket_buffers(sock, self.socket_buffer)
+        gso.enable_gro(sock)  # a GSO run from the peer (or the proxy) is one read here
         self._loop.add_reader(sock.fileno(), self._read_ready, sock)
         self._sock = sock
 
@@ -551,19 +552,25 @@ class RudpEndpoint:
     def _read_ready(self, sock: socket.socket) -> None:
         """Read what waits (up to READ_BATCH), then let each peer that got some answer once."""
         touched: dict[int, RudpPeer] = {}
-        for _ in range(READ_BATCH):
+        read = 0
+        while read < READ_BATCH and sock.fileno() >= 0:  # closed by what a datagram caused
+            read += 1
             try:
-                data, addr = sock.recvfrom(MAX_DATAGRAM)
+                data, ancdata, _, addr = sock.recvmsg(MAX_DATAGRAM, gso.ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 continue  # an ICMP error queued on the socket: nothing to read in it
-            peer = self._route(data)
-            if peer is not None:
-                peer._feed(data, (str(addr[0]), int(addr[1])))
-                touched[id(peer)] = peer
-            if sock.fileno() < 0:
-                break  # closed by what this datagram caused
+            source = (str(addr[0]), int(addr[1]))
+            grams = gso.segments(data, ancdata)
+            read += len(grams) - 1  # the batch bounds datagrams, not reads
+            for datagram in grams:
+                peer = self._route(datagram)
+                if peer is not None:
+                    peer._feed(datagram, source)
+                    touched[id(peer)] = peer
+                if sock.fileno() < 0:
+                    break
         for peer in touched.values():
             peer._flush()
 
