@@ -41,6 +41,7 @@ import random
 import re
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 from rudp.aio import gso
 
@@ -177,6 +178,8 @@ class ImpairmentProxy:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._gso = gso.AVAILABLE  # cleared when the kernel refuses it
+        self._upstream_family: int = socket.AF_INET
+        self._upstream_addr: tuple[Any, ...] = forward
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -198,6 +201,9 @@ class ImpairmentProxy:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self.protocol == "udp":
+            # Resolved once here, so opening a new client's upstream socket never blocks.
+            upstream = await self._loop.getaddrinfo(*self.forward, type=socket.SOCK_DGRAM)
+            self._upstream_family, self._upstream_addr = upstream[0][0], upstream[0][4]
             infos = await self._loop.getaddrinfo(*self.listen, type=socket.SOCK_DGRAM)
             family, kind, proto, _, where = infos[0]
             sock = socket.socket(family, kind, proto)
@@ -274,10 +280,10 @@ class ImpairmentProxy:
         assert self._loop is not None and self._listener is not None
         if len(self._clients) >= self.max_clients:
             return False
-        sock = socket.socket(self._listener.family, socket.SOCK_DGRAM)
+        sock = socket.socket(self._upstream_family, socket.SOCK_DGRAM)
         sock.setblocking(False)
         try:
-            sock.connect(self.forward)  # a UDP connect only sets the default destination
+            sock.connect(self._upstream_addr)  # a UDP connect only sets the destination
         except OSError:
             sock.close()
             return False
