@@ -175,6 +175,7 @@ class RudpConnection:
         "_largest_acked_pn",
         "_last_sent",
         "_latest_rtt",
+        "_loss_deadline",
         "_max_fragments",
         "_max_sack_blocks",
         "_messages",
@@ -265,6 +266,9 @@ class RudpConnection:
         self._parked: list[tuple[int, int, _Outgoing]] = []
         # Tail-loss probe (RFC 8985 §7): its timer, the packet chosen, its packet number.
         self._pto_deadline: float | None = None
+        # RFC 9002 §6.1.2's loss timer: when the oldest packet past the packet-number rule
+        # but still inside the time rule becomes old enough to be declared lost.
+        self._loss_deadline: float | None = None
         self._probe: _Outgoing | None = None
         self._probe_pn = -1
         self._probed = False  # one probe per episode without progress
@@ -334,6 +338,10 @@ class RudpConnection:
         self.stats.messages_sent += 1
         return message_id
 
+    def is_pending(self, message_id: int) -> bool:
+        """Whether message ``message_id`` is neither acknowledged nor failed yet."""
+        return message_id in self._messages
+
     def reset(self, now: float) -> None:
         """Leave DISCONNECTED: forget the failure and the RTT history so sending resumes."""
         self._transition("reset")
@@ -399,16 +407,23 @@ class RudpConnection:
             return False
         try:
             frames = wire.pull_frames(payload)
-            for frame in frames:  # every check before any effect: a datagram counts whole
-                if isinstance(frame, wire.Ack) and (
-                    frame.cumulative > self._next_seq
-                    or any(e > self._next_seq for _, e in frame.blocks)
-                ):
-                    raise PacketError("ACK for data never sent")
         except PacketError:
             self.stats.malformed += 1
             return False
-        if any(isinstance(f, wire.Data) and not self._data_ok(f) for f in frames):
+        # Every check before any effect: a datagram counts whole. One pass; a bad ACK
+        # (malformed) outranks a bad fragment, as two passes would rank them.
+        bad_fragment = False
+        sent_end = self._next_seq
+        for frame in frames:
+            if isinstance(frame, wire.Data):
+                bad_fragment = bad_fragment or not self._data_ok(frame)
+            elif isinstance(frame, wire.Ack) and (
+                # blocks ascend (pull_frames checks it): the last one ends highest
+                frame.cumulative > sent_end or (frame.blocks and frame.blocks[-1][1] > sent_end)
+            ):
+                self.stats.malformed += 1  # an ACK for data never sent
+                return False
+        if bad_fragment:
             self.stats.bad_fragment += 1
             return False
         for frame in frames:
@@ -564,6 +579,10 @@ class RudpConnection:
         self._partial_bytes = 0
 
     def _reassemble(self, frag: wire.Data) -> None:
+        if frag.frag_count == 1 and not self._partial:  # a whole message: the common case
+            self.stats.messages_delivered += 1
+            self._emit(MessageReceived(frag.payload))
+            return
         if frag.frag_index == 0:
             if self._partial:
                 self.stats.bad_fragment += 1
@@ -598,12 +617,15 @@ class RudpConnection:
             if self._resend:
                 self._resend = [o for o in self._resend if o.seq >= self._snd_una]
             self._sacked_ranges = _subtract(self._sacked_ranges, [(0, self._snd_una)])
-            while self._messages:
-                first = next(iter(self._messages))
-                if self._messages[first][0] >= self._snd_una:
-                    break
-                del self._messages[first]
+            # The pending ids are always the newest len(messages) ones (acks remove the
+            # oldest, a failure all): the oldest is known without iterating the dict,
+            # whose deleted head entries a next(iter()) would walk again on every call.
+            messages = self._messages
+            first = self._next_message_id - len(messages)
+            while messages and messages[first][0] < self._snd_una:
+                del messages[first]
                 self._emit(MessageAcked(first))
+                first += 1
         # Only in-flight sequence numbers matter: bounds the work one ACK can cause.
         top = min(self._snd_una + self.config.window, self._sent_end())
         blocks = [
@@ -675,15 +697,23 @@ class RudpConnection:
         if 0 <= self._probe_pn <= self._largest_acked_pn:
             limit = max(limit, self._probe_pn - 1)
         rtt = max(self.rto.srtt or self.config.rto_initial, self._latest_rtt)
-        sent_before = now - self.config.reorder_time * rtt
+        age = self.config.reorder_time * rtt  # lost only once sent_at + age <= now
         lost: list[_Outgoing] = []
         order = self._sent_order
+        self._loss_deadline = None
         while order:
             pn, out = order[0]
             if out.pn != pn or out.sacked or out.seq < self._snd_una:
                 order.popleft()  # sent again since, or received: nothing to decide
                 continue
-            if pn > limit or out.sent_at > sent_before:
+            if pn > limit:
+                break
+            if out.sent_at + age > now:
+                # Too young to call lost yet. Without a timer for when it is not, a burst
+                # whose last ACKs came in before it aged (every RTT sample of a burst sent
+                # at once measures the burst itself) would wait for the probe or the RTO.
+                # The same sum as the test above, so the timer firing at it passes it.
+                self._loss_deadline = out.sent_at + age
                 break
             order.popleft()
             if out.seq >= self._highest_reported:
@@ -720,7 +750,14 @@ class RudpConnection:
     def get_timer(self) -> float | None:
         """The next time ``handle_timer`` must run, or None."""
         times = [
-            t for t in (self._rto_deadline, self._ack_deadline, self._pto_deadline) if t is not None
+            t
+            for t in (
+                self._rto_deadline,
+                self._ack_deadline,
+                self._pto_deadline,
+                self._loss_deadline,
+            )
+            if t is not None
         ]
         if self.config.keepalive_interval > 0 and self.state is ConnectionState.CONNECTED:
             times.append(self._last_sent + self.config.keepalive_interval)
@@ -731,6 +768,8 @@ class RudpConnection:
             self._ack_now = True
         if self._rto_deadline is not None and now >= self._rto_deadline:
             self._on_rto(now)
+        elif self._loss_deadline is not None and now >= self._loss_deadline:
+            self._detect_losses(now)  # RFC 9002 §6.2.1: the loss timer comes before the PTO
         elif self._pto_deadline is not None and now >= self._pto_deadline:
             self._on_probe_timeout()
 
@@ -772,6 +811,7 @@ class RudpConnection:
             self._sacked_ranges = _subtract(self._sacked_ranges, [(first.seq, first.seq + 1)])
         self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.6
         self._pto_deadline = None
+        self._loss_deadline = None  # everything not reported received is resent already
         self._probed = False
 
     def _fail(self, now: float) -> None:
@@ -792,16 +832,18 @@ class RudpConnection:
         self._snd_una = self._next_seq  # abandoned; DATA's base tells the receiver
         self._rto_deadline = None
         self._pto_deadline = None
+        self._loss_deadline = None
         self._emit(PeerDisconnected(failed))
 
     # ---------------------------------------------------------------- output
 
-    def _packet(self, frames: list[wire.Frame], now: float) -> bytes:
-        header = wire.Header(self.cid, self.sender_id, self._next_pn)
+    def _packet(self, frames: list[bytes], now: float) -> bytes:
+        """One datagram of encoded ``frames``, numbered with the next packet number."""
+        pn = self._next_pn
         self._next_pn += 1
         self._last_sent = now
         self.stats.packets_sent += 1
-        return wire.seal(self._send_keys, header, frames)
+        return wire.seal_encoded(self._send_keys, self.cid, pn, frames)
 
     def path_challenge(self, token: bytes, now: float) -> bytes:
         """A datagram carrying PATH_CHALLENGE ``token`` (8 bytes), for the adapter to send
@@ -810,9 +852,9 @@ class RudpConnection:
         if len(token) != wire.TOKEN_SIZE:
             raise ValueError(f"a path token is {wire.TOKEN_SIZE} bytes")
         self.stats.path_challenges_sent += 1
-        return self._packet([wire.PathChallenge(token)], now)
+        return self._packet([wire.push_frame(wire.PathChallenge(token))], now)
 
-    def _data_frame(self, out: _Outgoing, now: float, pn: int) -> wire.Data:
+    def _data_frame(self, out: _Outgoing, now: float, pn: int) -> bytes:
         """``out`` as a DATA frame of the packet numbered ``pn`` being built."""
         if out.transmissions:
             self.stats.retransmissions += 1
@@ -823,7 +865,7 @@ class RudpConnection:
         self.stats.data_sent += 1
         if self._rto_deadline is None:
             self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.1
-        return wire.Data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
+        return wire.push_data(out.seq, self._snd_una, out.frag_index, out.frag_count, out.payload)
 
     def _ack_frame(self) -> wire.Ack:
         blocks = tuple((start, end) for start, end in self._ranges[: self._max_sack_blocks])
@@ -844,9 +886,9 @@ class RudpConnection:
         for token in self._path_responses:
             # Answered at once, to the peer's current address (the adapter's choice).
             self.stats.path_responses_sent += 1
-            out.append(self._packet([wire.PathResponse(token)], now))
+            out.append(self._packet([wire.push_frame(wire.PathResponse(token))], now))
         self._path_responses.clear()
-        frames: list[wire.Frame] = []
+        frames: list[bytes] = []
         room = self.config.mtu - wire.HEADER_SIZE - wire.TAG_SIZE
         used = 0
 
@@ -889,7 +931,7 @@ class RudpConnection:
             if frames and used + wire.ACK_FRAME.size + wire.BLOCK.size * len(ack.blocks) > room:
                 out.append(self._packet(frames, now))
                 frames.clear()
-            frames.append(ack)
+            frames.append(wire.push_frame(ack))
         if frames:
             out.append(self._packet(frames, now))
         probe, self._ping_now = self._ping_now and not self._inflight, False
@@ -899,7 +941,7 @@ class RudpConnection:
             and (probe or (not out and now >= self._last_sent + self.config.keepalive_interval))
         ):
             self.stats.pings_sent += 1
-            out.append(self._packet([wire.Ping()], now))
+            out.append(self._packet([wire.push_frame(wire.Ping())], now))
             if self._rto_deadline is None:
                 # An unanswered PING counts like unacknowledged DATA (same timer, back-off
                 # and max_retries), so an idle side notices a dead peer (docs/rudp.md §3).

@@ -9,7 +9,10 @@ Per wake of the event loop the endpoint reads every datagram waiting (up to
 got one for what to send: a burst of DATA costs one ACK per batch, not one per two
 packets, and one epoll per batch, not per datagram (asyncio's datagram transport reads
 one datagram per wake). Sends made by the application within one loop iteration are
-likewise written together, once, just after it.
+likewise written together, once, just after it; the datagrams of one flush leave in as
+few system calls as UDP GSO allows (``rudp.aio.gso``; Linux, else one ``sendto`` each).
+For bulk senders, :meth:`RudpPeer.write` and :meth:`RudpPeer.drain` queue messages
+without a future each.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rudp import packet as wire
+from rudp.aio import gso
 from rudp.config import RudpConfig
 from rudp.connection import (
     MessageAcked,
@@ -91,6 +95,7 @@ class RudpPeer:
         "_candidate",
         "_challenged_at",
         "_closed",
+        "_drains",
         "_endpoint",
         "_flush_soon",
         "_inbox",
@@ -100,6 +105,7 @@ class RudpPeer:
         "_timer_at",
         "_token",
         "_waiters",
+        "_written",
         "addr",
         "connection",
         "key",
@@ -135,6 +141,10 @@ class RudpPeer:
         #: :meth:`receive` (what was queued before it was set stays for ``receive``).
         self.on_message: Callable[[bytes], None] | None = None
         self._waiters: dict[int, asyncio.Future[None]] = {}
+        # write()/drain(): the last message id written, and drains waiting for an id to be
+        # acknowledged, oldest first (ids only grow, so acks resolve them in order).
+        self._written = -1
+        self._drains: deque[tuple[int, asyncio.Future[None]]] | None = None
         self._inbox: asyncio.Queue[bytes] | None = None  # built by the first receive()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -196,6 +206,32 @@ class RudpPeer:
             self._flush_soon = True
             self._loop.call_soon(self._flush)
         return future
+
+    def write(self, message: bytes) -> None:
+        """Queue one message without waiting for it (a stream's ``write``): no future per
+        message, for bulk senders; :meth:`drain` waits for everything written so far.
+
+        Raises PeerUnreachable when closed or DISCONNECTED; MessageTooLarge.
+        """
+        if self._closed:
+            raise PeerUnreachable("endpoint closed", message)
+        self._written = self.connection.send_message(message, self._loop.time())
+        if not self._flush_soon:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
+
+    async def drain(self) -> None:
+        """Return when the peer acknowledged every message :meth:`write` queued so far.
+
+        Raises PeerUnreachable when one of them failed (retries ran out) or on close.
+        """
+        if self._written < 0 or not self.connection.is_pending(self._written):
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        if self._drains is None:
+            self._drains = deque()
+        self._drains.append((self._written, future))
+        await future
 
     async def receive(self) -> bytes:
         """The next message, in order."""
@@ -269,8 +305,9 @@ class RudpPeer:
         self._flush_soon = False
         if self._closed:
             return
-        for datagram in self.connection.datagrams_to_send(self._loop.time()):
-            self._endpoint._sendto(datagram, self.addr)
+        datagrams = self.connection.datagrams_to_send(self._loop.time())
+        if datagrams:
+            self._endpoint._send_many(datagrams, self.addr)
         self._events()
         when = self.connection.get_timer()
         # Only an earlier deadline moves the timer: one that fires early finds nothing due
@@ -294,10 +331,23 @@ class RudpPeer:
                 future = self._waiters.pop(event.message_id, None)
                 if future is not None and not future.done():
                     future.set_result(None)
+                drains = self._drains
+                while drains and drains[0][0] <= event.message_id:
+                    _, future = drains.popleft()
+                    if not future.done():
+                        future.set_result(None)
             elif isinstance(event, MessageFailed):
                 future = self._waiters.pop(event.message_id, None)
                 if future is not None and not future.done():
                     future.set_exception(PeerUnreachable("no ACK after retries", event.data))
+                if self._drains:
+                    # Every drain still waiting covers this message (those below it were
+                    # resolved by its predecessors' acks): it fails.
+                    error = PeerUnreachable("no ACK after retries", event.data)
+                    for _, future in self._drains:
+                        if not future.done():
+                            future.set_exception(error)
+                    self._drains = None
             elif isinstance(event, PathResponseReceived):
                 moved = self._path_response(event.token) or moved
             elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
@@ -315,6 +365,10 @@ class RudpPeer:
             if not future.done():
                 future.set_exception(PeerUnreachable("endpoint closed"))
         self._waiters.clear()
+        for _, future in self._drains or ():
+            if not future.done():
+                future.set_exception(PeerUnreachable("endpoint closed"))
+        self._drains = None
 
 
 class RudpEndpoint:
@@ -335,6 +389,7 @@ class RudpEndpoint:
         self._backlog: deque[tuple[bytes, tuple[str, int]]] = deque()  # socket buffer full
         self._lingering: set[socket.socket] = set()  # old sockets after a rebind, read only
         self._peers: dict[int, RudpPeer] = {}
+        self._gso = gso.AVAILABLE  # cleared when the kernel refuses it
         #: Test and diagnostic knob: while true, every datagram received is dropped
         #: (counted in ``stats.dropped_incoming``) as if the path towards this endpoint
         #: had failed; sends are unaffected. Lets a test cut a device's IP path without a
@@ -374,6 +429,7 @@ class RudpEndpoint:
             sock.close()
             raise
         set_socket_buffers(sock, self.socket_buffer)
+        gso.enable_gro(sock)  # a GSO run from the peer (or the proxy) is one read here
         self._loop.add_reader(sock.fileno(), self._read_ready, sock)
         self._sock = sock
 
@@ -457,6 +513,38 @@ class RudpEndpoint:
         except OSError:
             pass  # ICMP errors on UDP: the retransmission timer is the only judge
 
+    def _send_many(self, datagrams: list[bytes], addr: tuple[str, int]) -> None:
+        """Send ``datagrams`` to ``addr`` in order; runs of one size share a system call
+        (``rudp.aio.gso``) where the kernel allows it."""
+        if not self._gso or len(datagrams) == 1 or self._backlog:
+            for data in datagrams:
+                self._sendto(data, addr)
+            return
+        for start, end in gso.runs(datagrams):
+            if end - start == 1 or not self._gso or self._backlog:
+                for data in datagrams[start:end]:
+                    self._sendto(data, addr)
+            else:
+                self._send_run(datagrams[start:end], addr)
+
+    def _send_run(self, run: list[bytes], addr: tuple[str, int]) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            gso.send_run(sock, run, addr)
+        except (BlockingIOError, InterruptedError):
+            self._backlog.extend((data, addr) for data in run)
+            self._loop.add_writer(sock.fileno(), self._write_ready)
+        except OSError as error:
+            if error.errno in gso.REFUSED:
+                log.info("rudp endpoint: UDP GSO refused (%s); sending one by one", error)
+                self._gso = False
+            # Else an ICMP error queued on the socket was reported (and cleared) instead
+            # of sending: nothing went out, so send them one by one.
+            for data in run:
+                self._sendto(data, addr)
+
     def _write_ready(self) -> None:
         sock = self._sock
         assert sock is not None
@@ -474,19 +562,25 @@ class RudpEndpoint:
     def _read_ready(self, sock: socket.socket) -> None:
         """Read what waits (up to READ_BATCH), then let each peer that got some answer once."""
         touched: dict[int, RudpPeer] = {}
-        for _ in range(READ_BATCH):
+        read = 0
+        while read < READ_BATCH and sock.fileno() >= 0:  # closed by what a datagram caused
+            read += 1
             try:
-                data, addr = sock.recvfrom(MAX_DATAGRAM)
+                data, ancdata, _, addr = sock.recvmsg(MAX_DATAGRAM, gso.ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 continue  # an ICMP error queued on the socket: nothing to read in it
-            peer = self._route(data)
-            if peer is not None:
-                peer._feed(data, (str(addr[0]), int(addr[1])))
-                touched[id(peer)] = peer
-            if sock.fileno() < 0:
-                break  # closed by what this datagram caused
+            source = (str(addr[0]), int(addr[1]))
+            grams = gso.segments(data, ancdata)
+            read += len(grams) - 1  # the batch bounds datagrams, not reads
+            for datagram in grams:
+                peer = self._route(datagram)
+                if peer is not None:
+                    peer._feed(datagram, source)
+                    touched[id(peer)] = peer
+                if sock.fileno() < 0:
+                    break
         for peer in touched.values():
             peer._flush()
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from rudp import RudpConfig
+import pytest
+
+from rudp import PeerUnreachable, RudpConfig
 from rudp.aio import RudpEndpoint
 
 KEY = b"k" * 32
@@ -50,6 +52,31 @@ async def test_unknown_cid_and_garbage_counted_by_endpoint() -> None:
         assert b.stats.unknown_cid >= 1
         assert pb.stats.unknown_cid == 0  # routing happened before any connection saw it
         lost.cancel()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_write_then_drain_waits_for_every_ack_and_fails_with_the_peer() -> None:
+    config = RudpConfig(rto_initial=0.05, rto_min=0.05, max_retries=1, keepalive_interval=0)
+    a = await RudpEndpoint.open("127.0.0.1", config=config)
+    b = await RudpEndpoint.open("127.0.0.1", config=config)
+    try:
+        pa, pb = a.peer(KEY, b.local_addr), b.peer(KEY, a.local_addr)
+        await asyncio.wait_for(pa.drain(), 5)  # nothing written: nothing to wait for
+        for i in range(50):
+            pa.write(b"%d" % i)
+        await asyncio.wait_for(pa.drain(), 5)
+        assert not any(pa.connection.is_pending(i) for i in range(50))
+        assert [await asyncio.wait_for(pb.receive(), 5) for _ in range(50)] == [
+            b"%d" % i for i in range(50)
+        ]
+        await b.close()  # nobody answers any more: the retries run out
+        pa.write(b"lost")
+        with pytest.raises(PeerUnreachable):
+            await asyncio.wait_for(pa.drain(), 5)
+        with pytest.raises(PeerUnreachable):
+            pa.write(b"after the failure")
     finally:
         await a.close()
         await b.close()

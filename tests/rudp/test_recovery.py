@@ -101,6 +101,31 @@ def test_without_the_probe_the_same_tail_waits_for_the_rto() -> None:
     assert net.now - start >= 2.0
 
 
+def test_a_hole_whose_acks_all_came_early_is_resent_by_the_loss_timer() -> None:
+    """A burst sent at one instant loses one early packet. Every ACK arrives before the
+    hole is old enough for the time rule (1.25 RTT; each RTT sample is the burst's own),
+    and then no ACK comes. The loss timer (RFC 9002 §6.1.2) resends it when it comes of
+    age: ~1.25 RTT after the burst, where the probe would take 2 SRTT + ack delay after
+    the last ACK and the RTO 2 s."""
+    config = RudpConfig(
+        rto_initial=2.0, rto_min=2.0, keepalive_interval=0, window=256, tail_probe=False
+    )
+    lossy = _Lossy(KEY, config, sender_id=1)
+    net = Net(lossy, RudpConnection(KEY, config, sender_id=2), lambda _: [ONE_WAY])
+    net.a.send_message(b"warm", 0.0)
+    net.run_until(lambda: net.acked["a"] == [0])
+    sent = iter(range(10_000))
+    lossy.keep = lambda _: next(sent) != 2  # the third of 20 packets, once
+    start = net.now
+    for i in range(20):
+        net.a.send_message(_msg(i), start)
+    net.run_until(lambda: len(net.received["b"]) == 21)
+    assert net.a.stats.timeouts == 0 and net.a.stats.fast_retransmissions == 1
+    rtt = 2 * ONE_WAY
+    assert net.now - start <= 1.25 * (rtt + config.ack_delay) + ONE_WAY + 0.001
+    assert net.received["b"][1:] == [_msg(i) for i in range(20)]
+
+
 class CountingDict(dict[int, Any]):
     """A dict that counts element visits: lookups, pops, and items iterated."""
 
