@@ -17,7 +17,6 @@ usage: python -m mdeci.agent.pjsua2_worker   (settings on the first stdin line)
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
@@ -290,6 +289,11 @@ class Worker:
         call.hangup(pj.CallOpParam(True))
 
     def op_move(self, pending: Pending, msg: dict[str, Any]) -> None:
+        # Moves that no re-INVITE completed (unregistered, or moving again before the
+        # last one ended) would each leave a transport open, and pjsua holds only a few:
+        # past them every move failed for good. Only the newest can still carry the
+        # dialog or the registration until the next re-INVITE.
+        self._close_old_transports()
         tid = self._transport(str(msg["host"]), 0)
         self.transports.append(tid)
         self.host = str(msg["host"])
@@ -335,11 +339,15 @@ class Worker:
 
     def _close_old_transports(self) -> None:
         # The dialog and the registration left the old sockets (reinvite with
-        # UPDATE_CONTACT|UPDATE_VIA); close them, quietly if pjsua still holds one.
-        while len(self.transports) > 1:
-            tid = self.transports.pop(0)
-            with contextlib.suppress(pj.Error):
+        # UPDATE_CONTACT|UPDATE_VIA); close all but the newest. One pjsua refuses to
+        # close now stays listed and is tried again at the next move or re-INVITE.
+        kept: list[int] = []
+        for tid in self.transports[:-1]:
+            try:
                 self.ep.transportClose(tid)
+            except pj.Error:
+                kept.append(tid)
+        self.transports[:-1] = kept
 
     # ------------------------------------------------------------------ loop
 

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.agent import Agent, Status
+from mdeci.agent.core import MoveSip, Register
 from mdeci.agent.errors import AgentError
 from mdeci.agent.pjsua2_backend import Pjsua2Backend, outcome_of
 from mdeci.config import AgentConfig
@@ -164,6 +165,35 @@ async def test_moves_leave_one_binding_and_keep_the_session(
         assert alice.status().alerts == {}
     finally:
         await alice.close()
+        await broker.close()
+
+
+async def test_moves_while_unregistered_do_not_run_out_of_transports(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    """A device that changes address while it cannot register (registrar away, a move
+    before the last one's re-INVITE ended): each move opens a SIP transport, and pjsua
+    holds at most a few. Only a successful re-INVITE closed the old ones, so after eight
+    such moves every further one failed (PJ_ETOOMANY) and the agent stayed DISCONNECTED
+    for good (found by the 100-move handover test on a loaded machine)."""
+    broker = await start_broker(tmp_path, store, clock, sink)
+    config = pjsua2_config(tmp_path, "alice", "127.0.0.2", broker.sip_addr[1])
+    backend = Pjsua2Backend(config, os.urandom)
+    hosts = [f"127.0.0.{n}" for n in (3, 5, 6, 7)]
+    try:
+        await backend.start(lambda call_id: None)
+        for k in range(24):
+            host = hosts[k % len(hosts)]
+            outcome = await backend.execute(MoveSip(host), timeout=GUARD)
+            assert outcome.ok, (k, outcome.reason)
+            assert outcome.local_addr is not None and outcome.local_addr[0] == host
+        # Still a working UA: it registers from where it is now.
+        registered = await backend.execute(Register(60), timeout=GUARD)
+        assert registered.ok, registered.reason
+        contacts = [b.contact for b in store.bindings.bindings(ALICE, clock())]
+        assert len(contacts) == 1 and f"@{hosts[23 % len(hosts)]}:" in contacts[0], contacts
+    finally:
+        await backend.close()
         await broker.close()
 
 
