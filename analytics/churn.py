@@ -454,6 +454,7 @@ def _run_large(
     say: Callable[[str], None],
     reparse: Callable[[], DataFrame] | None = None,
 ) -> _Counts:
+    spark.sparkContext.setJobDescription("events")
     observed = Observation("lines")
     metrics = (F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid"))
     if reparse is None:
@@ -473,6 +474,7 @@ def _run_large(
         events = _for_jobs(jobs.valid_events(parsed.observe(observed, *metrics)), keep_extra)
         events = events.persist(StorageLevel.MEMORY_AND_DISK)
         n_events = events.count()
+        spark.sparkContext.setJobDescription("quarantine")
         if int(observed.get["invalid"]) > 0:
             jobs.quarantine(reparse()).write.mode("overwrite").json(f"{out}/quarantine")
         elif local:
@@ -495,6 +497,9 @@ def _run_large(
     stats: dict[str, Any] = {}
 
     def write(name: str) -> None:
+        # Named after its table in the Spark UI and event log (a local property of the
+        # thread the job is started from).
+        spark.sparkContext.setJobDescription(name)
         if name == "_stats":
             stats.update(_first(_stats(jobs.in_window(events, cfg.window))).asDict())
             return

@@ -91,6 +91,15 @@ def session(
         # generated code: the quick compiler alone and interpreted operators took a
         # 250-line run from 41 s to 23 s on the loaded 2-core test machine.
         spark_conf.set("spark.sql.codegen.wholeStage", "false")
+        # Nor the per-expression code (janino, then the JIT, for each projection and
+        # predicate of a plan that sees a few thousand rows): interpreted expressions
+        # took the 1,036-event run's JVM from 10.8-11.1 to 9.4 s of CPU (issue 16).
+        spark_conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+        # With one shuffle partition adaptive execution has nothing to merge, and it
+        # plans and submits every shuffle stage as a job of its own (32 jobs for the
+        # one union of the small-input path, against 13 without): ~1 s of CPU more.
+        if shuffle_partitions in (None, 1):
+            spark_conf.set("spark.sql.adaptive.enabled", "false")
     if class_cache:
         java.extend(_archive_options())
     if java and not spark_conf.contains("spark.driver.extraJavaOptions"):
