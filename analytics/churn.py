@@ -205,15 +205,24 @@ def find_inputs(path: str, fmt: str = "auto") -> Inputs:
     return Inputs(fmt, [str(f.resolve()) for f in chosen], skipped, size, rows)
 
 
-def read_parsed(spark: SparkSession, inputs: Inputs, *, keep_extra: bool = False) -> DataFrame:
-    """The parsed lines of ``inputs`` (see :func:`analytics.jobs.parse_lines`)."""
-    source = F.col("_metadata.file_path").alias("source")
+def read_parsed(
+    spark: SparkSession, inputs: Inputs, *, keep_extra: bool = False, source: bool = True
+) -> DataFrame:
+    """The parsed lines of ``inputs`` (see :func:`analytics.jobs.parse_lines`).
+
+    Without ``source`` (Parquet only) the ``source`` column is null: a read whose invalid
+    lines are not written needs no file name, and Spark then builds no file-metadata
+    struct for every row (its path, size, block and row index).
+    """
     if inputs.fmt == "parquet":
         df = spark.read.option("recursiveFileLookup", "true").parquet(*inputs.paths)
-        return jobs.parse_records(df.select("*", source))
+        if not source:
+            return jobs.parse_records(df)
+        return jobs.parse_records(df.select("*", F.col("_metadata.file_path").alias("source")))
+    source_col = F.col("_metadata.file_path").alias("source")
     reader = spark.read.option("recursiveFileLookup", "true")
     return jobs.parse_lines(
-        reader.text(inputs.paths).select("value", source), keep_extra=keep_extra
+        reader.text(inputs.paths).select("value", source_col), keep_extra=keep_extra
     )
 
 
@@ -395,16 +404,21 @@ def _run(
     # de-duplicated events, which are cached in turn, partitioned by user, for every job.
     say(f"parsing {len(inputs.paths)} {inputs.fmt} input(s), quarantining invalid lines")
     local = not _is_remote(out)
-    parsed = read_parsed(spark, inputs, keep_extra=keep_extra)
     if inputs.small and local and not keep_extra:
+        parsed = read_parsed(spark, inputs, keep_extra=keep_extra)
         counts = _run_small(spark, parsed, out, cfg, csv, say)
     else:
         again = None
         if inputs.fmt == "parquet":
+            # The first read of a Parquet log feeds the events only (invalid lines are
+            # counted, not written): no source; the quarantine pass reads it again.
+            parsed = read_parsed(spark, inputs, keep_extra=keep_extra, source=False)
 
             def again() -> DataFrame:
                 return read_parsed(spark, inputs, keep_extra=keep_extra)
 
+        else:
+            parsed = read_parsed(spark, inputs, keep_extra=keep_extra)
         counts = _run_large(spark, parsed, out, cfg, csv, keep_extra, local, say, again)
     window = cfg.window
     summary: dict[str, float] = {
@@ -454,6 +468,7 @@ def _run_large(
     say: Callable[[str], None],
     reparse: Callable[[], DataFrame] | None = None,
 ) -> _Counts:
+    spark.sparkContext.setJobDescription("events")
     observed = Observation("lines")
     metrics = (F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid"))
     if reparse is None:
@@ -461,18 +476,16 @@ def _run_large(
         # to the de-duplication of 10M lines they overran a 3 GB driver) for the two
         # readers, the de-duplicated events and the quarantine.
         parsed = parsed.observe(observed, *metrics).persist(StorageLevel.DISK_ONLY)
-        events = _for_jobs(jobs.valid_events(parsed), keep_extra)
-        events = events.persist(StorageLevel.MEMORY_AND_DISK)
-        n_events = events.count()
+        events, n_events = _cached(spark, _for_jobs(jobs.valid_events(parsed), keep_extra))
         jobs.quarantine(parsed).write.mode("overwrite").json(f"{out}/quarantine")
         parsed.unpersist()
     else:
         # Parquet: one read when every line is valid (the usual case): the lines are
         # counted on the way to the cached events, and the quarantine pass, a second
         # read of every column, runs only when there is something to set aside.
-        events = _for_jobs(jobs.valid_events(parsed.observe(observed, *metrics)), keep_extra)
-        events = events.persist(StorageLevel.MEMORY_AND_DISK)
-        n_events = events.count()
+        valid = jobs.valid_events(parsed.observe(observed, *metrics))
+        events, n_events = _cached(spark, _for_jobs(valid, keep_extra))
+        spark.sparkContext.setJobDescription("quarantine")
         if int(observed.get["invalid"]) > 0:
             jobs.quarantine(reparse()).write.mode("overwrite").json(f"{out}/quarantine")
         elif local:
@@ -495,6 +508,9 @@ def _run_large(
     stats: dict[str, Any] = {}
 
     def write(name: str) -> None:
+        # Named after its table in the Spark UI and event log (a local property of the
+        # thread the job is started from).
+        spark.sparkContext.setJobDescription(name)
         if name == "_stats":
             stats.update(_first(_stats(jobs.in_window(events, cfg.window))).asDict())
             return
@@ -525,6 +541,32 @@ def _run_large(
         totals=dict(totals.get),
         stats=stats,
     )
+
+
+# Read when an aggregate is planned: see _cached.
+BYPASS_PARTIAL = "spark.sql.execution.bypassPartialAggregation"
+
+
+def _cached(spark: SparkSession, events: DataFrame) -> tuple[DataFrame, int]:
+    """``events`` (:func:`analytics.jobs.valid_events`) cached, and their number.
+
+    Their de-duplication runs on rows already partitioned by user, so Spark's usual
+    pre-aggregation before the exchange would be a second hash pass over every row after
+    it (the exchange is the repartition's): the de-duplication is planned as one pass
+    here (the setting is read when the plan is made, which adaptive execution does again
+    for each stage as the cache is built) and the setting restored for the tables, whose
+    aggregates shuffle and want their pre-aggregation.
+    """
+    before = spark.conf.get(BYPASS_PARTIAL, None)
+    spark.conf.set(BYPASS_PARTIAL, "true")
+    try:
+        cached = events.persist(StorageLevel.MEMORY_AND_DISK)
+        return cached, cached.count()
+    finally:
+        if before is None:
+            spark.conf.unset(BYPASS_PARTIAL)
+        else:
+            spark.conf.set(BYPASS_PARTIAL, before)
 
 
 def _run_small(

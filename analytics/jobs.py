@@ -469,20 +469,29 @@ def per_hour(events: DataFrame, eps: DataFrame, window: TimeWindow) -> DataFrame
 
     ``disconnections`` counts the episodes that *began* in that hour (inside the window).
     """
-    hourly = (
+    # Per user and hour first, then per hour: the first step needs no shuffle (the events
+    # are partitioned by user) and leaves one row per active user-hour, which the second
+    # counts; a distinct count in one step would double every row (Spark's expand) and
+    # shuffle them all.
+    user_hours = (
         facts(events)
-        .groupBy(hour_of(F.col("ts_ms")).alias("_hour"))
+        .groupBy(hour_of(F.col("ts_ms")).alias("_hour"), "uri")
         .agg(
-            F.countDistinct("uri").alias("active_users"),
-            F.count(F.lit(1)).alias("events"),
-            _count_of("ip_changed").alias("address_changes"),
-            _count_of("session_reinvited").alias("handovers"),
-            _count_of("notify_dropped").alias("notify_dropped"),
-            _count_of("sms_sent").alias("sms_count"),
-            F.round(F.coalesce(F.sum(F.when(_is("sms_sent"), F.col("cost"))), F.lit(0.0)), 4).alias(
-                "sms_cost"
-            ),
+            F.count(F.lit(1)).alias("_events"),
+            _count_of("ip_changed").alias("_address_changes"),
+            _count_of("session_reinvited").alias("_handovers"),
+            _count_of("notify_dropped").alias("_notify_dropped"),
+            _count_of("sms_sent").alias("_sms_count"),
+            F.sum(F.when(_is("sms_sent"), F.col("cost"))).alias("_sms_cost"),
         )
+    )
+    hourly = user_hours.groupBy("_hour").agg(
+        F.count(F.lit(1)).alias("active_users"),  # uri is never null in an event
+        *[
+            F.sum(f"_{c}").alias(c)
+            for c in ("events", "address_changes", "handovers", "notify_dropped", "sms_count")
+        ],
+        F.round(F.coalesce(F.sum("_sms_cost"), F.lit(0.0)), 4).alias("sms_cost"),
     )
     began = eps
     if window.since_ms is not None:

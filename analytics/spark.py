@@ -86,11 +86,33 @@ def session(
         java.append(f"-Dlog4j2.configurationFile={LOG4J2_QUIET.as_uri()}")
     if (small_input or quick_jit) and is_local:
         java.append("-XX:TieredStopAtLevel=1")
+    elif is_local:
+        # A large log keeps the optimising JIT, but only for code three times as hot as
+        # it would wait for by default: Spark generates new classes for every table
+        # job, and C2 spent ~31 s of CPU compiling during a 10M-event run on 2 cores;
+        # with these thresholds 27 s, and the run's JVM 122 s of CPU against 130 s.
+        java.extend(
+            [
+                "-XX:Tier4InvocationThreshold=15000",
+                "-XX:Tier4MinInvocationThreshold=1800",
+                "-XX:Tier4CompileThreshold=45000",
+                "-XX:Tier4BackEdgeThreshold=120000",
+            ]
+        )
     if small_input and is_local:
         # A run of a few seconds never repays the optimising JIT or the compilation of
         # generated code: the quick compiler alone and interpreted operators took a
         # 250-line run from 41 s to 23 s on the loaded 2-core test machine.
         spark_conf.set("spark.sql.codegen.wholeStage", "false")
+        # Nor the per-expression code (janino, then the JIT, for each projection and
+        # predicate of a plan that sees a few thousand rows): interpreted expressions
+        # took the 1,036-event run's JVM from 10.8-11.1 to 9.4 s of CPU (issue 16).
+        spark_conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+        # With one shuffle partition adaptive execution has nothing to merge, and it
+        # plans and submits every shuffle stage as a job of its own (32 jobs for the
+        # one union of the small-input path, against 13 without): ~1 s of CPU more.
+        if shuffle_partitions in (None, 1):
+            spark_conf.set("spark.sql.adaptive.enabled", "false")
     if class_cache:
         java.extend(_archive_options())
     if java and not spark_conf.contains("spark.driver.extraJavaOptions"):

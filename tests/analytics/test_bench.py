@@ -15,6 +15,9 @@ figure, not asserted: the machine is shared, and a benchmark measures.
 The churn runs use the driver's class archive (``analytics.spark.class_archive``) as an
 admin's second and later runs do; the first run of the session writes it if it is
 missing, and that run is recorded on its own.
+Each churn row also gives the CPU seconds of its driver JVM (``jvm_cpu_s``, from /proc)
+and the load average at its end: the machine is shared, and CPU seconds vary less with
+the load than wall time.
 Results are printed and appended to ``$MDECI_BENCH_OUT`` (JSON lines) when set.
 """
 
@@ -54,9 +57,36 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "MDECI_SPARK_CLASS_CACHE": "on"}
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> tuple[str, float]:
+    """The command name and the user + system CPU seconds of ``pid`` so far."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return text[text.index("(") + 1 : text.rindex(")")], (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc (Linux)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return found
+
+
 def _churn(source: Path, out: Path, fmt: str) -> dict[str, Any]:
+    """One ``churn`` process, timed from outside; with the CPU seconds of its driver JVM,
+    read from /proc while it runs (every 0.2 s, so the last fraction of a second may be
+    missing): on a shared machine they vary less with the load than the wall time."""
     started = time.perf_counter()
-    run = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -75,14 +105,29 @@ def _churn(source: Path, out: Path, fmt: str) -> dict[str, Any]:
         ],
         cwd=ROOT,
         env=_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
     )
+    jvm: dict[int, float] = {}
+    while True:
+        try:
+            proc.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in _tree(proc.pid):
+            try:
+                name, cpu = _cpu_s(pid)
+            except (OSError, ValueError):
+                continue
+            if name == "java":
+                jvm[pid] = cpu
+    _stdout, stderr = proc.communicate()
     wall = time.perf_counter() - started
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert len(run.stderr.splitlines()) == 1, run.stderr[-3000:]  # --quiet: the result only
-    return {"wall_s": round(wall, 1)}
+    assert proc.returncode == 0, stderr[-3000:]
+    assert len(stderr.splitlines()) == 1, stderr[-3000:]  # --quiet: the result only
+    return {"wall_s": round(wall, 1), "jvm_cpu_s": round(sum(jvm.values()), 1)}
 
 
 def _pandas_per_user(parquet: Path) -> tuple[float, int]:
@@ -203,6 +248,7 @@ def test_churn_throughput(events: int, tmp_path: Path, class_archive: None) -> N
             "events": result.events,
             **t,
             "events_per_s": round(result.events / t["wall_s"]),
+            "load": Path("/proc/loadavg").read_text().split()[:3],
             "budget_s": budget,
             "within_budget": None if budget is None else t["wall_s"] <= budget,
         }
