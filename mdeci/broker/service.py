@@ -49,6 +49,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import cbor2
+
 from mdeci.broker.core import Broker
 from mdeci.broker.errors import SessionKeyError
 from mdeci.broker.sms import SmsFallback
@@ -62,6 +64,7 @@ from mdeci.frames import (
     Error,
     Frame,
     List,
+    PubOk,
     Subs,
     decode,
     encode,
@@ -119,6 +122,19 @@ def decode_fast(data: bytes) -> Frame:
             if value <= UINT63:
                 return Ack(upto=value)
     return decode(data)
+
+
+def encode_reply(frame: Frame) -> bytes:
+    """``encode(frame)``, with a short cut for the commonest reply, a ``pub-ok`` (one per
+    publish; the general encoder walks the dataclass's fields and defaults): the same
+    bytes (tests/broker/test_notify_encoding.py). A ``pub-ok`` has no field with a
+    default, so ``encode`` writes all three after ``op``, in this order."""
+    if type(frame) is PubOk:
+        # Far below MAX_FRAME_BYTES: msg_id is at most MAX_ID_LENGTH characters.
+        return cbor2.dumps(
+            {"op": "pub-ok", "req": frame.req, "msg_id": frame.msg_id, "matched": frame.matched}
+        )
+    return encode(frame)
 
 
 def _addr_text(addr: tuple[str, int]) -> str:
@@ -449,7 +465,7 @@ class BrokerService:
                 if isinstance(frame, CalendarOk) and self.sms is not None:
                     self.sms.calendar_changed(link.uri)  # decide again with it
                 try:
-                    reply = encode(frame)
+                    reply = encode_reply(frame)
                 except FrameError as exc:  # e.g. a `subs` listing over the frame limit
                     reply = encode(Error(req=exc.req, code=exc.code, message=exc.message))
                 if isinstance(frame, Subs):
@@ -500,14 +516,11 @@ class BrokerService:
         return None
 
     def _spawn_reply(self, link: _UserLink, data: bytes) -> None:
-        future = self._spawn_send(link, data)
-        if future is not None:
+        # The reply's bytes count against the cap until its send is done; released by
+        # the send's one callback (_sent), not by a second one per reply (issue 14: a
+        # publish's pub-ok took two callbacks and two loop steps).
+        if self._spawn_send(link, data, len(data)) is not None:
             link.reply_bytes += len(data)
-            future.add_done_callback(lambda _: self._replied(link, len(data)))
-
-    @staticmethod
-    def _replied(link: _UserLink, size: int) -> None:
-        link.reply_bytes -= size
 
     def _kick(self, link: _UserLink) -> None:
         """``link``'s delivery may progress: serve it in the delivery task's next call."""
@@ -547,11 +560,14 @@ class BrokerService:
         finally:
             self._delivery = None
 
-    def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Future[None] | None:
+    def _spawn_send(
+        self, link: _UserLink, data: bytes, reply_size: int = 0
+    ) -> asyncio.Future[None] | None:
         """Queue ``data`` on ``link``'s peer; the future of its acknowledgement (None if
         the peer refused it at once: then the user is marked unreachable). No task per
         message (issue 14: a task and its steps per notify were a visible share of a
-        delivery's CPU): the future's callback does what the task did when it ended."""
+        delivery's CPU): the future's callback does what the task did when it ended,
+        and gives back ``reply_size`` bytes of ``link.reply_bytes`` (see _spawn_reply)."""
         epoch = link.epoch
         try:
             future = link.peer.send_nowait(data)
@@ -561,10 +577,13 @@ class BrokerService:
         if link.sends is None:
             link.sends = set()
         link.sends.add(future)
-        future.add_done_callback(lambda done: self._sent(link, done, epoch))
+        future.add_done_callback(lambda done: self._sent(link, done, epoch, reply_size))
         return future
 
-    def _sent(self, link: _UserLink, future: asyncio.Future[None], epoch: int) -> None:
+    def _sent(
+        self, link: _UserLink, future: asyncio.Future[None], epoch: int, reply_size: int = 0
+    ) -> None:
+        link.reply_bytes -= reply_size
         if link.sends is not None:
             link.sends.discard(future)
             if not link.sends:

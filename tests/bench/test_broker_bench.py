@@ -53,7 +53,7 @@ FAN_PUBS = 50  # each matched by all N_AGENTS: 5,000 notifications
 DRAIN = int(os.environ.get("BENCH_DRAIN", "10000"))
 SESSIONS = 1_000
 PAYLOAD = b"x" * 100
-PUB_WINDOW = 32  # publishes in flight (no pub-ok yet); paho's own default is 20
+PUB_WINDOW = 32  # publishes in flight (no pub-ok / PUBACK yet), for both publishers
 SETUP_CONCURRENCY = 20
 RUN_LIMIT = 300.0  # seconds: a guard per workload, never a synchronisation
 RESULTS: dict[str, float] = {}
@@ -528,7 +528,11 @@ class MqttSub:
 
 
 def _mqtt_publish(port: int, topic: str, count: int) -> None:
+    """``count`` QoS 1 publishes with ``PUB_WINDOW`` in flight (no PUBACK yet), as the
+    mdeci publisher has (``LightAgent.publish``): paho's own default is 20, which made
+    the two publishers' windows differ."""
     pub = MqttSub(port, f"pub-{uuid.uuid4().hex[:6]}")
+    pub.client.max_inflight_messages_set(PUB_WINDOW)
     pub.start()
     try:
         infos = [pub.client.publish(topic, PAYLOAD, qos=1) for _ in range(count)]
@@ -620,6 +624,11 @@ def test_report() -> None:
             if f"{label}.fan_rate" in r:
                 ratio = r[f"{label}.fan_rate"] / r["mosquitto.fan_rate"]
                 print(f"  fan-out rate {label}: {ratio:.3f}")
+    if "mosquitto.pub_rate" in r:
+        for label in ("mdeci-sqlite", "mdeci-postgresql"):
+            if f"{label}.pub_rate" in r:
+                ratio = r[f"{label}.pub_rate"] / r["mosquitto.pub_rate"]
+                print(f"  publish rate {label}: {ratio:.3f}")
     if "mosquitto.drain_s" in r:
         for label in ("mdeci-sqlite", "mdeci-postgresql"):
             if f"{label}.drain_s" in r:

@@ -1,5 +1,6 @@
 """The broker's notify frames built from stored rows (core._NotifyEncoder) are byte for
-byte what ``encode(Notify(...))`` gives, and the ack fast path decodes as ``decode``."""
+byte what ``encode(Notify(...))`` gives, the ack fast path decodes as ``decode``, and the
+pub-ok fast path encodes as ``encode``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.broker.core import _NotifyEncoder
-from mdeci.broker.service import decode_fast
+from mdeci.broker.service import decode_fast, encode_reply
 from mdeci.errors import FrameError
-from mdeci.frames import UINT63, Ack, Notify, decode, encode
+from mdeci.frames import UINT63, Ack, Notify, PubOk, SubOk, decode, encode
 from mdeci.store.queues import QueuedNotification
 
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
@@ -107,3 +108,19 @@ def test_ack_fast_path_edges() -> None:
         except FrameError as exc:
             got = ("error", exc.code, str(exc))
         assert got == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    req=st.integers(0, UINT63),
+    msg_id=st.text(min_size=1, max_size=128),
+    matched=st.integers(0, UINT63),
+)
+def test_pub_ok_encodes_as_encode_does(req: int, msg_id: str, matched: int) -> None:
+    frame = PubOk(req=req, msg_id=msg_id, matched=matched)
+    assert encode_reply(frame) == encode(frame)
+
+
+def test_other_replies_take_encode() -> None:
+    frame = SubOk(req=3, sub_id="7", expires_at=12.5)
+    assert encode_reply(frame) == encode(frame)
