@@ -64,8 +64,12 @@ from mdeci.store.models import PublishedRow, QueueCounterRow, QueuedRow
 OverflowPolicy = OverflowPolicyName
 
 
-@dataclass(frozen=True, slots=True)
-class Enqueued:
+# Enqueued, Dropped, PublishResult and PublishRequest are named tuples, not frozen
+# dataclasses: several are built per publish, and a frozen dataclass's ``__init__`` (an
+# ``object.__setattr__`` per field) cost more than the publish's own bookkeeping (issue 14).
+
+
+class Enqueued(NamedTuple):
     """A notification ``publish`` queued: for ``uri``, as ``nseq``, leaving ``depth``."""
 
     uri: str
@@ -74,8 +78,7 @@ class Enqueued:
     depth: int
 
 
-@dataclass(frozen=True, slots=True)
-class Dropped:
+class Dropped(NamedTuple):
     """A notification lost to overflow; ``nseq`` is None when it was never queued."""
 
     uri: str
@@ -85,8 +88,7 @@ class Dropped:
     reason: OverflowPolicy
 
 
-@dataclass(frozen=True, slots=True)
-class PublishResult:
+class PublishResult(NamedTuple):
     """What ``publish`` did; on a duplicate, ``matched`` is the first publish's count."""
 
     matched: int
@@ -95,8 +97,7 @@ class PublishResult:
     dropped: tuple[Dropped, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class PublishRequest:
+class PublishRequest(NamedTuple):
     """One publish of a ``publish_many`` batch: the arguments of ``publish``."""
 
     publisher_uri: str

@@ -53,7 +53,8 @@ FAN_PUBS = 50  # each matched by all N_AGENTS: 5,000 notifications
 DRAIN = int(os.environ.get("BENCH_DRAIN", "10000"))
 SESSIONS = 1_000
 PAYLOAD = b"x" * 100
-PUB_WINDOW = 32  # publishes in flight (no pub-ok / PUBACK yet), for both publishers
+# Publishes in flight (no pub-ok / PUBACK yet), the same for both publishers.
+PUB_WINDOW = int(os.environ.get("BENCH_PUB_WINDOW", "32"))
 SETUP_CONCURRENCY = 20
 RUN_LIMIT = 300.0  # seconds: a guard per workload, never a synchronisation
 RESULTS: dict[str, float] = {}
