@@ -29,7 +29,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging.handlers import WatchedFileHandler
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -151,9 +151,22 @@ class OperatorSink:
 
     def __init__(self, inner: _ChurnSink) -> None:
         self.inner = inner
+        fast = getattr(inner, "emit_fields", None)
+        # The inner sink's mapping entry point when it has one (the broker's own sinks:
+        # no keyword re-packing per event, issue 14), else its ``emit``.
+        self._inner_fields: Callable[[str, str, Mapping[str, FieldValue]], None] = (
+            fast if callable(fast) else self._inner_emit
+        )
+
+    def _inner_emit(self, event: str, uri: str, fields: Mapping[str, FieldValue]) -> None:
+        self.inner.emit(event, uri, **fields)
 
     def emit(self, event: str, uri: str, **fields: FieldValue) -> None:
-        self.inner.emit(event, uri, **fields)
+        self.emit_fields(event, uri, fields)
+
+    def emit_fields(self, event: str, uri: str, fields: Mapping[str, FieldValue]) -> None:
+        """:meth:`emit` with the fields as one mapping."""
+        self._inner_fields(event, uri, fields)
         try:
             self._operator(event, uri, fields)
         except Exception:  # a log line must never stop delivery

@@ -21,14 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from mdeci.broker.sink import ChurnSink, FieldValue
+from mdeci.broker.sink import ChurnSink, FieldValue, fields_emitter
 from mdeci.oplog import event as oplog_event
 from mdeci.store import ops
 from mdeci.store.errors import StoreError
@@ -115,7 +115,7 @@ class BrokerMetrics:
         # RUDP counters last seen per live association (see the module docstring).
         self._rudp_seen: dict[int, tuple[int, int]] = {}
 
-    def count(self, event: str, f: dict[str, FieldValue]) -> None:
+    def count(self, event: str, f: Mapping[str, FieldValue]) -> None:
         """Move the counters for one churn event."""
         if event == "registered":
             self.registrations.inc()
@@ -177,9 +177,14 @@ class MetricsSink:
     def __init__(self, inner: ChurnSink, metrics: BrokerMetrics) -> None:
         self.inner = inner
         self.metrics = metrics
+        self._inner_fields = fields_emitter(inner)
 
     def emit(self, event: str, uri: str, **fields: FieldValue) -> None:
-        self.inner.emit(event, uri, **fields)
+        self.emit_fields(event, uri, fields)
+
+    def emit_fields(self, event: str, uri: str, fields: Mapping[str, FieldValue]) -> None:
+        """:meth:`emit` with the fields as one mapping (see ``sink.fields_emitter``)."""
+        self._inner_fields(event, uri, fields)
         try:
             self.metrics.count(event, fields)
         except Exception:  # a metric must never stop delivery

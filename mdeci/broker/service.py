@@ -49,12 +49,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import cbor2
+
 from mdeci.broker.core import Broker
 from mdeci.broker.errors import SessionKeyError
 from mdeci.broker.sms import SmsFallback
 from mdeci.broker.worker import DbWorker, LoopQueue, LoopSink
 from mdeci.errors import FrameError
 from mdeci.frames import (
+    MAX_FRAME_BYTES,
     UINT63,
     UNAVAILABLE,
     Ack,
@@ -62,6 +65,8 @@ from mdeci.frames import (
     Error,
     Frame,
     List,
+    Pub,
+    PubOk,
     Subs,
     decode,
     encode,
@@ -104,10 +109,72 @@ _ACK_PREFIX = encode(Ack(upto=0))[:-1]
 _UINT_SIZES = {24: 1, 25: 2, 26: 4, 27: 8}  # CBOR unsigned heads with a following integer
 
 
+# A ``pub`` frame as every agent encodes it without attrs, urgent or qclass (``encode``:
+# op, req, msg_id, subject, then payload unless empty): its fixed items.
+_PUB_HEAD = cbor2.dumps("op") + cbor2.dumps(Pub.op) + cbor2.dumps("req")
+_K_MSG_ID = cbor2.dumps("msg_id")
+_K_SUBJECT = cbor2.dumps("subject")
+_K_PAYLOAD = cbor2.dumps("payload")
+_PUB_MAPS = (0xA4, 0xA5)  # CBOR maps of 4 and 5 items
+
+
+def _head(data: bytes, pos: int, major: int) -> tuple[int, int]:
+    """The argument of the definite-length CBOR head of type ``major`` at ``pos`` and the
+    position after it; ValueError or IndexError for anything else."""
+    byte = data[pos]
+    if byte >> 5 != major:
+        raise ValueError("another type")
+    info = byte & 0x1F
+    if info < 24:
+        return info, pos + 1
+    size = _UINT_SIZES[info]  # KeyError (a LookupError) for indefinite or reserved
+    end = pos + 1 + size
+    if end > len(data):
+        raise IndexError("short")
+    return int.from_bytes(data[pos + 1 : end], "big"), end
+
+
+def _decode_pub(data: bytes) -> Pub | None:
+    """The ``pub`` frame of ``data`` if it has exactly the usual shape (see _PUB_HEAD),
+    built by ``Pub`` itself (so with all its checks); None for anything else, including
+    a frame ``Pub`` refuses: the general decoder then gives the frame or the error."""
+    try:
+        pos = 1 + len(_PUB_HEAD)
+        req, pos = _head(data, pos, 0)
+        if not data.startswith(_K_MSG_ID, pos):
+            return None
+        size, pos = _head(data, pos + len(_K_MSG_ID), 3)
+        msg_id = data[pos : pos + size].decode("utf-8")
+        pos += size
+        if not data.startswith(_K_SUBJECT, pos):
+            return None
+        size, pos = _head(data, pos + len(_K_SUBJECT), 3)
+        subject = data[pos : pos + size].decode("utf-8")
+        pos += size
+        payload = b""
+        if data[0] == 0xA5:
+            if not data.startswith(_K_PAYLOAD, pos):
+                return None
+            size, pos = _head(data, pos + len(_K_PAYLOAD), 2)
+            payload = data[pos : pos + size]
+            pos += size
+        if pos != len(data) or len(data) > MAX_FRAME_BYTES:
+            return None
+        return Pub(req=req, msg_id=msg_id, subject=subject, payload=payload)
+    except (ValueError, LookupError, FrameError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
 def decode_fast(data: bytes) -> Frame:
-    """``decode(data)``, with a short cut for the commonest frame, an ``ack`` (one per
-    notification; the general decoder's checks cost as much as handling it): the same
-    frame or :class:`FrameError` for any input (tests/broker/test_notify_encoding.py)."""
+    """``decode(data)``, with short cuts for the commonest frames, an ``ack`` (one per
+    notification; the general decoder's checks cost as much as handling it) and a
+    ``pub`` without attrs (one per publish): the same frame or :class:`FrameError` for
+    any input (tests/broker/test_notify_encoding.py)."""
+    if data[:1] and data[0] in _PUB_MAPS and data.startswith(_PUB_HEAD, 1):
+        pub = _decode_pub(data)
+        if pub is not None:
+            return pub
+        return decode(data)
     start = len(_ACK_PREFIX)
     if data.startswith(_ACK_PREFIX) and len(data) > start:
         head = data[start]
@@ -119,6 +186,19 @@ def decode_fast(data: bytes) -> Frame:
             if value <= UINT63:
                 return Ack(upto=value)
     return decode(data)
+
+
+def encode_reply(frame: Frame) -> bytes:
+    """``encode(frame)``, with a short cut for the commonest reply, a ``pub-ok`` (one per
+    publish; the general encoder walks the dataclass's fields and defaults): the same
+    bytes (tests/broker/test_notify_encoding.py). A ``pub-ok`` has no field with a
+    default, so ``encode`` writes all three after ``op``, in this order."""
+    if type(frame) is PubOk:
+        # Far below MAX_FRAME_BYTES: msg_id is at most MAX_ID_LENGTH characters.
+        return cbor2.dumps(
+            {"op": "pub-ok", "req": frame.req, "msg_id": frame.msg_id, "matched": frame.matched}
+        )
+    return encode(frame)
 
 
 def _addr_text(addr: tuple[str, int]) -> str:
@@ -449,7 +529,7 @@ class BrokerService:
                 if isinstance(frame, CalendarOk) and self.sms is not None:
                     self.sms.calendar_changed(link.uri)  # decide again with it
                 try:
-                    reply = encode(frame)
+                    reply = encode_reply(frame)
                 except FrameError as exc:  # e.g. a `subs` listing over the frame limit
                     reply = encode(Error(req=exc.req, code=exc.code, message=exc.message))
                 if isinstance(frame, Subs):
@@ -500,14 +580,11 @@ class BrokerService:
         return None
 
     def _spawn_reply(self, link: _UserLink, data: bytes) -> None:
-        future = self._spawn_send(link, data)
-        if future is not None:
+        # The reply's bytes count against the cap until its send is done; released by
+        # the send's one callback (_sent), not by a second one per reply (issue 14: a
+        # publish's pub-ok took two callbacks and two loop steps).
+        if self._spawn_send(link, data, len(data)) is not None:
             link.reply_bytes += len(data)
-            future.add_done_callback(lambda _: self._replied(link, len(data)))
-
-    @staticmethod
-    def _replied(link: _UserLink, size: int) -> None:
-        link.reply_bytes -= size
 
     def _kick(self, link: _UserLink) -> None:
         """``link``'s delivery may progress: serve it in the delivery task's next call."""
@@ -547,11 +624,14 @@ class BrokerService:
         finally:
             self._delivery = None
 
-    def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Future[None] | None:
+    def _spawn_send(
+        self, link: _UserLink, data: bytes, reply_size: int = 0
+    ) -> asyncio.Future[None] | None:
         """Queue ``data`` on ``link``'s peer; the future of its acknowledgement (None if
         the peer refused it at once: then the user is marked unreachable). No task per
         message (issue 14: a task and its steps per notify were a visible share of a
-        delivery's CPU): the future's callback does what the task did when it ended."""
+        delivery's CPU): the future's callback does what the task did when it ended,
+        and gives back ``reply_size`` bytes of ``link.reply_bytes`` (see _spawn_reply)."""
         epoch = link.epoch
         try:
             future = link.peer.send_nowait(data)
@@ -561,10 +641,13 @@ class BrokerService:
         if link.sends is None:
             link.sends = set()
         link.sends.add(future)
-        future.add_done_callback(lambda done: self._sent(link, done, epoch))
+        future.add_done_callback(lambda done: self._sent(link, done, epoch, reply_size))
         return future
 
-    def _sent(self, link: _UserLink, future: asyncio.Future[None], epoch: int) -> None:
+    def _sent(
+        self, link: _UserLink, future: asyncio.Future[None], epoch: int, reply_size: int = 0
+    ) -> None:
+        link.reply_bytes -= reply_size
         if link.sends is not None:
             link.sends.discard(future)
             if not link.sends:

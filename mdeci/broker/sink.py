@@ -8,10 +8,10 @@ any sink can write them without translation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Protocol, cast
 
 from mdeci.churnlog import ChurnLog
 
@@ -34,6 +34,24 @@ class ChurnEvent:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", MappingProxyType(dict(self.fields)))
+
+
+def fields_emitter(
+    sink: ChurnSink,
+) -> Callable[[str, str, Mapping[str, FieldValue]], None]:
+    """A function emitting an event with its fields as one mapping into ``sink``: its
+    ``emit_fields`` if it has one (the broker's own sinks), else a call of ``emit``
+    with the fields as keywords. Resolved once, when a chain is built: re-packing the
+    keywords at each link of the chain (LoopSink, MetricsSink, OperatorSink,
+    ChurnLogSink) cost about a quarter of a churn event (issue 14)."""
+    fast = getattr(sink, "emit_fields", None)
+    if callable(fast):
+        return cast(Callable[[str, str, Mapping[str, FieldValue]], None], fast)
+
+    def slow(event: str, uri: str, fields: Mapping[str, FieldValue]) -> None:
+        sink.emit(event, uri, **fields)
+
+    return slow
 
 
 class MemorySink:
@@ -69,6 +87,10 @@ class ChurnLogSink:
         self.failures = 0
 
     def emit(self, event: str, uri: str, **fields: FieldValue) -> None:
+        self.emit_fields(event, uri, fields)
+
+    def emit_fields(self, event: str, uri: str, fields: Mapping[str, FieldValue]) -> None:
+        """:meth:`emit` with the fields as one mapping (see :func:`fields_emitter`)."""
         try:
             self._log.append(event, uri, fields)  # None fields are left out
         except Exception:  # ChurnLogError, or TypeError for a field §8 does not have

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from mdeci.broker.sink import ChurnSink, FieldValue
+from mdeci.broker.sink import ChurnSink, FieldValue, fields_emitter
 from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
 
@@ -141,9 +141,7 @@ class LoopSink:
     def __init__(self, sink: ChurnSink, queue: LoopQueue) -> None:
         self.sink = sink
         self._queue = queue
+        self._emit_fields = fields_emitter(sink)  # the fields go on as one mapping
 
     def emit(self, event: str, uri: str, **fields: FieldValue) -> None:
-        self._queue.call(self._emit, event, uri, fields)
-
-    def _emit(self, event: str, uri: str, fields: dict[str, FieldValue]) -> None:
-        self.sink.emit(event, uri, **fields)
+        self._queue.call(self._emit_fields, event, uri, fields)

@@ -64,8 +64,12 @@ from mdeci.store.models import PublishedRow, QueueCounterRow, QueuedRow
 OverflowPolicy = OverflowPolicyName
 
 
-@dataclass(frozen=True, slots=True)
-class Enqueued:
+# Enqueued, Dropped, PublishResult and PublishRequest are named tuples, not frozen
+# dataclasses: several are built per publish, and a frozen dataclass's ``__init__`` (an
+# ``object.__setattr__`` per field) cost more than the publish's own bookkeeping (issue 14).
+
+
+class Enqueued(NamedTuple):
     """A notification ``publish`` queued: for ``uri``, as ``nseq``, leaving ``depth``."""
 
     uri: str
@@ -74,8 +78,7 @@ class Enqueued:
     depth: int
 
 
-@dataclass(frozen=True, slots=True)
-class Dropped:
+class Dropped(NamedTuple):
     """A notification lost to overflow; ``nseq`` is None when it was never queued."""
 
     uri: str
@@ -85,8 +88,7 @@ class Dropped:
     reason: OverflowPolicy
 
 
-@dataclass(frozen=True, slots=True)
-class PublishResult:
+class PublishResult(NamedTuple):
     """What ``publish`` did; on a duplicate, ``matched`` is the first publish's count."""
 
     matched: int
@@ -95,8 +97,7 @@ class PublishResult:
     dropped: tuple[Dropped, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class PublishRequest:
+class PublishRequest(NamedTuple):
     """One publish of a ``publish_many`` batch: the arguments of ``publish``."""
 
     publisher_uri: str
@@ -147,6 +148,11 @@ _COLUMNS = (
 )
 
 
+# Publishes recorded per statement (see SqlQueueStore._record_new): 4 parameters each,
+# within SQLite's smallest limit on a statement's parameters (999).
+_RECORD_CHUNK = 200
+
+
 @dataclass(slots=True)
 class _Counter:
     """One recipient's counter row while ``publish`` plans its targets."""
@@ -176,17 +182,6 @@ class SqlQueueStore:
             index_elements=[QueueCounterRow.uri],
             set_={"last_nseq": QueueCounterRow.last_nseq},
         ).returning(QueueCounterRow.uri, QueueCounterRow.last_nseq, QueueCounterRow.depth)
-        record = dialect.insert(PublishedRow).values(
-            publisher_uri=bindparam("publisher_uri"),
-            msg_id=bindparam("msg_id"),
-            matched=bindparam("matched"),
-            published_at=bindparam("published_at"),
-        )
-        # One statement for a whole batch (SQLAlchemy sends it as one multi-row INSERT):
-        # the pairs it hands back are the new ones, the others were published before.
-        self._record = record.on_conflict_do_nothing(
-            index_elements=[PublishedRow.publisher_uri, PublishedRow.msg_id]
-        ).returning(PublishedRow.publisher_uri, PublishedRow.msg_id)
         self._matched = select(PublishedRow.matched).where(
             PublishedRow.publisher_uri == bindparam("publisher_uri"),
             PublishedRow.msg_id == bindparam("msg_id"),
@@ -249,6 +244,18 @@ class SqlQueueStore:
             f"SELECT {names} FROM {table} WHERE uri = {mark} AND nseq > {mark} "
             f"ORDER BY nseq LIMIT {mark}"
         )
+        # Records a batch's (publisher, msg_id) pairs with one multi-row statement: the
+        # pairs it hands back are the new ones, the others were published before. The
+        # driver's SQL, one text per chunk size (see _record_new).
+        published = PublishedRow.__tablename__
+        self._record_head = (
+            f"INSERT INTO {published} (publisher_uri, msg_id, matched, published_at) VALUES "
+        )
+        self._record_row = f"({mark}, {mark}, {mark}, {mark})"
+        self._record_tail = (
+            " ON CONFLICT (publisher_uri, msg_id) DO NOTHING RETURNING publisher_uri, msg_id"
+        )
+        self._record_sql: dict[int, str] = {}
         self._pending_urgent = (
             select(*_COLUMNS)
             .where(
@@ -311,21 +318,7 @@ class SqlQueueStore:
         if not requests:
             return []
         with transaction(self._engine, "publish") as conn:
-            recorded = {
-                (str(uri), str(msg_id))
-                for uri, msg_id in conn.execute(
-                    self._record,
-                    [
-                        {
-                            "publisher_uri": req.publisher_uri,
-                            "msg_id": req.msg_id,
-                            "matched": len(req.targets),
-                            "published_at": req.published_at,
-                        }
-                        for req in requests
-                    ],
-                )
-            }
+            recorded = self._record_new(conn, requests)
             # The first request of a new pair is the publish; any later one in the batch,
             # like every request of a pair recorded before, is a duplicate of it.
             counts: dict[tuple[str, str], int] = {}
@@ -379,6 +372,30 @@ class SqlQueueStore:
                 ],
             )
         return [r if r is not None else next(done) for r in results]
+
+    def _record_new(
+        self, conn: Connection, requests: Sequence[PublishRequest]
+    ) -> set[tuple[str, str]]:
+        """Record the requests' (publisher, msg_id) pairs; the pairs that were new.
+
+        The driver's own multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, a
+        statement per ``_RECORD_CHUNK`` requests (issue 14: SQLAlchemy's per-row
+        parameter processing of this one statement was a visible share of a publish)."""
+        recorded: set[tuple[str, str]] = set()
+        for start in range(0, len(requests), _RECORD_CHUNK):
+            chunk = requests[start : start + _RECORD_CHUNK]
+            sql = self._record_sql.get(len(chunk))
+            if sql is None:
+                sql = self._record_sql[len(chunk)] = (
+                    f"{self._record_head}{', '.join([self._record_row] * len(chunk))}"
+                    f"{self._record_tail}"
+                )
+            params: list[object] = []
+            for req in chunk:
+                params += (req.publisher_uri, req.msg_id, len(req.targets), req.published_at)
+            for uri, msg_id in conn.exec_driver_sql(sql, tuple(params)):
+                recorded.add((str(uri), str(msg_id)))
+        return recorded
 
     def _write_rows(self, conn: Connection, rows: list[tuple[object, ...]]) -> None:
         """Insert queued rows (tuples in _COLUMNS order) with one driver executemany."""

@@ -1,5 +1,6 @@
 """The broker's notify frames built from stored rows (core._NotifyEncoder) are byte for
-byte what ``encode(Notify(...))`` gives, and the ack fast path decodes as ``decode``."""
+byte what ``encode(Notify(...))`` gives, the ack fast path decodes as ``decode``, and the
+pub-ok fast path encodes as ``encode``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.broker.core import _NotifyEncoder
-from mdeci.broker.service import decode_fast
+from mdeci.broker.service import decode_fast, encode_reply
 from mdeci.errors import FrameError
-from mdeci.frames import UINT63, Ack, Notify, decode, encode
+from mdeci.frames import UINT63, Ack, Notify, Pub, PubOk, SubOk, decode, encode
 from mdeci.store.queues import QueuedNotification
 
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
@@ -107,3 +108,63 @@ def test_ack_fast_path_edges() -> None:
         except FrameError as exc:
             got = ("error", exc.code, str(exc))
         assert got == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    req=st.integers(0, UINT63),
+    msg_id=st.text(min_size=1, max_size=128),
+    matched=st.integers(0, UINT63),
+)
+def test_pub_ok_encodes_as_encode_does(req: int, msg_id: str, matched: int) -> None:
+    frame = PubOk(req=req, msg_id=msg_id, matched=matched)
+    assert encode_reply(frame) == encode(frame)
+
+
+def test_other_replies_take_encode() -> None:
+    frame = SubOk(req=3, sub_id="7", expires_at=12.5)
+    assert encode_reply(frame) == encode(frame)
+
+
+def _decoded(fn: object, data: bytes) -> object:
+    assert callable(fn)
+    try:
+        return fn(data)
+    except FrameError as exc:
+        return ("error", exc.code, exc.req, str(exc))
+
+
+PUBS = st.builds(
+    Pub,
+    req=st.integers(0, UINT63),
+    msg_id=IDS,
+    subject=SUBJECTS.map(".".join),
+    payload=st.binary(max_size=300),
+    urgent=st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pub=PUBS, cut=st.integers(0, 400), junk=st.binary(max_size=8))
+def test_pub_fast_path_decodes_as_decode(pub: Pub, cut: int, junk: bytes) -> None:
+    data = encode(pub)
+    assert decode_fast(data) == pub
+    # Cut, extended or altered in one byte: the same frame or the same error.
+    for variant in (data[:cut], data + junk, data[:cut] + junk + data[cut + len(junk) :]):
+        assert _decoded(decode_fast, variant) == _decoded(decode, variant)
+
+
+def test_pub_fast_path_edges() -> None:
+    head = encode(Pub(req=1, msg_id="m", subject="a.b"))
+    good = encode(Pub(req=2**40, msg_id="m" * 128, subject="a." * 30 + "b", payload=b"x" * 70000))
+    assert decode_fast(good) == decode(good)
+    bad = [
+        head.replace(b"\x01", b"\x18\x01", 1),  # non-minimal req: the same value
+        head[:-3] + b"\x63\xed\xa0\x80",  # a surrogate in the subject
+        encode(Pub(req=1, msg_id="m", subject="a.b", payload=b"p"))[:-2] + b"\x5f\x41p\xff",
+        b"\xa4" + head[1:].replace(b"\x01", b"\x1b" + (2**63).to_bytes(8, "big"), 1),
+        head.replace(b"a.b", b"a.*", 1),  # a pattern: refused by Pub
+        head.replace(b"\x61m", b"\x60", 1),  # an empty msg_id
+    ]
+    for data in bad:
+        assert _decoded(decode_fast, data) == _decoded(decode, data)
