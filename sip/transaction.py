@@ -497,7 +497,9 @@ class ServerTransaction(Transaction):
     ) -> None:
         super().__init__(request, dest, config, reliable)
         self.source = source or dest
-        self.last_response: Response | None = None
+        # The last response as sent, for retransmissions; not the parsed message: a
+        # completed transaction lives on for timer J or L (32 s over UDP), and under a
+        # registration storm thousands of them at once held ~2 kB of objects each.
         self._wire: bytes | None = None
         self._events.append(RequestReceived(request, source or dest, self.key))
 
@@ -516,7 +518,6 @@ class ServerTransaction(Transaction):
         raise NotImplementedError
 
     def _emit(self, msg: Response) -> None:
-        self.last_response = msg
         self._wire = serialize(msg)
         self._out.append((self._wire, self.dest))
 
