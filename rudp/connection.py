@@ -68,6 +68,10 @@ def derive_connection_id(key: bytes) -> int:
     return int.from_bytes(hmac.digest(key, b"mdeci-rudp v2 connection id", "sha256")[:8], "big")
 
 
+# What _detect_losses walks when nothing is in flight (never appended to).
+_NO_ORDER: deque[tuple[int, _Outgoing]] = deque()
+
+
 class ConnectionState(Enum):
     CONNECTED = "connected"
     DISCONNECTED = "disconnected"
@@ -262,7 +266,9 @@ class RudpConnection:
         # packet-number order (stale entries skipped lazily); and those past the pn/time
         # rules but above what the peer reported, by sequence number.
         self._sacked_ranges: list[tuple[int, int]] = []
-        self._sent_order: deque[tuple[int, _Outgoing]] = deque()
+        # None while nothing is in flight: an emptied deque keeps a block of ~0.6 kB, and
+        # an idle broker holds one association per session (issue 14, criterion 7).
+        self._sent_order: deque[tuple[int, _Outgoing]] | None = None
         self._parked: list[tuple[int, int, _Outgoing]] = []
         # Tail-loss probe (RFC 8985 §7): its timer, the packet chosen, its packet number.
         self._pto_deadline: float | None = None
@@ -699,7 +705,7 @@ class RudpConnection:
         rtt = max(self.rto.srtt or self.config.rto_initial, self._latest_rtt)
         age = self.config.reorder_time * rtt  # lost only once sent_at + age <= now
         lost: list[_Outgoing] = []
-        order = self._sent_order
+        order = self._sent_order or _NO_ORDER
         self._loss_deadline = None
         while order:
             pn, out = order[0]
@@ -720,6 +726,8 @@ class RudpConnection:
                 heapq.heappush(self._parked, (out.seq, pn, out))  # decided when reported
             else:
                 lost.append(out)
+        if not order:
+            self._sent_order = None
         parked = self._parked
         while parked and parked[0][0] < self._highest_reported:
             seq, pn, out = heapq.heappop(parked)
@@ -826,7 +834,7 @@ class RudpConnection:
         self._inflight.clear()
         self._resend.clear()
         self._sacked_ranges = []
-        self._sent_order.clear()
+        self._sent_order = None
         self._parked = []
         self._probe = None
         self._snd_una = self._next_seq  # abandoned; DATA's base tells the receiver
@@ -861,6 +869,8 @@ class RudpConnection:
         out.transmissions += 1
         out.sent_at = now
         out.pn = pn
+        if self._sent_order is None:
+            self._sent_order = deque()
         self._sent_order.append((out.pn, out))
         self.stats.data_sent += 1
         if self._rto_deadline is None:
