@@ -78,10 +78,14 @@ class ResponseReceived:
 
 @dataclass(frozen=True, slots=True)
 class TransactionTimedOut:
-    """Timer B, F or H fired (or the transport failed): the request failed (408 to the TU)."""
+    """Timer B, F or H fired (or the transport failed): the request failed (408 to the TU).
+
+    ``request`` is None only for a completed non-INVITE server transaction, which keeps
+    the final response's bytes and no longer the request.
+    """
 
     key: TransactionKey
-    request: Request
+    request: Request | None
     timer: str
 
 
@@ -265,7 +269,8 @@ class Transaction:
     def __init__(
         self, request: Request, dest: Address, config: TimerConfig, reliable: bool
     ) -> None:
-        self.request = request
+        self._request: Request | None = request
+        self.method = request.method
         self.dest = dest
         self.config = config
         self.reliable = reliable
@@ -275,6 +280,17 @@ class Transaction:
         self._intervals: dict[str, float] = {}
         self._out: list[Datagram] = []
         self._events: deque[Event] = deque()
+
+    @property
+    def request(self) -> Request:
+        """The request this transaction is for.
+
+        Raises :class:`TransactionError` once a completed non-INVITE server transaction
+        released it (it only resends the final response's bytes until timer J).
+        """
+        if self._request is None:
+            raise TransactionError("a completed server transaction keeps no request")
+        return self._request
 
     # ---- outputs
     @property
@@ -320,7 +336,7 @@ class Transaction:
             return False
         self._state = nxt
         if failure is not None:
-            self._events.append(TransactionTimedOut(self.key, self.request, failure))
+            self._events.append(TransactionTimedOut(self.key, self._request, failure))
         if nxt is S.TERMINATED:
             self._timers.clear()
             self._events.append(TransactionTerminated(self.key))
@@ -388,7 +404,7 @@ class ClientTransaction(Transaction):
             raise TransactionError("request does not belong to this transaction")
         self._step(I.TU_REQUEST)
         self._sent = True
-        self.request = msg
+        self._request = msg
         self._wire = serialize(msg)
         self._out.append((self._wire, self.dest))
         if not self.reliable:
@@ -602,6 +618,10 @@ class ServerNonInviteTransaction(ServerTransaction):
         self._step(inp)
         self._emit(msg)
         if self._state is S.COMPLETED:
+            # From here on it only resends the final response's bytes (no timer of this
+            # machine fails the request): the parsed request goes, since a registration
+            # storm keeps thousands of these alive for timer J (32 s over UDP).
+            self._request = None
             self._start("J", now, 0.0 if self.reliable else 64 * self.config.t1)
 
     def receive(self, msg: Request, now: float, source: Address | None = None) -> None:

@@ -698,8 +698,8 @@ class UserAgent:
             elif isinstance(event, RequestReceived):
                 self._on_request(event, transport)
             elif isinstance(event, TransactionTimedOut):
-                pending = self._pending.get(event.key)
-                if pending is not None and not pending.future.done():
+                pending = self._pending.get(event.key)  # ours: a client transaction's
+                if pending is not None and not pending.future.done() and event.request is not None:
                     pending.future.set_result(make_response(event.request, 408))
         self._arm()
 

@@ -150,7 +150,7 @@ STATUS.update({I.TU_1XX: 180, I.TU_2XX: 200, I.TU_FINAL: 486})
 
 def feed(txn: Transaction, inp: Input, now: float, status: int | None = None) -> None:
     """Apply one abstract input (a timer input means: the clock reaches ``now``)."""
-    req = make_request(txn.request.method)
+    req = make_request(txn.method)
     code = status if status is not None else STATUS.get(inp, 0)
     if inp is I.TU_REQUEST:
         assert isinstance(txn, ClientTransaction)
