@@ -43,6 +43,11 @@ BUSY_POLL_MS = 1
 BUSY_FOR = 0.2  # seconds after an answer
 
 
+# Transports kept open after a move (the newest is in use): pjsua has eight slots, and a
+# closed one keeps its slot while the transactions that used it linger.
+KEEP_TRANSPORTS = 3
+
+
 class _Out:
     stream = sys.stdout
     received = 0  # SIP messages pjsua reported to us (responses, in-dialog requests)
@@ -137,7 +142,8 @@ class Worker:
         self.acc: Account | None = None
         self.call: Call | None = None
         self.offer = ""  # the next offer, written into pjsua's SDP by onCallSdpCreated
-        self.transports: list[int] = []
+        self.transports: list[int] = []  # open ones, the newest (in use) last
+        self.hosts: dict[int, str] = {}  # the host each open transport is bound to
         self.host = str(settings["host"])
         self.local: tuple[str, int] = (self.host, 0)
         self.moved = False  # the next re-INVITE updates Contact and Via
@@ -175,11 +181,15 @@ class Worker:
         tcfg.publicAddress = host
         tcfg.port = port
         tid = int(self.ep.transportCreate(pj.PJSIP_TRANSPORT_UDP, tcfg))
+        self.hosts[tid] = host
+        self._use(tid)
+        return tid
+
+    def _use(self, tid: int) -> None:
         name = str(self.ep.transportGetInfo(tid).localName)
         addr, _, p = name.rpartition(":")
         self.local = (addr.strip("[]"), int(p))
         self.own.add(name)
-        return tid
 
     def _account_config(self, expires: int) -> Any:
         s = self.s
@@ -289,14 +299,24 @@ class Worker:
         call.hangup(pj.CallOpParam(True))
 
     def op_move(self, pending: Pending, msg: dict[str, Any]) -> None:
-        # Moves that no re-INVITE completed (unregistered, or moving again before the
-        # last one ended) would each leave a transport open, and pjsua holds only a few:
-        # past them every move failed for good. Only the newest can still carry the
-        # dialog or the registration until the next re-INVITE.
-        self._close_old_transports()
-        tid = self._transport(str(msg["host"]), 0)
+        host = str(msg["host"])
+        back = [tid for tid in self.transports if self.hosts.get(tid) == host]
+        if back:
+            # Back on an address we still hold a transport for (a device flapping
+            # between networks): the same socket again. pjsua has eight transport
+            # slots, and a closed transport keeps its slot until every transaction that
+            # used it ended (up to 32 s): a new one per move ran out of them
+            # (PJ_ETOOMANY), and then every move failed for good.
+            tid = back[0]
+            self.transports.remove(tid)
+            self._use(tid)
+        else:
+            # Moves no re-INVITE completed (unregistered, or moving again before the
+            # last one ended) would each leave one open.
+            self._close_old_transports()
+            tid = self._transport(host, 0)
         self.transports.append(tid)
-        self.host = str(msg["host"])
+        self.host = host
         self.moved = True
         if self.acc is None or not self.registered:
             self.reply(pending, 200, "moved")
@@ -339,15 +359,18 @@ class Worker:
 
     def _close_old_transports(self) -> None:
         # The dialog and the registration left the old sockets (reinvite with
-        # UPDATE_CONTACT|UPDATE_VIA); close all but the newest. One pjsua refuses to
-        # close now stays listed and is tried again at the next move or re-INVITE.
+        # UPDATE_CONTACT|UPDATE_VIA); close all but the KEEP_TRANSPORTS newest (a move
+        # back to one of those addresses takes it again). One pjsua refuses to close
+        # stays listed and is tried again at the next move or re-INVITE.
         kept: list[int] = []
-        for tid in self.transports[:-1]:
+        for tid in self.transports[:-KEEP_TRANSPORTS]:
             try:
                 self.ep.transportClose(tid)
             except pj.Error:
                 kept.append(tid)
-        self.transports[:-1] = kept
+            else:
+                del self.hosts[tid]
+        self.transports[:-KEEP_TRANSPORTS] = kept
 
     # ------------------------------------------------------------------ loop
 
