@@ -142,6 +142,11 @@ class SmppGateway:
             client.listen()
         except (OSError, smpplib.exceptions.ConnectionError, smpplib.exceptions.PDUError):
             return  # closed or broken: send() reports it
+        except AttributeError:
+            # smpplib's disconnect() sets its socket to None under a reader blocked in
+            # recv(): after our close() that is the end of the stream, nothing more.
+            if self._client is not None:
+                raise
 
     async def send(self, sms: Sms) -> None:
         client = self._client
