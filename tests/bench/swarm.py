@@ -20,9 +20,10 @@ from typing import cast
 
 from mdeci.frames import Sub, SubOk, decode, encode
 from rudp.aio import SOCKET_BUFFER, RudpEndpoint, RudpPeer, set_socket_buffers
-from sip.auth import compute_ha1, compute_response, format_auth_params, parse_challenge
+from sip.auth import DigestClient
 from sip.errors import SipParseError
-from sip.message import Response, parse_message
+from sip.headers import Headers
+from sip.message import Request, Response, parse_message
 from sip.sdp import build_offer, parse_session
 from tests.keyx import OfferKeys
 
@@ -168,36 +169,6 @@ class Swarm:
         finally:
             del self._sip.pending[branch]
 
-    @staticmethod
-    def _authorization(response: Response, user: str, password: str, method: str, uri: str) -> str:
-        challenge = parse_challenge(response.headers.get("WWW-Authenticate") or "")
-        ha1 = compute_ha1(user, challenge.realm, password, challenge.algorithm)
-        cnonce = secrets.token_hex(8)
-        digest = compute_response(
-            algorithm=challenge.algorithm,
-            ha1=ha1,
-            nonce=challenge.nonce,
-            method=method,
-            uri=uri,
-            qop="auth",
-            nc="00000001",
-            cnonce=cnonce,
-        )
-        params = [
-            ("username", user),
-            ("realm", challenge.realm),
-            ("nonce", challenge.nonce),
-            ("uri", uri),
-            ("response", digest),
-            ("algorithm", challenge.algorithm),
-            ("cnonce", cnonce),
-            ("qop", "auth"),
-            ("nc", "00000001"),
-        ]
-        if challenge.opaque is not None:
-            params.append(("opaque", challenge.opaque))
-        return format_auth_params("Digest", params)
-
     async def _authenticated(
         self,
         method: str,
@@ -226,8 +197,10 @@ class Swarm:
                 self._ack(response, uri, user, call_id, tag, cseq, branch, dest)
             if response.status != 401:
                 return response, call_id, tag, cseq
-            auth = "Authorization: " + self._authorization(response, user, password, method, uri)
-            auth += "\r\n"
+            # The UAC side of Digest, as the agent's stacks answer it.
+            client = DigestClient(user, password, secrets.token_bytes)
+            name, value = client.respond(response, Request(method, uri, Headers()))
+            auth = f"{name}: {value}\r\n"
         raise SwarmError(f"{method} of {user}: {response.status} {response.reason}")
 
     def _ack(

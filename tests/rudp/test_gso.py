@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,14 +23,21 @@ def test_runs_group_equal_sizes_with_a_shorter_last_and_respect_the_limits() -> 
     assert list(gso.runs([])) == []
 
 
-@pytest.mark.skipif(not gso.AVAILABLE, reason="UDP GSO is Linux only")
-def test_one_write_arrives_as_separate_datagrams_in_order() -> None:
+@contextlib.contextmanager
+def _pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A receiving UDP socket on loopback (reads time out after 5 s) and a sender."""
     with (
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx,
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx,
     ):
         rx.bind(("127.0.0.1", 0))
         rx.settimeout(5)
+        yield rx, tx
+
+
+@pytest.mark.skipif(not gso.AVAILABLE, reason="UDP GSO is Linux only")
+def test_one_write_arrives_as_separate_datagrams_in_order() -> None:
+    with _pair() as (rx, tx):
         grams = [bytes([i]) * 1071 for i in range(10)] + [b"last, shorter"]
         gso.send_run(tx, grams, rx.getsockname())
         assert [rx.recv(65535) for _ in grams] == grams
@@ -43,12 +52,7 @@ def test_segments_cuts_at_the_reported_size_and_leaves_a_plain_read_alone() -> N
 
 @pytest.mark.skipif(not gso.AVAILABLE, reason="UDP GSO/GRO is Linux only")
 def test_a_gro_socket_reads_a_run_at_once_and_gets_the_same_datagrams_back() -> None:
-    with (
-        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx,
-        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx,
-    ):
-        rx.bind(("127.0.0.1", 0))
-        rx.settimeout(5)
+    with _pair() as (rx, tx):
         if not gso.enable_gro(rx):
             pytest.skip("this kernel has no UDP_GRO")
         grams = [bytes([i]) * 1071 for i in range(10)] + [b"last, shorter"]

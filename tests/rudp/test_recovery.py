@@ -83,15 +83,24 @@ def test_lost_tail_is_recovered_by_a_probe_within_a_few_rtt_not_an_rto() -> None
     assert net.received["b"][1:] == [_msg(i) for i in range(n - 1)]
 
 
-def test_without_the_probe_the_same_tail_waits_for_the_rto() -> None:
-    """The reference for the test above: with ``tail_probe=False`` the tail costs an RTO."""
-    config = RudpConfig(
-        rto_initial=2.0, rto_min=2.0, keepalive_interval=0, window=256, tail_probe=False
-    )
-    lossy = _Lossy(KEY, config, sender_id=1)
-    net = Net(lossy, RudpConnection(KEY, config, sender_id=2), lambda _: [ONE_WAY])
+NO_PROBE = RudpConfig(
+    rto_initial=2.0, rto_min=2.0, keepalive_interval=0, window=256, tail_probe=False
+)
+
+
+def _warm_without_probe() -> tuple[_Lossy, Net]:
+    """A lossy sender without the tail-loss probe (a 2 s RTO), after one round trip
+    (so it has an SRTT)."""
+    lossy = _Lossy(KEY, NO_PROBE, sender_id=1)
+    net = Net(lossy, RudpConnection(KEY, NO_PROBE, sender_id=2), lambda _: [ONE_WAY])
     net.a.send_message(b"warm", 0.0)
     net.run_until(lambda: net.acked["a"] == [0])
+    return lossy, net
+
+
+def test_without_the_probe_the_same_tail_waits_for_the_rto() -> None:
+    """The reference for the test above: with ``tail_probe=False`` the tail costs an RTO."""
+    lossy, net = _warm_without_probe()
     sent = iter(range(10_000))
     lossy.keep = lambda _: next(sent) != 8  # the last of 9 packets
     start = net.now
@@ -107,13 +116,7 @@ def test_a_hole_whose_acks_all_came_early_is_resent_by_the_loss_timer() -> None:
     and then no ACK comes. The loss timer (RFC 9002 §6.1.2) resends it when it comes of
     age: ~1.25 RTT after the burst, where the probe would take 2 SRTT + ack delay after
     the last ACK and the RTO 2 s."""
-    config = RudpConfig(
-        rto_initial=2.0, rto_min=2.0, keepalive_interval=0, window=256, tail_probe=False
-    )
-    lossy = _Lossy(KEY, config, sender_id=1)
-    net = Net(lossy, RudpConnection(KEY, config, sender_id=2), lambda _: [ONE_WAY])
-    net.a.send_message(b"warm", 0.0)
-    net.run_until(lambda: net.acked["a"] == [0])
+    lossy, net = _warm_without_probe()
     sent = iter(range(10_000))
     lossy.keep = lambda _: next(sent) != 2  # the third of 20 packets, once
     start = net.now
@@ -122,7 +125,7 @@ def test_a_hole_whose_acks_all_came_early_is_resent_by_the_loss_timer() -> None:
     net.run_until(lambda: len(net.received["b"]) == 21)
     assert net.a.stats.timeouts == 0 and net.a.stats.fast_retransmissions == 1
     rtt = 2 * ONE_WAY
-    assert net.now - start <= 1.25 * (rtt + config.ack_delay) + ONE_WAY + 0.001
+    assert net.now - start <= 1.25 * (rtt + NO_PROBE.ack_delay) + ONE_WAY + 0.001
     assert net.received["b"][1:] == [_msg(i) for i in range(20)]
 
 
