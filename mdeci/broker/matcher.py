@@ -65,6 +65,11 @@ class SubscriptionMatcher:
         # The same entries, split: exact patterns by their text, wildcard ones by id.
         self._exact: dict[str, dict[int, CompiledSubscription]] = {}
         self._wild: dict[int, CompiledSubscription] = {}
+        # The ids of each user's entries, for the per-user cap: a scan of every entry per
+        # ``sub`` made setting up N users' subscriptions quadratic. A tuple (48 bytes for
+        # the usual one id) rather than a set, since criterion 7 of issue 14 counts bytes
+        # per session.
+        self._by_uri: dict[str, tuple[int, ...]] = {}
         # (expires_at, sub_id) of every entry added; stale pairs (discarded or replaced
         # entries) are skipped when popped.
         self._expiry: list[tuple[float, int]] = []
@@ -100,6 +105,8 @@ class SubscriptionMatcher:
         sub_id = compiled.sub.sub_id
         self.discard(sub_id)
         self._subs[sub_id] = compiled
+        uri = compiled.sub.uri
+        self._by_uri[uri] = (*self._by_uri.get(uri, ()), sub_id)
         words = compiled.pattern.words
         if ONE_WORD in words or ANY_WORDS in words:
             self._wild[sub_id] = compiled
@@ -109,12 +116,19 @@ class SubscriptionMatcher:
 
     def count_of(self, uri: str, now: float) -> int:
         """Live subscriptions of ``uri`` (for the per-user cap)."""
-        return sum(1 for c in self._subs.values() if c.sub.uri == uri and c.sub.expires_at > now)
+        subs = self._subs
+        return sum(1 for sub_id in self._by_uri.get(uri, ()) if subs[sub_id].sub.expires_at > now)
 
     def discard(self, sub_id: int) -> CompiledSubscription | None:
         """Remove ``sub_id``; the removed entry or None."""
         entry = self._subs.pop(sub_id, None)
         if entry is not None:
+            uri = entry.sub.uri
+            rest = tuple(i for i in self._by_uri[uri] if i != sub_id)
+            if rest:
+                self._by_uri[uri] = rest
+            else:
+                del self._by_uri[uri]
             self._wild.pop(sub_id, None)
             same = self._exact.get(entry.pattern.pattern)
             if same is not None:

@@ -14,10 +14,14 @@ PATTERN_WORDS = st.sampled_from(["a", "b", "c", "*", "#"])
 PATTERNS = st.lists(PATTERN_WORDS, min_size=1, max_size=4).map(".".join)
 SUBJECTS = st.lists(WORDS, min_size=1, max_size=4).map(".".join)
 FILTERS = st.sampled_from(["", "n > 1", "n < 3"])
+USERS = st.integers(0, 2)  # a replaced subscription may change hands
 
 
-def _sub(sub_id: int, pattern: str, expires_at: float, filter_text: str = "") -> Subscription:
-    return Subscription(sub_id, f"sip:u{sub_id % 3}@x", pattern, filter_text, 0.0, expires_at)
+def _sub(
+    sub_id: int, pattern: str, expires_at: float, filter_text: str = "", user: int | None = None
+) -> Subscription:
+    uri = f"sip:u{sub_id % 3 if user is None else user}@x"
+    return Subscription(sub_id, uri, pattern, filter_text, 0.0, expires_at)
 
 
 def _scan(
@@ -38,7 +42,7 @@ def _scan(
 # One step: add (or replace) sub_id with a pattern and an expiry, discard it, or match.
 STEPS = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(1, 8), PATTERNS, st.integers(1, 20), FILTERS),
+        st.tuples(st.just("add"), st.integers(1, 8), PATTERNS, st.integers(1, 20), FILTERS, USERS),
         st.tuples(st.just("discard"), st.integers(1, 8)),
         st.tuples(st.just("match"), SUBJECTS, st.integers(0, 4), st.integers(0, 25)),
     ),
@@ -54,10 +58,11 @@ def test_the_index_agrees_with_a_scan(steps: list[tuple[object, ...]]) -> None:
     now = 0.0
     for step in steps:
         if step[0] == "add":
-            _, sub_id, pattern, expires, filter_text = step
+            _, sub_id, pattern, expires, filter_text, user = step
             assert isinstance(sub_id, int) and isinstance(pattern, str)
             assert isinstance(expires, int) and isinstance(filter_text, str)
-            sub = _sub(sub_id, pattern, now + expires, filter_text)
+            assert isinstance(user, int)
+            sub = _sub(sub_id, pattern, now + expires, filter_text, user)
             matcher.add(CompiledSubscription.compile(sub))
             model[sub_id] = sub
         elif step[0] == "discard":
@@ -76,6 +81,9 @@ def test_the_index_agrees_with_a_scan(steps: list[tuple[object, ...]]) -> None:
                 del model[sub_id]
         assert len(matcher) == len(model)
         assert all(sub_id in matcher for sub_id in model)
+        for uri in {s.uri for s in model.values()} | {"sip:u0@x"}:
+            live = sum(1 for s in model.values() if s.uri == uri and s.expires_at > now)
+            assert matcher.count_of(uri, now) == live
 
 
 def test_a_replaced_subscription_keeps_only_its_new_pattern_and_expiry() -> None:
