@@ -376,6 +376,22 @@ def test_tags_rejected() -> None:
             decode(cbor2.dumps({"op": "ack", "upto": tagged}))
 
 
+@pytest.mark.parametrize(
+    "tagged",
+    [
+        cbor2.CBORTag(2, b"\x05"),  # a bignum that would be a valid attribute value, 5
+        cbor2.CBORTag(55799, 5),  # "self-described CBOR" around a valid value
+        cbor2.CBORTag(1, 5),  # an epoch date
+        cbor2.CBORTag(40000, 5),  # a number no decoder knows: the tag hook's
+    ],
+)
+def test_a_tag_is_refused_even_where_its_value_would_be_valid(tagged: cbor2.CBORTag) -> None:
+    frame = {"op": "pub", "req": 1, "msg_id": "m", "subject": "a", "attrs": {"n": tagged}}
+    assert isinstance(decode(cbor2.dumps({**frame, "attrs": {"n": 5}})), Pub)
+    with pytest.raises(FrameError, match="CBOR tags are not allowed"):
+        decode(cbor2.dumps(frame))
+
+
 def test_duplicate_keys_rejected() -> None:
     # {"op": "ack", "upto": 1, "upto": 2}
     data = bytes.fromhex("a3626f706361636b647570746f01647570746f02")
