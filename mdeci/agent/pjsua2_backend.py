@@ -50,25 +50,31 @@ def _hostport(addr: HostPort) -> str:
 
 def worker_settings(config: AgentConfig) -> dict[str, Any]:
     """The child's settings (its first stdin line). Raises :class:`AgentError`."""
-    if config.sip.transports[0] != "udp":
+    sip = config.sip
+    transport = sip.transports[0]
+    if transport == "tls" and sip.tls_cert is not None:
         raise AgentError(
-            '[sip] stack = "pjsua2" speaks UDP only: transports must start with "udp" '
-            f"(got {list(config.sip.transports)})"
+            '[sip] stack = "pjsua2" does not listen for TLS: leave tls_cert and tls_key '
+            'unset (the broker answers over the connection the agent opened) or use stack = "mdeci"'
         )
     # The config checked both AORs are sip:user@domain.
     try:
         user, broker = SipUri.parse(config.aor).user, SipUri.parse(config.broker.aor).user
     except SipParseError as exc:
         raise AgentError(f"pjsua2 backend: {exc}") from None
+    # pjsua picks a request's transport by the target URI's parameter.
+    param = "" if transport == "udp" else f";transport={transport}"
     where = _hostport(config.broker.address)
     return {
         "aor": config.aor,
         "user": user,
         "password": config.password,
-        "registrar": _hostport(config.registrar.address),
+        "transport": transport,
+        "tls_ca": str(sip.tls_ca) if sip.tls_ca is not None else "",
+        "registrar": _hostport(config.registrar.address) + param,
         "broker_aor": config.broker.aor,
         # The request goes to the broker's address; To stays its AOR.
-        "broker_target": f"sip:{broker}@{where}",
+        "broker_target": f"sip:{broker}@{where}{param}",
         "host": config.sip.host,
         "port": config.sip.port,
         "t1": config.sip.t1,
@@ -106,11 +112,11 @@ class Pjsua2Backend:
     """PJSIP in a child process (module docstring)."""
 
     name = "pjsua2"
-    transport = "udp"
 
     def __init__(self, config: AgentConfig, random_bytes: Callable[[int], bytes]) -> None:
         self.config = config
         self._settings = worker_settings(config)
+        self.transport: str = self._settings["transport"]
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -125,7 +131,7 @@ class Pjsua2Backend:
 
     @property
     def received(self) -> Mapping[str, int]:
-        return {"udp": self._received + self._counted}
+        return {self.transport: self._received + self._counted}
 
     @property
     def contact(self) -> str:
@@ -133,7 +139,8 @@ class Pjsua2Backend:
             return ""
         host, port = self._local
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return f"sip:{self._settings['user']}@{where}"
+        param = "" if self.transport == "udp" else f";transport={self.transport}"
+        return f"sip:{self._settings['user']}@{where}{param}"
 
     async def start(self, on_bye: Callable[[str], None]) -> Address:
         self._on_bye = on_bye

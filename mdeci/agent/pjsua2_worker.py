@@ -176,11 +176,23 @@ class Worker:
         self.transports.append(tid)
 
     def _transport(self, host: str, port: int) -> int:
+        """A transport bound to ``host``: a UDP socket, or a TCP or TLS listener (pjsip
+        binds the connections it opens to the listener's address, so a move opens the
+        next connection from the new one)."""
         tcfg = pj.TransportConfig()
         tcfg.boundAddress = host
         tcfg.publicAddress = host
         tcfg.port = port
-        tid = int(self.ep.transportCreate(pj.PJSIP_TRANSPORT_UDP, tcfg))
+        kind = self.s["transport"]
+        if kind == "tls":
+            # The broker's certificate must name the address we connect to, signed by
+            # tls_ca (the system's CAs without it), as with the agent's own stack.
+            tcfg.tlsConfig.CaListFile = self.s["tls_ca"]
+            tcfg.tlsConfig.verifyServer = True
+        type_ = {"udp": pj.PJSIP_TRANSPORT_UDP, "tcp": pj.PJSIP_TRANSPORT_TCP}.get(
+            kind, pj.PJSIP_TRANSPORT_TLS
+        )
+        tid = int(self.ep.transportCreate(type_, tcfg))
         self.hosts[tid] = host
         self._use(tid)
         return tid

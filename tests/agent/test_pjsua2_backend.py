@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from mdeci.agent import Agent, Status
 from mdeci.agent.core import MoveSip, Register
 from mdeci.agent.errors import AgentError
-from mdeci.agent.pjsua2_backend import Pjsua2Backend, outcome_of
+from mdeci.agent.pjsua2_backend import Pjsua2Backend, outcome_of, worker_settings
 from mdeci.config import AgentConfig
 from mdeci.store.repo import BrokerStore
 from sip.sdp import parse_session
@@ -228,11 +228,25 @@ def test_any_register_response_gives_contacts_or_none(message: str) -> None:
         assert isinstance(uri, str) and isinstance(hostport, str)
 
 
-def test_a_config_without_udp_is_refused(tmp_path: Path) -> None:
+def test_the_first_transport_is_the_one_pjsua_is_told_to_use(tmp_path: Path) -> None:
     config = pjsua2_config(tmp_path, "alice", "127.0.0.2", 5060)
-    for transports in (("tcp",), ("tcp", "udp")):
+    for transports, param in ((("udp", "tcp"), ""), (("tcp",), ";transport=tcp"),
+                              (("tls", "udp"), ";transport=tls")):  # fmt: skip
         other = dataclasses.replace(
             config, sip=dataclasses.replace(config.sip, transports=transports)
         )
-        with pytest.raises(AgentError, match="UDP only"):
-            Pjsua2Backend(other, os.urandom)
+        backend = Pjsua2Backend(other, os.urandom)
+        settings = worker_settings(other)
+        assert backend.transport == settings["transport"] == transports[0]
+        assert settings["registrar"] == f"127.0.0.1:5060{param}"
+        assert settings["broker_target"] == f"sip:broker@127.0.0.1:5060{param}"
+
+
+def test_a_tls_listener_is_refused(tmp_path: Path) -> None:
+    # pjsua2 connects out over TLS; a certificate of its own would be ignored silently.
+    config = pjsua2_config(tmp_path, "alice", "127.0.0.2", 5060)
+    sip = dataclasses.replace(
+        config.sip, transports=("tls",), tls_cert=tmp_path / "c.pem", tls_key=tmp_path / "k.pem"
+    )
+    with pytest.raises(AgentError, match="does not listen for TLS"):
+        Pjsua2Backend(dataclasses.replace(config, sip=sip), os.urandom)

@@ -2,7 +2,8 @@
 
 A broker process listens on UDP, TCP and TLS (a certificate from ``tests/sip/certs.py``);
 two ``mdeci agent`` processes are configured with ``[sip] transports = ["tcp"]`` or
-``["tls"]`` (with ``tls_ca`` to verify the broker) and the broker's TCP or TLS address.
+``["tls"]`` (with ``tls_ca`` to verify the broker) and the broker's TCP or TLS address,
+on either SIP stack (``sip_stack``: ours or pjsua2).
 alice subscribes with a filter; bob publishes at ``RATE`` per second while alice moves
 ``MOVES`` times with ``mdeci move``: 0 lost, 0 duplicated, order kept. Then
 ``mdeci admin kick`` makes the broker send its own in-dialog request (BYE) to alice: it
@@ -13,10 +14,16 @@ transport. The agents' clean stop BYEs their sessions.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 
 import pytest
 
+from mdeci.agent.core import Register
+from mdeci.agent.pjsua2_backend import Pjsua2Backend
+from mdeci.config import HostPort
+from tests.agent.farend import GUARD, agent_config
 from tests.e2e.harness_a import check_exactly
 from tests.e2e.harness_b import (
     AgentProcess,
@@ -27,6 +34,7 @@ from tests.e2e.harness_b import (
     eventually,
     uri,
 )
+from tests.peers import missing
 from tests.sip.certs import make_certs
 
 MOVES = 5
@@ -36,7 +44,9 @@ SUBJECT = "st.tick"
 
 
 @pytest.mark.parametrize("transport", ["tcp", "tls"])
-async def test_agent_processes_over_a_stream_transport(tmp_path: Path, transport: str) -> None:
+async def test_agent_processes_over_a_stream_transport(
+    tmp_path: Path, transport: str, sip_stack: str
+) -> None:
     certs = make_certs(tmp_path / "certs")
     broker = BrokerProcess(
         tmp_path / "broker",
@@ -52,7 +62,7 @@ async def test_agent_processes_over_a_stream_transport(tmp_path: Path, transport
         await broker.start()
         dest = broker.tls_addr if transport == "tls" else broker.sip_addr
         assert dest is not None, "the broker printed no tls= address"
-        sip = f'transports = ["{transport}"]\n'
+        sip = f'transports = ["{transport}"]\nstack = "{sip_stack}"\n'
         if transport == "tls":
             sip += f'tls_ca = "{certs.ca}"\n'
         alice = AgentProcess(tmp_path / "alice", "alice", HOSTS[0], broker, address=dest, sip=sip)
@@ -104,7 +114,7 @@ async def test_agent_processes_over_a_stream_transport(tmp_path: Path, transport
             received = (await agent.status())["sip_received"]
             assert received.get("udp", 0) == 0 and received[transport] > 0, received
         print(
-            f"\n{transport}: {MOVES} moves while bob (a process) published {sent}: "
+            f"\n{transport} ({sip_stack}): {MOVES} moves while bob (a process) published {sent}: "
             f"0 lost, 0 duplicated, order kept; kick BYE over {transport}"
         )
     finally:
@@ -115,3 +125,53 @@ async def test_agent_processes_over_a_stream_transport(tmp_path: Path, transport
         for agent in agents:
             assert await agent.stop() == 0, agent.stderr.decode()
         await broker.stop()
+
+
+@pytest.mark.peer("pjsua2")
+async def test_pjsua2_over_tls_verifies_the_brokers_certificate(tmp_path: Path) -> None:
+    """pjsua2 checks the broker's certificate as our stack does: signed by ``tls_ca`` and
+    naming the address connected to. Another CA's file, or a certificate for another
+    address, and the REGISTER fails (PJSIP_TLS_ECERTVERIF); the right pair, and it is
+    answered."""
+    # (Our stack's own verification: tests/sip/test_ua_streams.py.)
+    try:
+        import pjsua2  # noqa: F401
+    except ImportError:
+        missing("pjsua2 (PJSIP Python binding)", "pip install pjsua2-python")
+    ours = make_certs(tmp_path / "ours")
+    stranger = make_certs(tmp_path / "stranger")
+    elsewhere = make_certs(tmp_path / "elsewhere", ips=("127.0.0.9",))
+    answered: dict[str, bool] = {}
+    for name, served, ca in (
+        ("another CA", ours, stranger.ca),
+        ("another address", elsewhere, elsewhere.ca),
+        ("ours", ours, ours.ca),
+    ):
+        broker = BrokerProcess(
+            tmp_path / f"broker-{len(answered)}",
+            sip=(
+                'transports = ["tls"]\ntls_port = 0\n'
+                f'tls_cert = "{served.cert}"\ntls_key = "{served.key}"\n'
+            ),
+        )
+        try:
+            await broker.start()
+            assert broker.tls_addr is not None
+            tls = HostPort(*broker.tls_addr)
+            base = agent_config(tmp_path / "alice", "alice", "127.0.0.2", tls.port)
+            config = dataclasses.replace(
+                base,
+                registrar=dataclasses.replace(base.registrar, address=tls),
+                broker=dataclasses.replace(base.broker, address=tls),
+                sip=dataclasses.replace(base.sip, transports=("tls",), tls_ca=ca, stack="pjsua2"),
+            )
+            backend = Pjsua2Backend(config, os.urandom)
+            await backend.start(lambda call_id: None)
+            try:
+                outcome = await backend.execute(Register(expires=60), timeout=GUARD)
+            finally:
+                await backend.close()
+            answered[name] = outcome.ok
+        finally:
+            await broker.stop()
+    assert answered == {"another CA": False, "another address": False, "ours": True}
