@@ -117,7 +117,10 @@ async def test_broker_kill9_mid_stream(
         _assert_once(tail.records)
         delivered = _delivered_in_churn_log(alice)
         assert sorted(delivered) == sorted(int(r["nseq"]) for r in tail.records)
-        assert (await alice.status())["status"] == "CONNECTED"
+        # Seen once (a full run at load 4-5): alice DISCONNECTED here. Her churn
+        # log's last events say why if it comes back.
+        last = (alice.state_dir / "churn.log").read_text().splitlines()[-8:]
+        assert (await alice.status())["status"] == "CONNECTED", "\n".join(last)
     finally:
         if tail is not None:
             await tail.close()
