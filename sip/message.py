@@ -46,8 +46,39 @@ MANDATORY = ("Via", "From", "To", "Call-ID", "CSeq")
 SINGLE = ("From", "To", "Call-ID", "CSeq", "Max-Forwards")
 
 
+class _HeaderViews:
+    """The parsed views of the headers every request and response carries (§8.1.1)."""
+
+    headers: Headers
+
+    @property
+    def call_id(self) -> str:
+        """The Call-ID ('' if missing)."""
+        return self.headers.get("Call-ID") or ""
+
+    @property
+    def cseq(self) -> CSeq:
+        """The CSeq header parsed. Raises :class:`SipParseError` if missing or bad."""
+        return _cseq(self.headers)
+
+    @property
+    def top_via(self) -> Via:
+        """The topmost Via parsed. Raises :class:`SipParseError` if missing or bad."""
+        return _top_via(self.headers)
+
+    @property
+    def from_(self) -> NameAddr:
+        """The From header parsed. Raises :class:`SipParseError`."""
+        return _name_addr(self.headers, "From")
+
+    @property
+    def to(self) -> NameAddr:
+        """The To header parsed. Raises :class:`SipParseError`."""
+        return _name_addr(self.headers, "To")
+
+
 @dataclass(eq=True)
-class Request:
+class Request(_HeaderViews):
     """A SIP request. ``uri`` is the Request-URI as text (see :attr:`parsed_uri`)."""
 
     method: str
@@ -60,65 +91,15 @@ class Request:
         """The Request-URI parsed. Raises :class:`SipParseError`."""
         return parse_uri(self.uri)
 
-    @property
-    def call_id(self) -> str:
-        """The Call-ID ('' if missing)."""
-        return self.headers.get("Call-ID") or ""
-
-    @property
-    def cseq(self) -> CSeq:
-        """The CSeq header parsed. Raises :class:`SipParseError` if missing or bad."""
-        return _cseq(self.headers)
-
-    @property
-    def top_via(self) -> Via:
-        """The topmost Via parsed. Raises :class:`SipParseError` if missing or bad."""
-        return _top_via(self.headers)
-
-    @property
-    def from_(self) -> NameAddr:
-        """The From header parsed. Raises :class:`SipParseError`."""
-        return _name_addr(self.headers, "From")
-
-    @property
-    def to(self) -> NameAddr:
-        """The To header parsed. Raises :class:`SipParseError`."""
-        return _name_addr(self.headers, "To")
-
 
 @dataclass(eq=True)
-class Response:
+class Response(_HeaderViews):
     """A SIP response."""
 
     status: int
     reason: str
     headers: Headers = field(default_factory=Headers)
     body: bytes = b""
-
-    @property
-    def call_id(self) -> str:
-        """The Call-ID ('' if missing)."""
-        return self.headers.get("Call-ID") or ""
-
-    @property
-    def cseq(self) -> CSeq:
-        """The CSeq header parsed. Raises :class:`SipParseError` if missing or bad."""
-        return _cseq(self.headers)
-
-    @property
-    def top_via(self) -> Via:
-        """The topmost Via parsed. Raises :class:`SipParseError` if missing or bad."""
-        return _top_via(self.headers)
-
-    @property
-    def from_(self) -> NameAddr:
-        """The From header parsed. Raises :class:`SipParseError`."""
-        return _name_addr(self.headers, "From")
-
-    @property
-    def to(self) -> NameAddr:
-        """The To header parsed. Raises :class:`SipParseError`."""
-        return _name_addr(self.headers, "To")
 
 
 Message = Request | Response
