@@ -214,6 +214,14 @@ class Worker:
         acfg.regConfig.dropCallsOnFail = False
         acfg.sipConfig.authCreds.append(pj.AuthCredInfo("digest", "*", s["user"], 0, s["password"]))
         acfg.sipConfig.transportId = self.transports[-1]
+        if s["transport"] != "udp":
+            # Over TCP/TLS pjsua would register the connection's ephemeral port, which
+            # nobody can connect to and which we do not know as ours (a move then read
+            # our own old binding as another device's: duplicate_aor). The listener's
+            # address, as our stack registers.
+            host, port = self.local
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            acfg.sipConfig.contactForced = f"<sip:{s['user']}@{where};transport={s['transport']}>"
         acfg.mediaConfig.useLoopMedTp = True
         acfg.natConfig.sipOutboundUse = 0
         acfg.natConfig.contactRewriteUse = 0

@@ -87,6 +87,8 @@ async def test_agent_processes_over_a_stream_transport(
             assert (await alice.status())["sip_addr"].startswith(f"{host}:")
             # Two notifications at the new address before the next move.
             await tail.wait_for(at_least(mark + 2))
+        # Its own earlier bindings are not taken for another device's.
+        assert "duplicate_aor" not in (await alice.status())["alerts"]
         sent = await publisher.stop()
         publisher = None
         await tail.wait_for(at_least(sent))
