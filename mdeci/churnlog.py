@@ -8,7 +8,17 @@ event :data:`AUTHORITY` names the role whose line is the fact, so that the analy
 it once (docs/analytics.md, "One source of truth per event"). Each line reaches the operating
 system with one ``write`` as soon as it is logged (the file is unbuffered), so a
 ``kill -9`` loses at most the line being written; the analytics set aside a torn last
-line as an invalid record.
+line as an invalid record. Records logged together in one call (:meth:`ChurnLog.add_rows`:
+a publish's queued notifications, an ack's delivered ones) are one ``write``, made before
+the call returns; a ``defer`` log writes once per loop turn (see :class:`ChurnLog`).
+
+Two encoders write the same bytes: the general one (:func:`record_of`, then the JSON
+encoder; :meth:`ChurnLog.write` and :meth:`ChurnLog.append`, which return the record)
+and a fast one for the broker (:meth:`ChurnLog.add`, :meth:`ChurnLog.add_rows`), which
+builds the text of a record whose values have exactly their §8 types without a dict,
+and hands anything else to the general one, which decides (issue 14: two lines per
+notification were a fifth of the broker's CPU). tests/mdeci/test_churnlog.py checks
+that they agree, byte for byte and refusal for refusal, for any values.
 
 The clock is injected (epoch seconds), so tests and replays control ``ts``.
 """
