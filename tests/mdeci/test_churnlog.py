@@ -670,3 +670,32 @@ def test_rows_take_one_clock_reading_and_one_write(tmp_path: Path) -> None:
         "latency_ms": 7 / 3,
     }
     log.close()
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+@pytest.mark.parametrize("max_bytes", [150, 300, 1000])
+def test_rows_rotate_as_the_same_lines_one_by_one(
+    tmp_path_factory: pytest.TempPathFactory, max_bytes: int, deferred: bool
+) -> None:
+    """A batch of rows that crosses max_bytes rotates before the line that would pass it,
+    as those lines written one at a time do (one write per stretch between rotations)."""
+    plain_dir, rows_dir = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("rows")
+    scheduled: list[Any] = []
+    plain = ChurnLog(plain_dir / "c.log", "n", Clock(), max_bytes=max_bytes, backups=3)
+    rows = ChurnLog(
+        rows_dir / "c.log", "n", Clock(), max_bytes=max_bytes, backups=3,
+        defer=scheduled.append if deferred else None,
+    )  # fmt: skip
+    batches = [[(f"sip:u{n}@x", n, n * 1.5) for n in range(k, k + size)] for k, size in
+               [(0, 3), (3, 1), (4, 9), (13, 0), (13, 5)]]  # fmt: skip
+    for batch in batches:
+        for uri, nseq, latency in batch:
+            plain.write(Event.NOTIFY_DELIVERED, uri=uri, nseq=nseq, latency_ms=latency)
+        assert rows.add_rows(Event.NOTIFY_DELIVERED, ("nseq", "latency_ms"), batch) == 0
+        for flush in scheduled:
+            flush()
+        scheduled.clear()
+        assert _tree(rows_dir) == _tree(plain_dir)
+    assert len(_tree(rows_dir)) > 1  # it did rotate
+    plain.close()
+    rows.close()
