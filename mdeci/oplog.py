@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from logging.handlers import WatchedFileHandler
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 LogFormat = Literal["kv", "json"]
 FORMATS: tuple[LogFormat, ...] = ("kv", "json")
@@ -200,12 +200,12 @@ class OperatorSink:
             self._inner_rows(event, keys, rows)
         else:
             for uri, *values in rows:
-                self._inner_fields(event, str(uri), dict(zip(keys, values, strict=True)))
+                self._inner_fields(event, cast(str, uri), dict(zip(keys, values, strict=True)))
         if event not in _OPERATOR_EVENTS:
             return
         for uri, *values in rows:
             try:
-                self._operator(event, str(uri), dict(zip(keys, values, strict=True)))
+                self._operator(event, cast(str, uri), dict(zip(keys, values, strict=True)))
             except Exception:  # a log line must never stop delivery
                 logging.getLogger(ROOT).debug("operator log failed", exc_info=True)
 
