@@ -29,10 +29,10 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from logging.handlers import WatchedFileHandler
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 LogFormat = Literal["kv", "json"]
 FORMATS: tuple[LogFormat, ...] = ("kv", "json")
@@ -145,6 +145,19 @@ class _ChurnSink(Protocol):
     def emit(self, event: str, uri: str, **fields: FieldValue) -> None: ...
 
 
+# The churn events OperatorSink turns into operator lines (the others it only forwards).
+_OPERATOR_EVENTS = frozenset(
+    {
+        "session_started",
+        "session_reinvited",
+        "session_ended",
+        "media_disconnected",
+        "notify_dropped",
+        "sms_sent",
+    }
+)
+
+
 class OperatorSink:
     """A churn sink in front of another: forwards every event, and writes the operator
     events among them as log lines (see the module docstring)."""
@@ -157,6 +170,10 @@ class OperatorSink:
         self._inner_fields: Callable[[str, str, Mapping[str, FieldValue]], None] = (
             fast if callable(fast) else self._inner_emit
         )
+        rows = getattr(inner, "emit_rows", None)
+        self._inner_rows: (
+            Callable[[str, tuple[str, ...], Sequence[tuple[FieldValue, ...]]], None] | None
+        ) = rows if callable(rows) else None
 
     def _inner_emit(self, event: str, uri: str, fields: Mapping[str, FieldValue]) -> None:
         self.inner.emit(event, uri, **fields)
@@ -167,10 +184,30 @@ class OperatorSink:
     def emit_fields(self, event: str, uri: str, fields: Mapping[str, FieldValue]) -> None:
         """:meth:`emit` with the fields as one mapping."""
         self._inner_fields(event, uri, fields)
-        try:
-            self._operator(event, uri, fields)
-        except Exception:  # a log line must never stop delivery
-            logging.getLogger(ROOT).debug("operator log failed", exc_info=True)
+        if event in _OPERATOR_EVENTS:
+            try:
+                self._operator(event, uri, fields)
+            except Exception:  # a log line must never stop delivery
+                logging.getLogger(ROOT).debug("operator log failed", exc_info=True)
+
+    def emit_rows(
+        self, event: str, keys: tuple[str, ...], rows: Sequence[tuple[FieldValue, ...]]
+    ) -> None:
+        """Events handed over together, one per row ``(uri, *values of keys)`` (see
+        ``mdeci.broker.sink.emit_rows``): forwarded as one batch when the inner sink
+        takes one, then the operator lines among them, in order."""
+        if self._inner_rows is not None:
+            self._inner_rows(event, keys, rows)
+        else:
+            for uri, *values in rows:
+                self._inner_fields(event, cast(str, uri), dict(zip(keys, values, strict=True)))
+        if event not in _OPERATOR_EVENTS:
+            return
+        for uri, *values in rows:
+            try:
+                self._operator(event, cast(str, uri), dict(zip(keys, values, strict=True)))
+            except Exception:  # a log line must never stop delivery
+                logging.getLogger(ROOT).debug("operator log failed", exc_info=True)
 
     @staticmethod
     def _operator(name: str, uri: str, f: Mapping[str, FieldValue]) -> None:

@@ -46,7 +46,7 @@ import cbor2
 from mdeci.broker.config import BrokerCoreConfig
 from mdeci.broker.errors import WrongThreadError
 from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher
-from mdeci.broker.sink import ChurnSink, NullSink
+from mdeci.broker.sink import ChurnSink, NullSink, Row, emit_rows
 from mdeci.channels.calendar import Rule
 from mdeci.errors import FilterError, FrameError, SubjectError
 from mdeci.filters import compile_filter, compile_pattern
@@ -94,6 +94,10 @@ _K_ATTRS = cbor2.dumps("attrs")
 _K_PAYLOAD = cbor2.dumps("payload")
 _K_MISSED = cbor2.dumps("missed")
 _EMPTY_MAP = cbor2.dumps({})
+
+# The fields of the churn rows of a queued and a delivered notification (sink.emit_rows).
+_QUEUED_KEYS = ("nseq", "queue_depth")
+_DELIVERED_KEYS = ("nseq", "latency_ms")
 
 # What a notify frame adds around a publish's subject, msg_id, attrs and payload (keys,
 # nseq, sub_id up to 128 characters, times, CBOR heads), rounded up generously.
@@ -508,11 +512,14 @@ class Broker:
             return
         woken: set[str] = set()
         expired_at: float | None = None
+        # The queued events of the whole call go to the sink as one batch (issue 14).
+        queued_rows: list[Row] = []
         for (i, frame, now, expired, _), result in zip(prepared, results, strict=True):
             for queued in result.queued:
-                self.log.emit(
-                    "notify_queued", queued.uri, nseq=queued.nseq, queue_depth=queued.depth
-                )
+                queued_rows.append((queued.uri, queued.nseq, queued.depth))
+            if result.dropped:  # rare (overflow): the lines keep their order
+                emit_rows(self.log, "notify_queued", _QUEUED_KEYS, queued_rows)
+                queued_rows = []
             for dropped in result.dropped:
                 self._missed_pending.add(dropped.uri)
                 self.log.emit(
@@ -526,6 +533,7 @@ class Broker:
             woken.update(q.uri for q in result.queued)
             replies[i] = [PubOk(req=frame.req, msg_id=frame.msg_id, matched=result.matched)]
             self.published += 1
+        emit_rows(self.log, "notify_queued", _QUEUED_KEYS, queued_rows)
         if expired_at is not None:
             self._sweep_after_match(expired_at)
         if self.listener is not None:
@@ -564,11 +572,12 @@ class Broker:
                     if n > upto:
                         break
                     acked.append(n)
+            delivered: list[Row] = []  # one batch for the sink (issue 14)
             for nseq in acked:
                 published_at = link.earlier.pop(nseq, 0.0)
                 published_at = link.inflight.pop(nseq, published_at)
-                latency = max(0.0, (now - published_at) * 1000.0)
-                self.log.emit("notify_delivered", uri, nseq=nseq, latency_ms=latency)
+                delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
+            emit_rows(self.log, "notify_delivered", _DELIVERED_KEYS, delivered)
             link.sent_upto = max(link.sent_upto, upto)
         missed = self._missed_at.get(uri)
         if missed:

@@ -8,7 +8,7 @@ any sink can write them without translation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, cast
@@ -16,6 +16,8 @@ from typing import Protocol, cast
 from mdeci.churnlog import ChurnLog
 
 FieldValue = str | int | float | None
+Row = tuple[FieldValue, ...]
+"""One event of a batch of rows (:func:`emit_rows`): its uri, then its fields' values."""
 
 
 class ChurnSink(Protocol):
@@ -52,6 +54,42 @@ def fields_emitter(
         sink.emit(event, uri, **fields)
 
     return slow
+
+
+RowsEmitter = Callable[[str, tuple[str, ...], Sequence[Row]], None]
+
+
+def rows_emitter(sink: ChurnSink) -> RowsEmitter:
+    """A function emitting a batch of events of one name and one set of fields into
+    ``sink`` (see :func:`emit_rows`): its ``emit_rows`` if it has one (the broker's own
+    sinks), else each event, in order, through :func:`fields_emitter`."""
+    fast = getattr(sink, "emit_rows", None)
+    if callable(fast):
+        return cast(RowsEmitter, fast)
+    one = fields_emitter(sink)
+
+    def slow(event: str, keys: tuple[str, ...], rows: Sequence[Row]) -> None:
+        for uri, *values in rows:
+            one(event, cast(str, uri), dict(zip(keys, values, strict=True)))
+
+    return slow
+
+
+def emit_rows(sink: ChurnSink, event: str, keys: tuple[str, ...], rows: Sequence[Row]) -> None:
+    """Emit events ``event`` into ``sink``, in order, one per row: ``(uri, *values)``,
+    the values of the fields ``keys``; nothing when ``rows`` is empty.
+
+    The broker's bursts (a publish's queued notifications, an ack's delivered ones) go
+    down the chain as one call per link: the counters move once per batch, the churn
+    log writes the rows with one template and one write, and no event has a dict of its
+    own (issue 14: two events per notification were 13-24 % of the broker's CPU).
+    """
+    if rows:
+        fast = getattr(sink, "emit_rows", None)  # the common case, without rows_emitter
+        if fast is not None:
+            fast(event, keys, rows)
+        else:
+            rows_emitter(sink)(event, keys, rows)
 
 
 class MemorySink:
@@ -92,6 +130,13 @@ class ChurnLogSink:
     def emit_fields(self, event: str, uri: str, fields: Mapping[str, FieldValue]) -> None:
         """:meth:`emit` with the fields as one mapping (see :func:`fields_emitter`)."""
         try:
-            self._log.append(event, uri, fields)  # None fields are left out
+            self._log.add(event, uri, fields)  # None fields are left out
         except Exception:  # ChurnLogError, or TypeError for a field §8 does not have
             self.failures += 1
+
+    def emit_rows(self, event: str, keys: tuple[str, ...], rows: Sequence[Row]) -> None:
+        """Events logged together (see :func:`emit_rows`): one write, :meth:`ChurnLog.add_rows`."""
+        try:
+            self.failures += self._log.add_rows(event, keys, rows)
+        except Exception:  # the log is closed, or the write failed: all are lost
+            self.failures += len(rows)

@@ -36,16 +36,18 @@ import functools
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
-from mdeci.broker.sink import ChurnSink, FieldValue, fields_emitter
+from mdeci.broker.sink import ChurnSink, FieldValue, Row, fields_emitter, rows_emitter
 from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
 
 P = ParamSpec("P")
 T = TypeVar("T")
 log = logging.getLogger("mdeci.broker")
+# Calls of LoopSink.emit_rows merged into one pass down the chain, at most.
+MERGE_LIMIT = 1024
 
 
 class DbWorker:
@@ -133,6 +135,17 @@ class LoopQueue:
             fn, args = pending.popleft()
             fn(*args)
 
+    def take_next(self, fn: Callable[..., object]) -> tuple[object, ...] | None:
+        """On the loop, from a call being run: the arguments of the next call queued if
+        it is a call of ``fn`` (it is then taken off the queue, the caller does its work),
+        else None. Lets a call merge with the ones queued right behind it (the churn
+        rows of consecutive acks) without changing the order of anything. The worker
+        only ever appends at the other end, and only the loop takes: no lock needed."""
+        pending = self._pending
+        if pending and pending[0][0] is fn:
+            return pending.popleft()[1]
+        return None
+
 
 class LoopSink:
     """A :class:`ChurnSink` that may be called from any thread and writes to ``sink`` on
@@ -142,6 +155,32 @@ class LoopSink:
         self.sink = sink
         self._queue = queue
         self._emit_fields = fields_emitter(sink)  # the fields go on as one mapping
+        self._emit_rows = rows_emitter(sink)
+        # One bound method for good: LoopQueue.take_next recognises its calls by identity.
+        self._on_loop = self._rows_on_loop
 
     def emit(self, event: str, uri: str, **fields: FieldValue) -> None:
         self._queue.call(self._emit_fields, event, uri, fields)
+
+    def emit_rows(self, event: str, keys: tuple[str, ...], rows: Sequence[Row]) -> None:
+        """Events handed over together (``sink.emit_rows``): one call on the loop, merged
+        there with the rows of the same event queued right behind it (a round of acks
+        logs one row per ack: one pass down the chain and one write for them all)."""
+        self._queue.call(self._on_loop, event, keys, rows)
+
+    def _rows_on_loop(self, event: str, keys: tuple[str, ...], rows: Sequence[Row]) -> None:
+        merged: list[Row] | None = None
+        for _ in range(MERGE_LIMIT):  # bounded: the worker may be appending still
+            more = self._queue.take_next(self._on_loop)
+            if more is None:
+                break
+            if more[0] != event or more[1] != keys:
+                # Another event: this batch goes first, then that one with its followers.
+                self._emit_rows(event, keys, merged if merged is not None else rows)
+                event, keys, rows = more  # type: ignore[assignment]
+                merged = None
+                continue
+            if merged is None:
+                merged = list(rows)
+            merged += more[2]  # type: ignore[arg-type]
+        self._emit_rows(event, keys, merged if merged is not None else rows)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 
 import pytest
 
 from mdeci.broker import BrokerService
 from mdeci.broker.endpoint import CachedCredentials
 from mdeci.broker.errors import WrongThreadError
-from mdeci.broker.worker import DbWorker, LoopQueue
+from mdeci.broker.sink import FieldValue, Row
+from mdeci.broker.worker import DbWorker, LoopQueue, LoopSink
 from mdeci.frames import Sub, SubOk
 from mdeci.store.repo import BrokerStore
 from tests.broker.conftest import FakeClock, WaitingSink, make_broker
@@ -105,3 +107,53 @@ def test_the_ha1_cache_is_bounded_and_forgets_the_least_recent(store: BrokerStor
     cache.keep(cache.fetch("b", "d"))
     assert cache.ha1("b", "d", "SHA-256") is not None
     assert cache.ha1("a", "d", "SHA-256") is None  # dropped: one entry at most
+
+
+class RowsSink:
+    """Records each call it gets, rows and single events alike."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, object]] = []
+
+    def emit(self, event: str, uri: str, **fields: FieldValue) -> None:
+        self.calls.append(("emit", event, (uri, fields)))
+
+    def emit_rows(self, event: str, keys: tuple[str, ...], rows: Sequence[Row]) -> None:
+        self.calls.append(("rows", event, (keys, list(rows))))
+
+
+async def test_rows_from_the_worker_are_merged_on_the_loop_in_order() -> None:
+    """Issue 14: an ack logs one row; the rows of consecutive calls reach the sink as one
+    batch, and nothing changes place (another event, or another set of fields, ends a
+    batch)."""
+    loop = asyncio.get_running_loop()
+    inner = RowsSink()
+    queue = LoopQueue(loop)
+    sink = LoopSink(inner, queue)
+    done = asyncio.Event()
+    d, q = ("nseq", "latency_ms"), ("nseq", "queue_depth")
+
+    def from_worker() -> None:
+        for n in range(3):
+            sink.emit_rows("notify_delivered", d, [(ALICE, n, 1.5)])
+        sink.emit_rows("notify_queued", q, [(ALICE, 9, 1), (ALICE, 10, 2)])
+        sink.emit_rows("notify_delivered", d, [(ALICE, 3, 2.5)])
+        sink.emit_rows("notify_delivered", ("nseq", "channel"), [(ALICE, 4, "sms")])
+        sink.emit("subscription_added", ALICE, reason="r")
+        sink.emit_rows("notify_delivered", d, [(ALICE, 5, 0.5)])
+        sink.emit_rows("notify_delivered", d, [(ALICE, 6, 0.5)])
+        queue.call(done.set)
+
+    # The loop is held (join) while the thread queues everything: the merge is certain.
+    thread = threading.Thread(target=from_worker)
+    thread.start()
+    thread.join(10)
+    await asyncio.wait_for(done.wait(), 10)
+    assert inner.calls == [
+        ("rows", "notify_delivered", (d, [(ALICE, 0, 1.5), (ALICE, 1, 1.5), (ALICE, 2, 1.5)])),
+        ("rows", "notify_queued", (q, [(ALICE, 9, 1), (ALICE, 10, 2)])),
+        ("rows", "notify_delivered", (d, [(ALICE, 3, 2.5)])),
+        ("rows", "notify_delivered", (("nseq", "channel"), [(ALICE, 4, "sms")])),
+        ("emit", "subscription_added", (ALICE, {"reason": "r"})),
+        ("rows", "notify_delivered", (d, [(ALICE, 5, 0.5), (ALICE, 6, 0.5)])),
+    ]

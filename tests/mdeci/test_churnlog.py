@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -12,7 +13,7 @@ from random import Random
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mdeci.churnlog import (
@@ -437,3 +438,264 @@ def test_a_failed_deferred_write_is_counted_and_reported_not_raised(
         log.flush()
     assert log.write_failures == 1
     assert "churnlog_error" in caplog.text
+
+
+# ---------------------------------------------------------------- the fast encoder (issue 14)
+
+# Any value of any type a caller might pass, valid or not: exact and other ints (bool),
+# floats with their edge cases, text with quotes, controls, non-ASCII and lone surrogates.
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(-1e6, 1e6),
+    st.text(st.characters(blacklist_categories=()), max_size=12),
+    st.sampled_from(["ip", "sms", "IP", "\ud800", 'a"b\\c\n\x00é€😀']),
+    st.just(b"bytes"),
+    st.just(Role.BROKER),  # a str subclass
+)
+# Mostly a §8 event (the fast encoder's case), sometimes not one.
+ANY_EVENT = st.sampled_from(
+    [*PROTOCOL_EVENTS, *Event, "notify_queued", "notify_delivered", "notify_dropped"] * 2
+    + ["", "Notify_Queued", "notify_queued ", "nope"]
+)
+
+
+def mostly(usual: st.SearchStrategy[Any], rare: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """``usual`` nine times in ten, else ``rare`` (one_of would draw them evenly)."""
+    return st.integers(0, 9).flatmap(lambda i: usual if i else rare)
+
+
+# Any text; lone surrogates (which the log refuses) now and then.
+TEXT = mostly(st.text(max_size=12), st.text(st.characters(blacklist_categories=()), max_size=12))
+ANY_URI = mostly(TEXT, ANY_VALUE)
+FIELD_NAMES = st.sampled_from([*FIELDS[5:], "bogus", "ts", "uri"])
+
+
+def typed_value(key: str) -> st.SearchStrategy[Any]:
+    """Mostly a value of the field's §8 type (any such value: the fast encoder's case,
+    and its edges), sometimes anything."""
+    if key in ("queue_depth", "nseq", "bytes"):
+        typed: st.SearchStrategy[Any] = st.integers() | st.integers(0, 10**6)
+    elif key in ("latency_ms", "cost"):
+        typed = st.floats(allow_nan=True, allow_infinity=True)
+    elif key == "channel":
+        typed = st.sampled_from(["ip", "sms", "IP", "", "ip "]) | TEXT
+    else:
+        typed = TEXT
+    return mostly(typed, ANY_VALUE)
+
+
+# Mostly distinct §8 names, in any order (the fast encoder's case), sometimes others.
+SECTION_8_KEYS = st.lists(st.sampled_from(FIELDS[5:]), unique=True, max_size=5)
+ANY_KEYS = mostly(SECTION_8_KEYS, st.lists(FIELD_NAMES, max_size=4))
+TYPED_FIELDS = ANY_KEYS.flatmap(
+    lambda keys: st.fixed_dictionaries({key: typed_value(key) for key in keys})
+)
+ANY_EPOCH = st.one_of(
+    st.floats(0, 4e9), st.integers(0, 4 * 10**9), st.sampled_from([T0, T0 + 0.0005, T0 + 1.0])
+)
+
+
+def _outcome(call: Any) -> tuple[str, object]:
+    """What a call gave: its result, or the type of what it raised."""
+    try:
+        return ("ok", call())
+    except Exception as exc:  # the general path's error, whatever it is
+        return ("raised", type(exc))
+
+
+INF, NAN = float("inf"), float("nan")
+# The edges the fast encoder must leave to the general path, drawn or not.
+EDGE_FIELDS: list[dict[str, Any]] = [
+    {"nseq": 1, "latency_ms": INF},
+    {"nseq": 1, "cost": NAN},
+    {"nseq": "1", "queue_depth": 2},
+    {"nseq": True},
+    {"bytes": 2**80, "latency_ms": 2**80},
+    {"latency_ms": 3},
+    {"channel": "IP", "nseq": 1},
+    {"channel": 1},
+    {"reason": "\ud800"},
+    {"addr": Role.AGENT, "prev_addr": None},
+    {"bogus": None, "nseq": 2},
+    {"bogus": 1},
+]
+
+
+def _with_edges(test: Any) -> Any:
+    for fields in EDGE_FIELDS:
+        test = example(epochs=[T0], event="notify_delivered", uri="sip:a@x", fields=fields,
+                       role=Role.BROKER)(test)  # fmt: skip
+    return example(epochs=[T0], event="notify_queued", uri=3, fields={}, role=None)(test)
+
+
+@settings(max_examples=400, deadline=None)
+@_with_edges
+@given(
+    epochs=st.lists(ANY_EPOCH, min_size=1, max_size=4),
+    event=ANY_EVENT,
+    uri=ANY_URI,
+    fields=TYPED_FIELDS,
+    role=st.sampled_from([Role.BROKER, Role.AGENT, None]),
+)
+def test_the_fast_encoder_writes_the_bytes_of_the_general_path(
+    tmp_path_factory: pytest.TempPathFactory,
+    epochs: list[float],
+    event: str,
+    uri: Any,
+    fields: dict[str, Any],
+    role: Role | None,
+) -> None:
+    """ChurnLog.add (the broker's single events: no record dict, text built directly)
+    writes byte for byte what append (record_of + the JSON encoder) writes, and refuses
+    (raises the same error) exactly what it refuses, for any values of any type; over a
+    few clock readings, as its per-millisecond ts cache must not leak between them."""
+    folder = tmp_path_factory.mktemp("enc")
+    clock = Clock()
+    general = ChurnLog(folder / "general.log", 'node-é"1', clock, role=role)
+    fast = ChurnLog(folder / "fast.log", 'node-é"1', clock, role=role)
+    for epoch in epochs:
+        clock.now = epoch
+        want = _outcome(lambda: general.append(event, uri, fields) and None)
+        assert _outcome(lambda: fast.add(event, uri, fields)) == want
+    general.close()
+    fast.close()
+    assert (folder / "fast.log").read_bytes() == (folder / "general.log").read_bytes()
+
+
+ROWS = ANY_KEYS.flatmap(
+    lambda keys: st.tuples(
+        st.just(keys),
+        st.lists(
+            mostly(
+                st.tuples(ANY_URI, *(typed_value(key) for key in keys)),
+                st.lists(ANY_VALUE, max_size=len(keys) + 2).map(tuple),
+            ),
+            max_size=6,
+        ),
+    )
+)
+
+
+@settings(max_examples=300, deadline=None)
+@example(
+    event="notify_delivered",
+    shape=(["nseq", "latency_ms"], [("a", 1, INF), ("b", 2, 1.0)]),
+    epoch=T0,
+)
+@example(
+    event="notify_queued",
+    shape=(["queue_depth", "nseq"], [("a", 1, "2"), ("a", 1, None)]),
+    epoch=T0,
+)
+@example(
+    event="notify_delivered",
+    shape=(["nseq", "channel"], [("a", 1, "IP"), ("a", 1, "sms")]),
+    epoch=T0,
+)
+@example(
+    event="notify_dropped",
+    shape=(["reason"], [("a", "\ud800"), ("\ud800", "r"), (None, "r")]),
+    epoch=T0,
+)
+@example(event="notify_dropped", shape=(["nseq", "nseq"], [("a", 1, "x"), ("a", 1)]), epoch=T0)
+@example(
+    event="notify_dropped", shape=(["nseq"], [("a", True), ("a", 2**70), (Role.AGENT, 2)]), epoch=T0
+)
+@example(event="nope", shape=(["nseq"], [("a", 1)]), epoch=T0)
+@given(event=ANY_EVENT, shape=ROWS, epoch=ANY_EPOCH)
+def test_rows_are_written_as_the_general_path_writes_each_record(
+    tmp_path_factory: pytest.TempPathFactory,
+    event: str,
+    shape: tuple[list[str], list[tuple[Any, ...]]],
+    epoch: float,
+) -> None:
+    """ChurnLog.add_rows (a publish's queued and an ack's delivered notifications, with
+    a generated encoder per set of fields) writes what append writes for each row's
+    record, in row order, and leaves out (counts) exactly the records append refuses;
+    rows of the wrong width are refused too."""
+    keys, drawn = shape
+    width = len(keys) + 1
+    folder = tmp_path_factory.mktemp("rows")
+    general = ChurnLog(folder / "general.log", "n", Clock(epoch), role=Role.BROKER)
+    fast = ChurnLog(folder / "fast.log", "n", Clock(epoch), role=Role.BROKER)
+    refused = 0
+    for row in drawn:
+        if len(row) != width:
+            refused += 1
+            continue
+        fields = dict(zip(keys, row[1:], strict=True))
+        if _outcome(functools.partial(general.append, event, row[0], fields))[0] == "raised":
+            refused += 1
+    assert fast.add_rows(event, tuple(keys), drawn) == refused
+    general.close()
+    fast.close()
+    assert (folder / "fast.log").read_bytes() == (folder / "general.log").read_bytes()
+
+
+def test_rows_take_one_clock_reading_and_one_write(tmp_path: Path) -> None:
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(T0)
+        return T0
+
+    log = ChurnLog(tmp_path / "c.log", "n", clock, role=Role.BROKER)
+    sizes: list[int] = []
+    assert log._file is not None
+    real = log._file.write
+
+    def counting(data: memoryview) -> int:
+        sizes.append(len(data))
+        return real(data)
+
+    log._file.write = counting  # type: ignore[method-assign,assignment]
+    keys = ("nseq", "latency_ms")
+    assert (
+        log.add_rows(Event.NOTIFY_DELIVERED, keys, [("sip:a@x", n, n / 3) for n in range(50)]) == 0
+    )
+    assert len(reads) == 1 and len(sizes) == 1
+    got = lines(tmp_path / "c.log")
+    assert [r["nseq"] for r in got] == list(range(50))
+    assert got[7] == {
+        "ts": "2026-11-22T21:05:03.123Z",
+        "node": "n",
+        "role": "broker",
+        "event": "notify_delivered",
+        "uri": "sip:a@x",
+        "nseq": 7,
+        "latency_ms": 7 / 3,
+    }
+    log.close()
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+@pytest.mark.parametrize("max_bytes", [150, 300, 1000])
+def test_rows_rotate_as_the_same_lines_one_by_one(
+    tmp_path_factory: pytest.TempPathFactory, max_bytes: int, deferred: bool
+) -> None:
+    """A batch of rows that crosses max_bytes rotates before the line that would pass it,
+    as those lines written one at a time do (one write per stretch between rotations)."""
+    plain_dir, rows_dir = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("rows")
+    scheduled: list[Any] = []
+    plain = ChurnLog(plain_dir / "c.log", "n", Clock(), max_bytes=max_bytes, backups=3)
+    rows = ChurnLog(
+        rows_dir / "c.log", "n", Clock(), max_bytes=max_bytes, backups=3,
+        defer=scheduled.append if deferred else None,
+    )  # fmt: skip
+    batches = [[(f"sip:u{n}@x", n, n * 1.5) for n in range(k, k + size)] for k, size in
+               [(0, 3), (3, 1), (4, 9), (13, 0), (13, 5)]]  # fmt: skip
+    for batch in batches:
+        for uri, nseq, latency in batch:
+            plain.write(Event.NOTIFY_DELIVERED, uri=uri, nseq=nseq, latency_ms=latency)
+        assert rows.add_rows(Event.NOTIFY_DELIVERED, ("nseq", "latency_ms"), batch) == 0
+        for flush in scheduled:
+            flush()
+        scheduled.clear()
+        assert _tree(rows_dir) == _tree(plain_dir)
+    assert len(_tree(rows_dir)) > 1  # it did rotate
+    plain.close()
+    rows.close()

@@ -13,7 +13,8 @@ import pytest
 
 from mdeci import oplog
 from mdeci.broker.metrics import BrokerMetrics, MetricsSink
-from mdeci.broker.sink import MemorySink
+from mdeci.broker.sink import ChurnLogSink, FieldValue, MemorySink, emit_rows
+from mdeci.churnlog import ChurnLog, Role
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,3 +129,58 @@ def test_the_dashboard_uses_only_metrics_the_broker_exports() -> None:
     exported = {s.name for family in BrokerMetrics().registry.collect() for s in family.samples}
     assert used and used <= exported, sorted(used - exported)
     assert {"mdeci_sessions", "mdeci_rudp_rtt_seconds", "mdeci_sms_spend_total"} <= used
+
+
+def _chain(path: Path) -> tuple[MetricsSink, BrokerMetrics, ChurnLog]:
+    log = ChurnLog(path, "n", lambda: 1795381503.123, role=Role.BROKER)
+    metrics = BrokerMetrics()
+    return MetricsSink(oplog.OperatorSink(ChurnLogSink(log)), metrics), metrics, log
+
+
+def _counts(metrics: BrokerMetrics) -> dict[str, float]:
+    return {
+        f"{m.name}{s.labels}": s.value
+        for m in metrics.registry.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
+
+
+def test_rows_move_the_counters_and_write_the_lines_of_the_same_events_one_by_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 14: the broker hands its notification events down the chain as rows
+    (sink.emit_rows). The churn log, the counters and the operator lines are those of
+    the same events emitted one by one; a sink without emit_rows gets them one by one."""
+    caplog.set_level(logging.INFO, logger="mdeci")
+    a, b = "sip:alice@localhost", "sip:bob@localhost"
+    batches: list[tuple[str, tuple[str, ...], list[tuple[FieldValue, ...]]]] = [
+        ("notify_queued", ("nseq", "queue_depth"), [(a, 1, 1), (b, 1, 1), (a, 2, 2)]),
+        ("notify_delivered", ("nseq", "latency_ms"), [(a, 1, 3.5), (a, 2, 0.0)]),
+        ("notify_delivered", ("channel", "nseq"), [(b, "sms", 1), (b, "ip", 2)]),
+        ("notify_queued", ("nseq", "channel"), [(b, 3, "sms")]),
+        ("notify_dropped", ("nseq", "reason"), [(a, 3, "queue overflow (x), msg_id=m")]),
+    ]
+    one, one_metrics, one_log = _chain(tmp_path / "one.log")
+    for event, keys, rows in batches:
+        for uri, *values in rows:
+            one.emit_fields(event, str(uri), dict(zip(keys, values, strict=True)))
+    one_log.close()
+    by_one = [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    rows_sink, rows_metrics, rows_log = _chain(tmp_path / "rows.log")
+    memory = MemorySink()
+    for event, keys, rows in batches:
+        emit_rows(rows_sink, event, keys, rows)
+        emit_rows(memory, event, keys, rows)  # no emit_rows: one by one
+    rows_log.close()
+    assert [r.getMessage() for r in caplog.records] == by_one == ["queue_overflow"]
+    assert (tmp_path / "rows.log").read_bytes() == (tmp_path / "one.log").read_bytes()
+    assert _counts(rows_metrics) == _counts(one_metrics)
+    assert rows_metrics.queued._value.get() == 3  # the sms one is not an ip queueing
+    assert rows_metrics._delivered_ip._value.get() == 3
+    assert [(e.event, e.uri, dict(e.fields)) for e in memory.events][:2] == [
+        ("notify_queued", a, {"nseq": 1, "queue_depth": 1}),
+        ("notify_queued", b, {"nseq": 1, "queue_depth": 1}),
+    ]
+    assert len(memory.events) == 9
