@@ -430,6 +430,35 @@ class SqlQueueStore:
         statement at its end, or before a DELETE of overflow (which must see them).
         """
         msg_id = message.msg_id
+        m = message
+        room = max_depth - len(ordered)
+        if all(counters[uri].depth <= room for uri, _ in ordered):
+            # No queue can overflow (each gets at most len(ordered) entries): the walk
+            # below without its overflow bookkeeping (issue 14: the usual case, once per
+            # publish and per recipient). Same nseqs, depths, rows and order.
+            queued_fast: list[Enqueued] = []
+            for uri, sub_id in ordered:
+                counter = counters[uri]
+                counter.last_nseq += 1
+                counter.depth += 1
+                queued_fast.append(Enqueued(uri, counter.last_nseq, sub_id, counter.depth))
+            unwritten.extend(
+                (
+                    item.uri,
+                    item.nseq,
+                    item.sub_id,
+                    m.publisher_uri,
+                    m.msg_id,
+                    m.subject,
+                    m.attrs_cbor,
+                    m.payload,
+                    m.urgent or item.sub_id in urgent_subs,
+                    m.published_at,
+                    m.qclass,
+                )
+                for item in queued_fast
+            )
+            return PublishResult(len(ordered), False, tuple(queued_fast))
         # Pass 1: how many of each user's older entries overflow drops, so that one
         # DELETE per user fetches their nseqs. A queue is the older entries (oldest
         # first) followed by this publish's new ones.
@@ -461,7 +490,6 @@ class SqlQueueStore:
         queued: list[Enqueued] = []
         dropped: list[Dropped] = []
         rows_out: list[tuple[object, ...]] = []
-        m = message
         for uri, group in itertools.groupby(ordered, key=lambda t: t[0]):
             counter = counters[uri]
             doomed = collections.deque(olders.get(uri, ()))
