@@ -239,6 +239,16 @@ class SqlQueueStore:
             " ON CONFLICT (publisher_uri, msg_id) DO NOTHING RETURNING publisher_uri, msg_id"
         )
         self._record_sql: dict[int, str] = {}
+        # PostgreSQL: one array per column instead (four parameters whatever the batch):
+        # psycopg parses a statement of more than 50 parameters again at every call
+        # (~7 µs per publish of a round of 32), and prepares only the short ones.
+        self._record_unnest: str | None = None
+        if engine.dialect.name == "postgresql":
+            self._record_unnest = (
+                f"{self._record_head.removesuffix(' VALUES ')} SELECT * FROM "
+                "unnest(%s::text[], %s::text[], %s::int[], %s::float8[])"
+                f"{self._record_tail}"
+            )
         # The counter rows' lock and update, the driver's SQL too (issue 14: SQLAlchemy's
         # RETURNING executemany and per-row parameter processing of these two were most of
         # a fan-out's publish: ~11 µs of CPU per recipient). The lock is one multi-row
@@ -373,6 +383,16 @@ class SqlQueueStore:
         statement per ``_RECORD_CHUNK`` requests (issue 14: SQLAlchemy's per-row
         parameter processing of this one statement was a visible share of a publish)."""
         recorded: set[tuple[str, str]] = set()
+        if self._record_unnest is not None:
+            columns = (
+                [r.publisher_uri for r in requests],
+                [r.msg_id for r in requests],
+                [len(r.targets) for r in requests],
+                [r.published_at for r in requests],
+            )
+            for uri, msg_id in conn.exec_driver_sql(self._record_unnest, columns):
+                recorded.add((str(uri), str(msg_id)))
+            return recorded
         for start in range(0, len(requests), _RECORD_CHUNK):
             chunk = requests[start : start + _RECORD_CHUNK]
             sql = self._record_sql.get(len(chunk))
