@@ -103,8 +103,17 @@ def _subject(op: str, name: str, value: object, *, pattern: bool) -> None:
         raise FrameError(f"{op}: {name}: {exc}") from None
 
 
+# What a frame without attributes holds (most do): one shared read-only empty map.
+_NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
+
+
 def _attrs(frame: object, op: str, name: str = "attrs") -> None:
     value = getattr(frame, name)
+    if not value and type(value) in (dict, MappingProxyType):
+        # The common case, without the ABC check and the copy (issue 14: a Pub's checks
+        # cost as much as the broker's handling of it).
+        object.__setattr__(frame, name, _NO_ATTRS)
+        return
     if not isinstance(value, Mapping):
         raise FrameError(f"{op}: {name} must be a map, not {_name(value)}")
     if len(value) > MAX_ATTRS:
@@ -142,6 +151,8 @@ _QCLASS = re.compile(r"[A-Za-z0-9_-]{0,32}")
 
 
 def _qclass(op: str, value: object) -> None:
+    if value == "" and type(value) is str:
+        return  # the default: no pattern to match
     _text(op, "qclass", value, 0, 32)
     if not _QCLASS.fullmatch(str(value)):
         raise FrameError(f"{op}: qclass must be letters, digits, '_' and '-'")
@@ -487,19 +498,39 @@ FRAME_TYPES: Mapping[str, type[Frame]] = MappingProxyType(
 # ---------------------------------------------------------------------------------------
 
 
+# Per frame class: (field name, has a default, the default or its factory, is a factory),
+# in field order. Read once per class: ``fields()`` per encoded frame was a third of
+# ``encode`` (issue 14: an agent encodes a frame per publish and per ack).
+_Plan = tuple[tuple[str, bool, Any, bool], ...]
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = tuple(
+            (
+                f.name,
+                f.default is not f.default_factory,  # both MISSING when required
+                f.default_factory if callable(f.default_factory) else f.default,
+                callable(f.default_factory),
+            )
+            for f in fields(cls)
+        )
+    return plan
+
+
 def _to_map(obj: object) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for f in fields(obj):  # type: ignore[arg-type]
-        value = getattr(obj, f.name)
-        has_default = f.default is not f.default_factory  # both MISSING when required
-        default = f.default_factory() if callable(f.default_factory) else f.default
-        if has_default and value == default:
+    for name, has_default, default, factory in _plan(type(obj)):
+        value = getattr(obj, name)
+        if has_default and value == (default() if factory else default):
             continue  # defaults are implied on decode; keeps frames small (SMS is 140 B)
         if isinstance(value, MappingProxyType):
             value = dict(value)
         elif isinstance(value, tuple):
             value = [_to_map(v) for v in value]
-        out[f.name] = value
+        out[name] = value
     return out
 
 

@@ -142,6 +142,17 @@ def _error(req: int | None, code: int, message: str) -> Error:
     return Error(req=req, code=code, message=message[:MAX_MESSAGE_LENGTH])
 
 
+def _pub_ok(req: int, msg_id: str, matched: int) -> PubOk:
+    """``PubOk(req=req, msg_id=msg_id, matched=matched)`` without its checks, which these
+    values passed already: ``req`` and ``msg_id`` as the ``Pub``'s own, ``matched`` is a
+    count of targets (one reply per publish; issue 14)."""
+    reply = object.__new__(PubOk)
+    object.__setattr__(reply, "req", req)
+    object.__setattr__(reply, "msg_id", msg_id)
+    object.__setattr__(reply, "matched", matched)
+    return reply
+
+
 def _sub_id(text: str) -> int | None:
     """The store id named by a ``sub_id`` text, or None if it cannot name one."""
     if not (text.isascii() and text.isdigit()) or len(text) > 19:
@@ -467,7 +478,7 @@ class Broker:
         ``replies`` at its index."""
         prepared: list[tuple[int, Pub, float, bool, PublishRequest]] = []
         for i, uri, frame in run:
-            attrs_cbor = cbor2.dumps(dict(frame.attrs))
+            attrs_cbor = cbor2.dumps(dict(frame.attrs)) if frame.attrs else _EMPTY_MAP
             size = len(frame.payload) + len(attrs_cbor) + len(frame.subject) + len(frame.msg_id)
             if size + NOTIFY_OVERHEAD > MAX_FRAME_BYTES:
                 # Refused here rather than queued as a notify that could never be sent.
@@ -531,7 +542,7 @@ class Broker:
             if expired:
                 expired_at = now
             woken.update(q.uri for q in result.queued)
-            replies[i] = [PubOk(req=frame.req, msg_id=frame.msg_id, matched=result.matched)]
+            replies[i] = [_pub_ok(frame.req, frame.msg_id, result.matched)]
             self.published += 1
         emit_rows(self.log, "notify_queued", _QUEUED_KEYS, queued_rows)
         if expired_at is not None:

@@ -25,6 +25,7 @@ from mdeci.filters import (
     ONE_WORD,
     Attrs,
     Filter,
+    MatchAll,
     SubjectMatcher,
     compile_filter,
     compile_pattern,
@@ -74,6 +75,11 @@ class SubscriptionMatcher:
         # entries) are skipped when popped.
         self._expiry: list[tuple[float, int]] = []
         self.unusable: list[Subscription] = []  # stored ones that no longer compile
+        # The targets of a subject, kept while they cannot depend on the attributes: its
+        # exact subscriptions have no filter and no wildcard one exists (a fan-out's
+        # hundred subscribers are not filtered, sorted and listed again per publish).
+        # Emptied by every add and discard; only subjects equal to a pattern get in.
+        self._plain: dict[str, tuple[tuple[str, int], ...]] = {}
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -104,6 +110,7 @@ class SubscriptionMatcher:
     def add(self, compiled: CompiledSubscription) -> None:
         sub_id = compiled.sub.sub_id
         self.discard(sub_id)
+        self._plain.clear()
         self._subs[sub_id] = compiled
         uri = compiled.sub.uri
         self._by_uri[uri] = (*self._by_uri.get(uri, ()), sub_id)
@@ -129,6 +136,7 @@ class SubscriptionMatcher:
                 self._by_uri[uri] = rest
             else:
                 del self._by_uri[uri]
+            self._plain.clear()
             self._wild.pop(sub_id, None)
             same = self._exact.get(entry.pattern.pattern)
             if same is not None:
@@ -151,10 +159,19 @@ class SubscriptionMatcher:
             if entry is not None and entry.sub.expires_at == at:
                 expired.append(sub_id)
                 self.discard(sub_id)
+        plain = self._plain.get(subject)
+        if plain is not None:
+            return MatchResult(plain, tuple(sorted(expired)))
         # An exact pattern matches exactly the subject equal to its text.
         exact = self._exact.get(subject)
         found = [entry for entry in exact.values() if entry.filter(attrs)] if exact else []
         found += [e for e in self._wild.values() if e.pattern(subject) and e.filter(attrs)]
         found.sort(key=lambda entry: entry.sub.sub_id)
         targets = tuple((entry.sub.uri, entry.sub.sub_id) for entry in found)
+        if (
+            exact
+            and not self._wild
+            and all(isinstance(entry.filter.expr, MatchAll) for entry in exact.values())
+        ):
+            self._plain[subject] = targets
         return MatchResult(targets, tuple(sorted(expired)))

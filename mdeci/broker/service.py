@@ -515,13 +515,14 @@ class BrokerService:
                     link, epoch = acking[uri]
                     if link.epoch != epoch or not link.delivering:
                         continue  # as in _deliver: the mark_* behind the call resends
-                    for item in items:
-                        if self._spawn_send(link, item.data) is None:
-                            break
+                    self._spawn_sends(link, [item.data for item in items])
         finally:
             self._pump = None
 
     def _reply(self, links: list[_UserLink], replies: list[list[Frame]]) -> None:
+        # Each user's replies of this round leave as one batch (one future, one callback:
+        # a round of publishes from one publisher is up to a window of pub-oks).
+        out: dict[_UserLink, list[bytes]] = {}
         for link, frames in zip(links, replies, strict=True):
             if self._users.get(link.uri) is not link:
                 continue  # dropped meanwhile: as if its reader had been cancelled first
@@ -534,7 +535,9 @@ class BrokerService:
                     reply = encode(Error(req=exc.req, code=exc.code, message=exc.message))
                 if isinstance(frame, Subs):
                     link.listing_bytes = len(reply)  # what the next `list` will reserve
-                self._spawn_reply(link, reply)
+                out.setdefault(link, []).append(reply)
+        for link, data in out.items():
+            self._spawn_replies(link, data)
 
     def _admit(
         self, link: _UserLink, data: bytes, reserved: dict[_UserLink, int]
@@ -580,11 +583,15 @@ class BrokerService:
         return None
 
     def _spawn_reply(self, link: _UserLink, data: bytes) -> None:
-        # The reply's bytes count against the cap until its send is done; released by
+        self._spawn_replies(link, [data])
+
+    def _spawn_replies(self, link: _UserLink, data: list[bytes]) -> None:
+        # The replies' bytes count against the cap until their send is done; released by
         # the send's one callback (_sent), not by a second one per reply (issue 14: a
         # publish's pub-ok took two callbacks and two loop steps).
-        if self._spawn_send(link, data, len(data)) is not None:
-            link.reply_bytes += len(data)
+        size = sum(map(len, data))
+        if self._spawn_sends(link, data, size) is not None:
+            link.reply_bytes += size
 
     def _kick(self, link: _UserLink) -> None:
         """``link``'s delivery may progress: serve it in the delivery task's next call."""
@@ -618,23 +625,32 @@ class BrokerService:
                         # mark_* queued behind it put what it took back to be sent from
                         # the lowest un-acked nseq.
                         continue
-                    for item in batches.get(link.uri, ()):
-                        if self._spawn_send(link, item.data) is None:
-                            break  # unreachable: the rest goes after the next connection
+                    items = batches.get(link.uri)
+                    if items:
+                        # Refused at once (unreachable): all go after the next connection.
+                        self._spawn_sends(link, [item.data for item in items])
         finally:
             self._delivery = None
 
-    def _spawn_send(
-        self, link: _UserLink, data: bytes, reply_size: int = 0
+    def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Future[None] | None:
+        return self._spawn_sends(link, [data])
+
+    def _spawn_sends(
+        self, link: _UserLink, data: list[bytes], reply_size: int = 0
     ) -> asyncio.Future[None] | None:
-        """Queue ``data`` on ``link``'s peer; the future of its acknowledgement (None if
-        the peer refused it at once: then the user is marked unreachable). No task per
-        message (issue 14: a task and its steps per notify were a visible share of a
-        delivery's CPU): the future's callback does what the task did when it ended,
-        and gives back ``reply_size`` bytes of ``link.reply_bytes`` (see _spawn_reply)."""
+        """Queue the messages of ``data`` on ``link``'s peer, in order; the future of
+        their acknowledgement, all of them (None if the peer refused them at once: then
+        the user is marked unreachable). No task per message, and one future for a
+        window of notifies or a round of replies (issue 14: a task, then a future and
+        its callback per notify were a visible share of a delivery's CPU): the future's
+        callback does what the task did when it ended, and gives back ``reply_size``
+        bytes of ``link.reply_bytes`` (see _spawn_replies)."""
         epoch = link.epoch
         try:
-            future = link.peer.send_nowait(data)
+            if len(data) == 1:
+                future = link.peer.send_nowait(data[0])
+            else:
+                future = link.peer.send_many_nowait(data)
         except PeerUnreachable as exc:
             self._unreachable(link, epoch, exc.reason)
             return None

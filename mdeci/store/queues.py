@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from sqlalchemy import Delete, bindparam, delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from mdeci.config import OVERFLOW_POLICIES as OVERFLOW_POLICIES
@@ -151,6 +150,9 @@ _COLUMNS = (
 # Publishes recorded per statement (see SqlQueueStore._record_new): 4 parameters each,
 # within SQLite's smallest limit on a statement's parameters (999).
 _RECORD_CHUNK = 200
+# Users whose counter rows one statement locks (see SqlQueueStore._lock): 1 parameter
+# each, within the same limit.
+_LOCK_CHUNK = 500
 
 
 @dataclass(slots=True)
@@ -172,28 +174,9 @@ class SqlQueueStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
-        # Creates the counter rows or locks them (PostgreSQL row locks; SQLite holds the
-        # write lock for the whole transaction), handing back last_nseq and depth.
-        lock = dialect.insert(QueueCounterRow).values(
-            uri=bindparam("uri"), last_nseq=0, missed=0, depth=0
-        )
-        self._lock_counters = lock.on_conflict_do_update(
-            index_elements=[QueueCounterRow.uri],
-            set_={"last_nseq": QueueCounterRow.last_nseq},
-        ).returning(QueueCounterRow.uri, QueueCounterRow.last_nseq, QueueCounterRow.depth)
         self._matched = select(PublishedRow.matched).where(
             PublishedRow.publisher_uri == bindparam("publisher_uri"),
             PublishedRow.msg_id == bindparam("msg_id"),
-        )
-        self._set_counter = (
-            update(QueueCounterRow)
-            .where(QueueCounterRow.uri == bindparam("c_uri"))
-            .values(
-                last_nseq=bindparam("c_last"),
-                depth=bindparam("c_depth"),
-                missed=QueueCounterRow.missed + bindparam("c_missed"),
-            )
         )
         # Keep the newest depth - count: the oldest ``count`` go.
         oldest = (
@@ -256,6 +239,32 @@ class SqlQueueStore:
             " ON CONFLICT (publisher_uri, msg_id) DO NOTHING RETURNING publisher_uri, msg_id"
         )
         self._record_sql: dict[int, str] = {}
+        # PostgreSQL: one array per column instead (four parameters whatever the batch):
+        # psycopg parses a statement of more than 50 parameters again at every call
+        # (~7 µs per publish of a round of 32), and prepares only the short ones.
+        self._record_unnest: str | None = None
+        if engine.dialect.name == "postgresql":
+            self._record_unnest = (
+                f"{self._record_head.removesuffix(' VALUES ')} SELECT * FROM "
+                "unnest(%s::text[], %s::text[], %s::int[], %s::float8[])"
+                f"{self._record_tail}"
+            )
+        # The counter rows' lock and update, the driver's SQL too (issue 14: SQLAlchemy's
+        # RETURNING executemany and per-row parameter processing of these two were most of
+        # a fan-out's publish: ~11 µs of CPU per recipient). The lock is one multi-row
+        # statement per chunk, its rows in the order given (URI order: see publish_many).
+        counter = QueueCounterRow.__tablename__
+        self._lock_head = f"INSERT INTO {counter} (uri, last_nseq, missed, depth) VALUES "
+        self._lock_row = f"({mark}, 0, 0, 0)"
+        self._lock_tail = (
+            f" ON CONFLICT (uri) DO UPDATE SET last_nseq = {counter}.last_nseq"
+            " RETURNING uri, last_nseq, depth"
+        )
+        self._lock_sql: dict[int, str] = {}
+        self._set_counter_sql = (
+            f"UPDATE {counter} SET last_nseq = {mark}, depth = {mark}, "
+            f"missed = missed + {mark} WHERE uri = {mark}"
+        )
         self._pending_urgent = (
             select(*_COLUMNS)
             .where(
@@ -340,12 +349,7 @@ class SqlQueueStore:
             # One statement for every recipient of every request, in URI order (so
             # concurrent transactions lock the counter rows in one order and cannot
             # deadlock); the rows stay locked until commit.
-            counters = {
-                uri: _Counter(int(last), int(depth))
-                for uri, last, depth in conn.execute(
-                    self._lock_counters, [{"uri": uri} for uri in uris]
-                )
-            }
+            counters = self._lock(conn, uris)
             unwritten: list[tuple[object, ...]] = []
             done = iter(
                 [
@@ -364,12 +368,9 @@ class SqlQueueStore:
             )
             if unwritten:
                 self._write_rows(conn, unwritten)
-            conn.execute(
-                self._set_counter,
-                [
-                    {"c_uri": uri, "c_last": c.last_nseq, "c_depth": c.depth, "c_missed": c.missed}
-                    for uri, c in counters.items()
-                ],
+            updates = [(c.last_nseq, c.depth, c.missed, uri) for uri, c in counters.items()]
+            conn.exec_driver_sql(
+                self._set_counter_sql, updates[0] if len(updates) == 1 else updates
             )
         return [r if r is not None else next(done) for r in results]
 
@@ -382,6 +383,16 @@ class SqlQueueStore:
         statement per ``_RECORD_CHUNK`` requests (issue 14: SQLAlchemy's per-row
         parameter processing of this one statement was a visible share of a publish)."""
         recorded: set[tuple[str, str]] = set()
+        if self._record_unnest is not None:
+            columns = (
+                [r.publisher_uri for r in requests],
+                [r.msg_id for r in requests],
+                [len(r.targets) for r in requests],
+                [r.published_at for r in requests],
+            )
+            for uri, msg_id in conn.exec_driver_sql(self._record_unnest, columns):
+                recorded.add((str(uri), str(msg_id)))
+            return recorded
         for start in range(0, len(requests), _RECORD_CHUNK):
             chunk = requests[start : start + _RECORD_CHUNK]
             sql = self._record_sql.get(len(chunk))
@@ -397,8 +408,26 @@ class SqlQueueStore:
                 recorded.add((str(uri), str(msg_id)))
         return recorded
 
+    def _lock(self, conn: Connection, uris: list[str]) -> dict[str, _Counter]:
+        """Create or lock the counter rows of ``uris`` (sorted), in that order; each one's
+        counter as it stands. A statement per ``_LOCK_CHUNK`` users (see __init__)."""
+        counters: dict[str, _Counter] = {}
+        for start in range(0, len(uris), _LOCK_CHUNK):
+            chunk = uris[start : start + _LOCK_CHUNK]
+            sql = self._lock_sql.get(len(chunk))
+            if sql is None:
+                sql = self._lock_sql[len(chunk)] = (
+                    f"{self._lock_head}{', '.join([self._lock_row] * len(chunk))}{self._lock_tail}"
+                )
+            for uri, last, depth in conn.exec_driver_sql(sql, tuple(chunk)):
+                counters[str(uri)] = _Counter(int(last), int(depth))
+        # In URI order, as the rows were locked (the counters are written in this order).
+        return {uri: counters[uri] for uri in uris}
+
     def _write_rows(self, conn: Connection, rows: list[tuple[object, ...]]) -> None:
-        """Insert queued rows (tuples in _COLUMNS order) with one driver executemany."""
+        """Insert queued rows (tuples in _COLUMNS order) with one driver executemany
+        (measured: a multi-row INSERT was no faster on SQLite and twice as slow on
+        PostgreSQL, whose psycopg runs an executemany as one pipeline)."""
         conn.exec_driver_sql(self._insert_sql, rows)
 
     def _queue(
@@ -421,6 +450,35 @@ class SqlQueueStore:
         statement at its end, or before a DELETE of overflow (which must see them).
         """
         msg_id = message.msg_id
+        m = message
+        room = max_depth - len(ordered)
+        if all(counters[uri].depth <= room for uri, _ in ordered):
+            # No queue can overflow (each gets at most len(ordered) entries): the walk
+            # below without its overflow bookkeeping (issue 14: the usual case, once per
+            # publish and per recipient). Same nseqs, depths, rows and order.
+            queued_fast: list[Enqueued] = []
+            for uri, sub_id in ordered:
+                counter = counters[uri]
+                counter.last_nseq += 1
+                counter.depth += 1
+                queued_fast.append(Enqueued(uri, counter.last_nseq, sub_id, counter.depth))
+            unwritten.extend(
+                (
+                    item.uri,
+                    item.nseq,
+                    item.sub_id,
+                    m.publisher_uri,
+                    m.msg_id,
+                    m.subject,
+                    m.attrs_cbor,
+                    m.payload,
+                    m.urgent or item.sub_id in urgent_subs,
+                    m.published_at,
+                    m.qclass,
+                )
+                for item in queued_fast
+            )
+            return PublishResult(len(ordered), False, tuple(queued_fast))
         # Pass 1: how many of each user's older entries overflow drops, so that one
         # DELETE per user fetches their nseqs. A queue is the older entries (oldest
         # first) followed by this publish's new ones.
@@ -452,7 +510,6 @@ class SqlQueueStore:
         queued: list[Enqueued] = []
         dropped: list[Dropped] = []
         rows_out: list[tuple[object, ...]] = []
-        m = message
         for uri, group in itertools.groupby(ordered, key=lambda t: t[0]):
             counter = counters[uri]
             doomed = collections.deque(olders.get(uri, ()))

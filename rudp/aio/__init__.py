@@ -23,7 +23,7 @@ import logging
 import secrets
 import socket
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rudp import packet as wire
@@ -39,7 +39,7 @@ from rudp.connection import (
     RudpStats,
     derive_connection_id,
 )
-from rudp.errors import PacketError, PeerUnreachable, RudpError
+from rudp.errors import MessageTooLarge, PacketError, PeerUnreachable, RudpError
 
 DEFAULT_CONFIG = RudpConfig()
 log = logging.getLogger("rudp")
@@ -140,7 +140,8 @@ class RudpPeer:
         #: Called with each message received, in order, instead of queueing it for
         #: :meth:`receive` (what was queued before it was set stays for ``receive``).
         self.on_message: Callable[[bytes], None] | None = None
-        self._waiters: dict[int, asyncio.Future[None]] = {}
+        # The future of each message sent with send_nowait, or the _Batch it belongs to.
+        self._waiters: dict[int, asyncio.Future[None] | _Batch] = {}
         # write()/drain(): the last message id written, and drains waiting for an id to be
         # acknowledged, oldest first (ids only grow, so acks resolve them in order).
         self._written = -1
@@ -206,6 +207,44 @@ class RudpPeer:
             self._flush_soon = True
             self._loop.call_soon(self._flush)
         return future
+
+    def send_many_nowait(self, messages: Sequence[bytes]) -> asyncio.Future[None]:
+        """:meth:`send_nowait` for several messages, queued in order, with one future for
+        all of them: its result once the peer acknowledged every one, PeerUnreachable as
+        soon as one of them failed. A server sending a window of messages at once pays
+        one future and one callback for it, not one per message (issue 14).
+
+        Raises PeerUnreachable (endpoint closed, peer DISCONNECTED) and MessageTooLarge
+        at once, before any of them is queued; ValueError for no message.
+        """
+        if not messages:
+            raise ValueError("send_many_nowait needs at least one message")
+        if self._closed:
+            raise PeerUnreachable("endpoint closed", messages[0])
+        limit = self.connection.config.max_message_size
+        for message in messages:  # all or none: checked before the first is queued
+            if len(message) > limit:
+                raise MessageTooLarge(f"{len(message)} > {limit} bytes")
+        now = self._loop.time()
+        send = self.connection.send_message
+        batch = _Batch(self._loop.create_future(), len(messages))
+        waiters = self._waiters
+        queued: list[int] = []
+        try:
+            for message in messages:
+                message_id = send(message, now)
+                waiters[message_id] = batch
+                queued.append(message_id)
+        except PeerUnreachable:
+            # DISCONNECTED raises at the first; only an exhausted sequence space midway
+            # (re-key) can leave some queued: they go on without a waiter, as write()'s.
+            for message_id in queued:
+                del waiters[message_id]
+            raise
+        if not self._flush_soon:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
+        return batch.future
 
     def write(self, message: bytes) -> None:
         """Queue one message without waiting for it (a stream's ``write``): no future per
@@ -328,18 +367,22 @@ class RudpPeer:
                 else:
                     self._queue().put_nowait(event.data)
             elif isinstance(event, MessageAcked):
-                future = self._waiters.pop(event.message_id, None)
-                if future is not None and not future.done():
-                    future.set_result(None)
+                waiter = self._waiters.pop(event.message_id, None)
+                if isinstance(waiter, _Batch):
+                    waiter.left -= 1
+                    if not waiter.left and not waiter.future.done():
+                        waiter.future.set_result(None)
+                elif waiter is not None and not waiter.done():
+                    waiter.set_result(None)
                 drains = self._drains
                 while drains and drains[0][0] <= event.message_id:
                     _, future = drains.popleft()
                     if not future.done():
                         future.set_result(None)
             elif isinstance(event, MessageFailed):
-                future = self._waiters.pop(event.message_id, None)
-                if future is not None and not future.done():
-                    future.set_exception(PeerUnreachable("no ACK after retries", event.data))
+                failed = _future_of(self._waiters.pop(event.message_id, None))
+                if failed is not None and not failed.done():
+                    failed.set_exception(PeerUnreachable("no ACK after retries", event.data))
                 if self._drains:
                     # Every drain still waiting covers this message (those below it were
                     # resolved by its predecessors' acks): it fails.
@@ -361,14 +404,30 @@ class RudpPeer:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        for future in self._waiters.values():
-            if not future.done():
+        for waiter in self._waiters.values():
+            future = _future_of(waiter)
+            if future is not None and not future.done():
                 future.set_exception(PeerUnreachable("endpoint closed"))
         self._waiters.clear()
         for _, future in self._drains or ():
             if not future.done():
                 future.set_exception(PeerUnreachable("endpoint closed"))
         self._drains = None
+
+
+class _Batch:
+    """The messages of one :meth:`RudpPeer.send_many_nowait`: their future, and how many
+    of them are not acknowledged yet."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, future: asyncio.Future[None], left: int) -> None:
+        self.future = future
+        self.left = left
+
+
+def _future_of(waiter: asyncio.Future[None] | _Batch | None) -> asyncio.Future[None] | None:
+    return waiter.future if isinstance(waiter, _Batch) else waiter
 
 
 class RudpEndpoint:

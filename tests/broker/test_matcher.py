@@ -53,6 +53,10 @@ STEPS = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(STEPS)
 def test_the_index_agrees_with_a_scan(steps: list[tuple[object, ...]]) -> None:
+    _agrees_with_a_scan(steps)
+
+
+def _agrees_with_a_scan(steps: list[tuple[object, ...]]) -> None:
     matcher = SubscriptionMatcher()
     model: dict[int, Subscription] = {}
     now = 0.0
@@ -106,3 +110,57 @@ def test_load_replaces_everything() -> None:
     assert [s.sub_id for s in matcher.unusable] == [3]
     assert matcher.match("a", {}, 1.0).targets == ()
     assert matcher.match("b", {}, 9.0).expired == (2,)
+
+
+# Few patterns and subjects, so that one subject is matched again and again between the
+# changes: the cached targets of a subject (SubscriptionMatcher._plain) must follow every
+# add, replacement, discard and expiry, and give way to filters and wildcards.
+FEW_STEPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"),
+            st.integers(1, 5),
+            st.sampled_from(["a", "a.b", "a.*", "#"]),
+            st.integers(1, 20),
+            st.sampled_from(["", "", "", "n > 1"]),
+        ),
+        st.tuples(st.just("discard"), st.integers(1, 5)),
+        st.tuples(
+            st.just("match"), st.sampled_from(["a", "a.b"]), st.integers(0, 4), st.integers(0, 25)
+        ),
+        st.tuples(
+            st.just("match"), st.sampled_from(["a", "a.b"]), st.integers(0, 4), st.integers(0, 25)
+        ),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(FEW_STEPS)
+def test_the_cached_targets_of_a_subject_agree_with_a_scan(steps: list[tuple[object, ...]]) -> None:
+    _agrees_with_a_scan(steps)
+
+
+def test_the_cached_targets_follow_adds_filters_wildcards_and_expiry() -> None:
+    matcher = SubscriptionMatcher()
+
+    def targets(n: int = 0, now: float = 0.0) -> list[int]:
+        return [sub_id for _, sub_id in matcher.match("a.b", {"n": n}, now).targets]
+
+    matcher.add(CompiledSubscription.compile(_sub(1, "a.b", 10.0)))
+    assert targets() == [1]
+    assert targets() == [1]  # the second time from the cache
+    matcher.add(CompiledSubscription.compile(_sub(2, "a.b", 20.0)))
+    assert targets() == [1, 2]
+    matcher.add(CompiledSubscription.compile(_sub(3, "a.b", 20.0, "n > 1")))
+    assert targets(n=0) == [1, 2]
+    assert targets(n=2) == [1, 2, 3]
+    matcher.discard(3)
+    assert targets(n=2) == [1, 2]
+    matcher.add(CompiledSubscription.compile(_sub(4, "a.*", 20.0, "n > 1")))
+    assert targets(n=0) == [1, 2]
+    assert targets(n=2) == [1, 2, 4]
+    matcher.discard(4)
+    assert targets() == [1, 2]
+    assert targets(now=15.0) == [2]  # 1 expired

@@ -8,6 +8,7 @@ import pytest
 
 from rudp import PeerUnreachable, RudpConfig
 from rudp.aio import RudpEndpoint
+from rudp.errors import MessageTooLarge
 
 KEY = b"k" * 32
 
@@ -77,6 +78,34 @@ async def test_write_then_drain_waits_for_every_ack_and_fails_with_the_peer() ->
             await asyncio.wait_for(pa.drain(), 5)
         with pytest.raises(PeerUnreachable):
             pa.write(b"after the failure")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_send_many_nowait_is_done_once_every_message_is_acked_and_fails_with_one() -> None:
+    config = RudpConfig(rto_initial=0.05, rto_min=0.05, max_retries=1, keepalive_interval=0)
+    a = await RudpEndpoint.open("127.0.0.1", config=config)
+    b = await RudpEndpoint.open("127.0.0.1", config=config)
+    try:
+        pa, pb = a.peer(KEY, b.local_addr), b.peer(KEY, a.local_addr)
+        with pytest.raises(ValueError):
+            pa.send_many_nowait([])
+        # 40 messages of 3 fragments each: many datagrams, acked a few at a time.
+        messages = [bytes([i]) * (2 * pa.connection.payload_size + 1) for i in range(40)]
+        done = pa.send_many_nowait(messages)
+        await asyncio.wait_for(done, 5)
+        assert not any(pa.connection.is_pending(i) for i in range(40))
+        assert [await asyncio.wait_for(pb.receive(), 5) for _ in messages] == messages
+        with pytest.raises(MessageTooLarge):  # all or none: the first is not queued either
+            pa.send_many_nowait([b"small", b"x" * (config.max_message_size + 1)])
+        assert not pa.connection.is_pending(40)
+        b.drop_incoming = True  # nobody answers any more: the retries run out
+        lost = pa.send_many_nowait([b"lost 1", b"lost 2"])
+        with pytest.raises(PeerUnreachable):
+            await asyncio.wait_for(lost, 5)
+        with pytest.raises(PeerUnreachable):
+            pa.send_many_nowait([b"after the failure", b"and another"])
     finally:
         await a.close()
         await b.close()

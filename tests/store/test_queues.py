@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import collections
+import uuid
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import delete, event, func, select
 from sqlalchemy.engine import Engine
 
@@ -373,3 +377,55 @@ def test_ack_many_and_pending_many_match_one_user_at_a_time(engine: Engine) -> N
     assert [n.nseq for n in q.pending(ALICE)] == [5]
     assert [n.nseq for n in q.pending(BOB)] == [3, 4, 5]
     assert q.depth(ALICE) == 1 and q.depth(BOB) == 3
+
+
+_USERS = ("sip:u0@x", "sip:u1@x", "sip:u2@x")
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.sampled_from(_USERS), st.integers(1, 3)), max_size=5),
+            st.integers(1, 4),
+            st.sampled_from(["drop-oldest", "refuse-newest"]),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_publish_follows_the_overflow_rules_one_target_at_a_time(
+    engine: Engine, plan: list[tuple[list[tuple[str, int]], int, OverflowPolicy]]
+) -> None:
+    """publish against a model of the rules (module docstring), target by target in URI
+    order: with room (the short path) and overflowing (the full walk) alike."""
+    q = SqlQueueStore(engine)
+    tag = uuid.uuid4().hex[:8]  # users of their own: the engine outlives one example
+    queues: dict[str, collections.deque[tuple[int, int, str]]] = {}
+    last: dict[str, int] = {}
+    for n, (targets, max_depth, policy) in enumerate(plan):
+        msg_id = f"{tag}-{n}"
+        mine = [(f"{uri}{tag}", sub_id) for uri, sub_id in targets]
+        queued: list[Enqueued] = []
+        dropped: list[Dropped] = []
+        for uri, sub_id in sorted(mine, key=lambda t: t[0]):
+            queue = queues.setdefault(uri, collections.deque())
+            if len(queue) >= max_depth and policy == "refuse-newest":
+                dropped.append(Dropped(uri, None, sub_id, msg_id, policy))
+                continue
+            while len(queue) >= max_depth:
+                old_nseq, old_sub, old_msg = queue.popleft()
+                dropped.append(Dropped(uri, old_nseq, old_sub, old_msg, policy))
+            last[uri] = last.get(uri, 0) + 1
+            queue.append((last[uri], sub_id, msg_id))
+            queued.append(Enqueued(uri, last[uri], sub_id, len(queue)))
+        result = _publish(q, msg_id, mine, max_depth=max_depth, policy=policy)
+        assert result.queued == tuple(queued)
+        assert result.dropped == tuple(dropped)
+    for uri, queue in queues.items():
+        assert [(p.nseq, p.sub_id, p.msg_id) for p in q.pending(uri)] == list(queue)
+        assert q.depth(uri) == len(queue)
