@@ -123,6 +123,7 @@ FEW_STEPS = st.lists(
             st.sampled_from(["a", "a.b", "a.*", "#"]),
             st.integers(1, 20),
             st.sampled_from(["", "", "", "n > 1"]),
+            USERS,
         ),
         st.tuples(st.just("discard"), st.integers(1, 5)),
         st.tuples(
