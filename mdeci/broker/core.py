@@ -126,6 +126,9 @@ class _Link:
     addr: str | None
     # nseq -> published_at of notifications sent on this connection and not yet acked.
     inflight: dict[int, float]
+    # nseq -> size of the frame of each of ``inflight``, and their sum (window_bytes).
+    sizes: dict[int, int] = field(default_factory=dict)
+    inflight_bytes: int = 0
     sent_upto: int = 0
     # The last read filled the window's room: more may wait in the store (see take_batch).
     backlog: bool = False
@@ -564,9 +567,11 @@ class Broker:
                     if n > upto:
                         break
                     acked.append(n)
+            sizes = link.sizes
             for nseq in acked:
                 published_at = link.earlier.pop(nseq, 0.0)
                 published_at = link.inflight.pop(nseq, published_at)
+                link.inflight_bytes -= sizes.pop(nseq, 0)
                 latency = max(0.0, (now - published_at) * 1000.0)
                 self.log.emit("notify_delivered", uri, nseq=nseq, latency_ms=latency)
             link.sent_upto = max(link.sent_upto, upto)
@@ -701,6 +706,7 @@ class Broker:
         link = self._links.get(uri)
         if link is not None:
             link.inflight.pop(nseq, None)
+            link.inflight_bytes -= link.sizes.pop(nseq, 0)
             link.earlier.pop(nseq, None)
 
     def mark_disconnected(
@@ -720,6 +726,8 @@ class Broker:
             link.connected = False
             link.earlier.update(link.inflight)
             link.inflight.clear()
+            link.sizes.clear()
+            link.inflight_bytes = 0
             link.sent_upto = 0
         try:
             self.store.sessions.set_status(uri, status, self.clock())
@@ -763,6 +771,8 @@ class Broker:
             # backlog gets a new notification at once.
             if room <= 0 or (link.backlog and room < max(1, self.config.window // 2)):
                 continue
+            if link.inflight_bytes >= self.config.window_bytes:
+                continue
             plan.append((uri, link, room))
         if not plan:
             return {}
@@ -784,15 +794,25 @@ class Broker:
                     continue
             link.backlog = len(rows) == room
             out: list[OutgoingNotify] = []
+            room_bytes = self.config.window_bytes - link.inflight_bytes
             for row in rows:
-                link.sent_upto = row.nseq
                 data = encoder.encode(row, self._missed(uri, row.nseq))
                 if data is None:
                     data = self._encode_notify(row)
                 if data is None:
+                    link.sent_upto = row.nseq  # skipped for good (logged)
                     continue
+                if len(data) > room_bytes and link.inflight:
+                    # Over window_bytes: this one and the rest are read again next time
+                    # (one always goes when nothing is in flight, whatever its size).
+                    link.backlog = True
+                    break
+                room_bytes -= len(data)
+                link.sent_upto = row.nseq
                 link.inflight[row.nseq] = row.published_at
+                link.sizes[row.nseq] = len(data)
                 out.append(OutgoingNotify(row.nseq, data))
+            link.inflight_bytes = self.config.window_bytes - room_bytes
             if out:
                 taken[uri] = out
         if error is not None and len(plan) == 1:
