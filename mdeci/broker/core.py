@@ -165,12 +165,16 @@ class _NotifyEncoder:
     checks the equality against ``encode``.
     """
 
-    __slots__ = ("_shared",)
+    __slots__ = ("_shared", "_sub_ids", "_subjects")
 
     def __init__(self) -> None:
         # (publisher_uri, msg_id) -> (items after sub_id, how many items in all), or None
         # for a publication that must take the checked path (see encode).
         self._shared: dict[tuple[str, str], tuple[bytes, int] | None] = {}
+        # The encodings a drain's rows share although their publications differ: their
+        # subscription's id and (mostly) their subject, each encoded once per batch.
+        self._sub_ids: dict[int, bytes] = {}
+        self._subjects: dict[str, bytes] = {}
 
     def encode(self, row: QueuedNotification, missed: int) -> bytes | None:
         """The frame, or None when the row needs ``encode``'s checks (a row this broker's
@@ -183,13 +187,10 @@ class _NotifyEncoder:
         if shared is None:
             return None
         tail, items = shared
-        parts = [
-            _K_OP_NOTIFY_NSEQ,
-            cbor2.dumps(row.nseq),
-            _K_SUB_ID,
-            cbor2.dumps(str(row.sub_id)),
-            tail,
-        ]
+        sub_id = self._sub_ids.get(row.sub_id)
+        if sub_id is None:
+            sub_id = self._sub_ids[row.sub_id] = cbor2.dumps(str(row.sub_id))
+        parts = [_K_OP_NOTIFY_NSEQ, cbor2.dumps(row.nseq), _K_SUB_ID, sub_id, tail]
         if missed:
             parts.append(_K_MISSED)
             parts.append(cbor2.dumps(missed))
@@ -197,8 +198,7 @@ class _NotifyEncoder:
         data = bytes((0xA0 + items,)) + b"".join(parts)  # a map of < 24 items: one byte
         return data if len(data) <= MAX_FRAME_BYTES else None
 
-    @staticmethod
-    def _build(row: QueuedNotification) -> tuple[bytes, int] | None:
+    def _build(self, row: QueuedNotification) -> tuple[bytes, int] | None:
         try:
             # Most publications carry no attrs: no decoding for them.
             attrs = {} if row.attrs_cbor == _EMPTY_MAP else cbor2.loads(row.attrs_cbor)
@@ -206,9 +206,12 @@ class _NotifyEncoder:
             return None
         if not isinstance(attrs, dict) or not isinstance(row.published_at, float):
             return None
+        subject = self._subjects.get(row.subject)
+        if subject is None:
+            subject = self._subjects[row.subject] = cbor2.dumps(row.subject)
         parts = [
             _K_SUBJECT,
-            cbor2.dumps(row.subject),
+            subject,
             _K_MSG_ID,
             cbor2.dumps(row.msg_id),
             _K_PUBLISHED_AT,
@@ -795,8 +798,11 @@ class Broker:
             link.backlog = len(rows) == room
             out: list[OutgoingNotify] = []
             room_bytes = self.config.window_bytes - link.inflight_bytes
+            # _missed's answer without a call per row: the call above took the store's
+            # count (the user is no longer pending), so only the remembered ones remain.
+            known = self._missed_at.get(uri)
             for row in rows:
-                data = encoder.encode(row, self._missed(uri, row.nseq))
+                data = encoder.encode(row, known.get(row.nseq, 0) if known else 0)
                 if data is None:
                     data = self._encode_notify(row)
                 if data is None:
