@@ -126,8 +126,9 @@ class _Link:
     addr: str | None
     # nseq -> published_at of notifications sent on this connection and not yet acked.
     inflight: dict[int, float]
-    # nseq -> size of the frame of each of ``inflight``, and their sum (window_bytes).
-    sizes: dict[int, int] = field(default_factory=dict)
+    # nseq -> size of the frame of each of ``inflight``, and their sum (window_bytes);
+    # None while nothing was sent (issue 14: no dict per idle session).
+    sizes: dict[int, int] | None = None
     inflight_bytes: int = 0
     sent_upto: int = 0
     # The last read filled the window's room: more may wait in the store (see take_batch).
@@ -570,7 +571,7 @@ class Broker:
                     if n > upto:
                         break
                     acked.append(n)
-            sizes = link.sizes
+            sizes = link.sizes or {}
             for nseq in acked:
                 published_at = link.earlier.pop(nseq, 0.0)
                 published_at = link.inflight.pop(nseq, published_at)
@@ -578,6 +579,11 @@ class Broker:
                 latency = max(0.0, (now - published_at) * 1000.0)
                 self.log.emit("notify_delivered", uri, nseq=nseq, latency_ms=latency)
             link.sent_upto = max(link.sent_upto, upto)
+            if not link.inflight and link.sizes is not None:
+                # Idle again: an emptied dict keeps its table (up to a window's entries);
+                # clear() frees it (memory per session, issue 14 criterion 7).
+                link.inflight.clear()
+                link.sizes = None
         missed = self._missed_at.get(uri)
         if missed:
             for nseq in [n for n in missed if n <= upto]:
@@ -709,7 +715,8 @@ class Broker:
         link = self._links.get(uri)
         if link is not None:
             link.inflight.pop(nseq, None)
-            link.inflight_bytes -= link.sizes.pop(nseq, 0)
+            if link.sizes is not None:
+                link.inflight_bytes -= link.sizes.pop(nseq, 0)
             link.earlier.pop(nseq, None)
 
     def mark_disconnected(
@@ -729,7 +736,7 @@ class Broker:
             link.connected = False
             link.earlier.update(link.inflight)
             link.inflight.clear()
-            link.sizes.clear()
+            link.sizes = None
             link.inflight_bytes = 0
             link.sent_upto = 0
         try:
@@ -801,6 +808,7 @@ class Broker:
             # _missed's answer without a call per row: the call above took the store's
             # count (the user is no longer pending), so only the remembered ones remain.
             known = self._missed_at.get(uri)
+            sizes = link.sizes if link.sizes is not None else {}
             for row in rows:
                 data = encoder.encode(row, known.get(row.nseq, 0) if known else 0)
                 if data is None:
@@ -816,9 +824,11 @@ class Broker:
                 room_bytes -= len(data)
                 link.sent_upto = row.nseq
                 link.inflight[row.nseq] = row.published_at
-                link.sizes[row.nseq] = len(data)
+                sizes[row.nseq] = len(data)
                 out.append(OutgoingNotify(row.nseq, data))
             link.inflight_bytes = self.config.window_bytes - room_bytes
+            if sizes:
+                link.sizes = sizes
             if out:
                 taken[uri] = out
         if error is not None and len(plan) == 1:

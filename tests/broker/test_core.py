@@ -649,6 +649,8 @@ def test_the_window_is_bounded_in_bytes_too(store: BrokerStore, clock: FakeClock
         tiny.handle_frame(ALICE, encode(Ack(upto=nseq)))
         assert [n.nseq for n in notifies(tiny, ALICE)] == ([nseq + 1] if nseq < 6 else [])
     assert queued(store, ALICE) == []
+    link = tiny._links[ALICE]  # idle again: no per-nseq sizes kept (memory per session)
+    assert link.sizes is None and link.inflight_bytes == 0
 
 
 def _count_acks(store: BrokerStore) -> list[list[tuple[str, int]]]:
