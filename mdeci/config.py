@@ -222,16 +222,25 @@ class QueueConfig:
 
     max_per_uri: int = 1000  # queued notifications per user before the overflow policy
     overflow: OverflowPolicy = OverflowPolicy.DROP_OLDEST
-    window: int = 32  # notifications sent and not yet acked by the agent, per user
+    # Notifications sent to one user and not yet acked by its agent: at most `window` of
+    # them and at most `window_bytes` of their frames (always at least one). The count
+    # lets a drain of small notifications keep its link busy (issue 14: at 32, one agent
+    # ack per burst made each round of 32 wait a whole round trip); the bytes bound the
+    # memory a user that does not acknowledge holds (docs/security.md), whatever the size
+    # of its notifications (32 frames of 1 MiB were 32 MiB).
+    window: int = 256
+    window_bytes: int = 1 << 20
     # Bytes of replies (sub-ok, subs, pub-ok, error...) sent to one user and not yet
     # acknowledged by its RUDP. Past it the user's requests (all but `ack`) are answered
     # `error` 503 instead of being handled, so a user that does not acknowledge cannot
-    # grow the broker's memory (docs/security.md). Notifications are bounded by `window`.
+    # grow the broker's memory (docs/security.md). Notifications are bounded by `window`
+    # and `window_bytes`.
     max_unacked_reply_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         _whole(self.max_per_uri, "max_per_uri", 1)
         _whole(self.window, "window", 1)
+        _whole(self.window_bytes, "window_bytes", 1)
         _whole(self.max_unacked_reply_bytes, "max_unacked_reply_bytes", 1 << 16)
         _check(self.overflow in OVERFLOW_POLICIES, f"'overflow' must be one of {OVERFLOW_POLICIES}")
 
@@ -286,6 +295,10 @@ class BrokerCoreConfig:
     @property
     def window(self) -> int:
         return self.queue.window
+
+    @property
+    def window_bytes(self) -> int:
+        return self.queue.window_bytes
 
     @property
     def max_unacked_reply_bytes(self) -> int:

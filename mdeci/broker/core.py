@@ -130,6 +130,10 @@ class _Link:
     addr: str | None
     # nseq -> published_at of notifications sent on this connection and not yet acked.
     inflight: dict[int, float]
+    # nseq -> size of the frame of each of ``inflight``, and their sum (window_bytes);
+    # None while nothing was sent (issue 14: no dict per idle session).
+    sizes: dict[int, int] | None = None
+    inflight_bytes: int = 0
     sent_upto: int = 0
     # The last read filled the window's room: more may wait in the store (see take_batch).
     backlog: bool = False
@@ -177,12 +181,16 @@ class _NotifyEncoder:
     checks the equality against ``encode``.
     """
 
-    __slots__ = ("_shared",)
+    __slots__ = ("_shared", "_sub_ids", "_subjects")
 
     def __init__(self) -> None:
         # (publisher_uri, msg_id) -> (items after sub_id, how many items in all), or None
         # for a publication that must take the checked path (see encode).
         self._shared: dict[tuple[str, str], tuple[bytes, int] | None] = {}
+        # The encodings a drain's rows share although their publications differ: their
+        # subscription's id and (mostly) their subject, each encoded once per batch.
+        self._sub_ids: dict[int, bytes] = {}
+        self._subjects: dict[str, bytes] = {}
 
     def encode(self, row: QueuedNotification, missed: int) -> bytes | None:
         """The frame, or None when the row needs ``encode``'s checks (a row this broker's
@@ -195,13 +203,10 @@ class _NotifyEncoder:
         if shared is None:
             return None
         tail, items = shared
-        parts = [
-            _K_OP_NOTIFY_NSEQ,
-            cbor2.dumps(row.nseq),
-            _K_SUB_ID,
-            cbor2.dumps(str(row.sub_id)),
-            tail,
-        ]
+        sub_id = self._sub_ids.get(row.sub_id)
+        if sub_id is None:
+            sub_id = self._sub_ids[row.sub_id] = cbor2.dumps(str(row.sub_id))
+        parts = [_K_OP_NOTIFY_NSEQ, cbor2.dumps(row.nseq), _K_SUB_ID, sub_id, tail]
         if missed:
             parts.append(_K_MISSED)
             parts.append(cbor2.dumps(missed))
@@ -209,8 +214,7 @@ class _NotifyEncoder:
         data = bytes((0xA0 + items,)) + b"".join(parts)  # a map of < 24 items: one byte
         return data if len(data) <= MAX_FRAME_BYTES else None
 
-    @staticmethod
-    def _build(row: QueuedNotification) -> tuple[bytes, int] | None:
+    def _build(self, row: QueuedNotification) -> tuple[bytes, int] | None:
         try:
             # Most publications carry no attrs: no decoding for them.
             attrs = {} if row.attrs_cbor == _EMPTY_MAP else cbor2.loads(row.attrs_cbor)
@@ -218,9 +222,12 @@ class _NotifyEncoder:
             return None
         if not isinstance(attrs, dict) or not isinstance(row.published_at, float):
             return None
+        subject = self._subjects.get(row.subject)
+        if subject is None:
+            subject = self._subjects[row.subject] = cbor2.dumps(row.subject)
         parts = [
             _K_SUBJECT,
-            cbor2.dumps(row.subject),
+            subject,
             _K_MSG_ID,
             cbor2.dumps(row.msg_id),
             _K_PUBLISHED_AT,
@@ -584,12 +591,19 @@ class Broker:
                         break
                     acked.append(n)
             delivered: list[Row] = []  # one batch for the sink (issue 14)
+            sizes = link.sizes or {}
             for nseq in acked:
                 published_at = link.earlier.pop(nseq, 0.0)
                 published_at = link.inflight.pop(nseq, published_at)
+                link.inflight_bytes -= sizes.pop(nseq, 0)
                 delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
             emit_rows(self.log, "notify_delivered", _DELIVERED_KEYS, delivered)
             link.sent_upto = max(link.sent_upto, upto)
+            if not link.inflight and link.sizes is not None:
+                # Idle again: an emptied dict keeps its table (up to a window's entries);
+                # clear() frees it (memory per session, issue 14 criterion 7).
+                link.inflight.clear()
+                link.sizes = None
         missed = self._missed_at.get(uri)
         if missed:
             for nseq in [n for n in missed if n <= upto]:
@@ -721,6 +735,8 @@ class Broker:
         link = self._links.get(uri)
         if link is not None:
             link.inflight.pop(nseq, None)
+            if link.sizes is not None:
+                link.inflight_bytes -= link.sizes.pop(nseq, 0)
             link.earlier.pop(nseq, None)
 
     def mark_disconnected(
@@ -740,6 +756,8 @@ class Broker:
             link.connected = False
             link.earlier.update(link.inflight)
             link.inflight.clear()
+            link.sizes = None
+            link.inflight_bytes = 0
             link.sent_upto = 0
         try:
             self.store.sessions.set_status(uri, status, self.clock())
@@ -783,6 +801,8 @@ class Broker:
             # backlog gets a new notification at once.
             if room <= 0 or (link.backlog and room < max(1, self.config.window // 2)):
                 continue
+            if link.inflight_bytes >= self.config.window_bytes:
+                continue
             plan.append((uri, link, room))
         if not plan:
             return {}
@@ -804,15 +824,31 @@ class Broker:
                     continue
             link.backlog = len(rows) == room
             out: list[OutgoingNotify] = []
+            room_bytes = self.config.window_bytes - link.inflight_bytes
+            # _missed's answer without a call per row: the call above took the store's
+            # count (the user is no longer pending), so only the remembered ones remain.
+            known = self._missed_at.get(uri)
+            sizes = link.sizes if link.sizes is not None else {}
             for row in rows:
-                link.sent_upto = row.nseq
-                data = encoder.encode(row, self._missed(uri, row.nseq))
+                data = encoder.encode(row, known.get(row.nseq, 0) if known else 0)
                 if data is None:
                     data = self._encode_notify(row)
                 if data is None:
+                    link.sent_upto = row.nseq  # skipped for good (logged)
                     continue
+                if len(data) > room_bytes and link.inflight:
+                    # Over window_bytes: this one and the rest are read again next time
+                    # (one always goes when nothing is in flight, whatever its size).
+                    link.backlog = True
+                    break
+                room_bytes -= len(data)
+                link.sent_upto = row.nseq
                 link.inflight[row.nseq] = row.published_at
+                sizes[row.nseq] = len(data)
                 out.append(OutgoingNotify(row.nseq, data))
+            link.inflight_bytes = self.config.window_bytes - room_bytes
+            if sizes:
+                link.sizes = sizes
             if out:
                 taken[uri] = out
         if error is not None and len(plan) == 1:

@@ -16,8 +16,9 @@ work (issue 14: an idle session holds no task, event or queue, for memory):
   freed the window; a connection) are marked due, and the task hands all of them to
   ``Broker.take_batches`` in one worker call (a fan-out wakes a hundred users at once:
   one call, one transaction for their held acks, one connection for their reads) -> each
-  notify queued on the RUDP peer at once, in nseq order (``send_nowait``: no task per
-  message); what is marked due during the call is the next call's: no polling;
+  notify queued on the RUDP peer at once, in nseq order (``write``; ``send_nowait`` for
+  a batch's last: no task per message, one future per batch); what is marked due during
+  the call is the next call's: no polling;
 - sends: the future of each queued message; a :class:`~rudp.aio.PeerUnreachable` (at
   once, or when its retries run out) marks the user DISCONNECTED (only if it belongs to
   the current connection: each :meth:`BrokerService.connected` starts a new epoch) and

@@ -595,7 +595,8 @@ class SqlQueueStore:
                 [
                     # The driver's row: SQLite gives its boolean as 0/1.
                     QueuedNotification(u, n, s, p, m, j, bytes(a), bytes(b), bool(g), t, q)
-                    for u, n, s, p, m, j, a, b, g, t, q in run(sql, (uri, after, limit))
+                    # fetchall: one call for the rows, not a fetchone per row
+                    for u, n, s, p, m, j, a, b, g, t, q in run(sql, (uri, after, limit)).fetchall()
                 ]
                 for uri, after, limit in reads
             ]

@@ -7,8 +7,9 @@ prints every figure and the mdeci/Mosquitto ratios. Figures go to docs/benchmark
 - The broker is a child process (``python -m mdeci broker``), so its RSS and CPU are its
   own. The agents are lightweight and in this process: per agent a real
   :class:`sip.aio.ua.UserAgent` (digest REGISTER + INVITE with ``build_offer``) and a
-  real :class:`rudp.aio.RudpEndpoint` peer that acks every notify with an ``Ack`` frame,
-  as ``mdeci.agent`` does (without its state files).
+  real :class:`rudp.aio.RudpEndpoint` peer that acks each burst of notifies (what one
+  loop iteration read) with one cumulative ``Ack`` frame, as ``mdeci.agent`` does
+  (without its state files).
 - Mosquitto is our own child (``mosquitto -c``, free port, ``max_queued_messages``
   raised past the drain size), subscribers and publisher are paho-mqtt clients in this
   process (one network thread each), QoS 1, ``clean_session=False``.
@@ -72,6 +73,8 @@ UVLOOP = (
     if os.environ.get("BENCH_UVLOOP")
     else []
 )
+# BENCH_WINDOW=n: the broker's delivery window (queue.window; default: the broker's own).
+WINDOW = os.environ.get("BENCH_WINDOW", "")
 # BENCH_PYSPY=prefix: py-spy samples the broker child during each timed phase (BrokerProc.spy).
 PYSPY = os.environ.get("BENCH_PYSPY", "")
 
@@ -150,6 +153,7 @@ class BrokerProc:
             f'url = "{store_url}"',
             "[queue]",
             f"max_per_uri = {DRAIN * 2}",  # the drain must not overflow
+            *([f"window = {WINDOW}"] if WINDOW else []),
             *(settings or []),
         ]
         for user in users:
@@ -194,7 +198,12 @@ class BrokerProc:
 
 
 class LightAgent:
-    """A device reduced to its SIP UA and its RUDP peer; acks every notify."""
+    """A device reduced to its SIP UA and its RUDP peer; acks what it receives as
+    ``mdeci.agent`` does: the messages its peer delivers in one loop iteration (its
+    ``on_message`` callback) are taken as one burst once that iteration's reading is
+    done (``call_soon``), and the burst's notifications are acked with ONE cumulative
+    ``Ack(upto=highest)``, sent by one task (``AgentAio._take_burst`` and
+    ``AgentCore.frames_received``, less the state files)."""
 
     def __init__(self, user: str, ua: UserAgent, rudp: RudpEndpoint, own_rudp: bool) -> None:
         self.user = user
@@ -211,7 +220,8 @@ class LightAgent:
         self.done = asyncio.Event()
         self.pub_oks = 0
         self.pub_room: asyncio.Semaphore | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._burst: list[bytes] = []  # messages read in this loop iteration
+        self._burst_soon = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -235,40 +245,53 @@ class LightAgent:
         media = parse_session(response.body)
         assert media.key is not None
         self.key = keys.secret(media.key, offer, response.body)
-        self.peer = self.rudp.peer(self.key, (media.addr, media.port))
+        peer = self.peer = self.rudp.peer(self.key, (media.addr, media.port))
         if read:
-            self._reader = asyncio.create_task(self._read(self.peer))
+            peer.on_message = lambda data: self._on_message(peer, data)
 
     async def hang_up(self) -> None:
         """BYE (the broker marks the session ENDED); the next connect uses a new key."""
         assert self.dialog is not None
         await self.ua.bye(self.dialog)
         self.dialog = None
-        await self._stop_reader()
+        self._stop_reader()
         self.rudp.remove_peer(self.key)
         self.peer = None
         self.key = b""
 
-    async def _stop_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-            self._reader = None
+    def _stop_reader(self) -> None:
+        if self.peer is not None:
+            self.peer.on_message = None
+        self._burst.clear()
 
-    async def _read(self, peer: RudpPeer) -> None:
-        while True:
-            frame = decode(await peer.receive())
+    def _on_message(self, peer: RudpPeer, data: bytes) -> None:
+        if peer is not self.peer:
+            return
+        self._burst.append(data)
+        if not self._burst_soon:
+            self._burst_soon = True
+            asyncio.get_running_loop().call_soon(self._take_burst)
+
+    def _take_burst(self) -> None:
+        self._burst_soon = False
+        burst, self._burst = self._burst, []
+        peer = self.peer
+        if peer is None or not burst:
+            return
+        upto = 0
+        for data in burst:
+            frame = decode(data)
             if isinstance(frame, Notify):
-                if frame.nseq > self.highest:
-                    self.highest = frame.nseq
-                    # As mdeci.agent: one Ack task per notify, cumulative.
-                    self._spawn(self._ack(peer, self.highest))
+                upto = max(upto, frame.nseq)
             elif isinstance(frame, PubOk):
                 self.pub_oks += 1
                 if self.pub_room is not None:
                     self.pub_room.release()
             else:
                 self.replies.put_nowait(frame)
+        if upto:
+            self.highest = max(self.highest, upto)
+            self._spawn(self._ack(peer, upto))  # one cumulative ack for the burst
 
     async def _ack(self, peer: RudpPeer, upto: int) -> None:
         await peer.send(encode(Ack(upto=upto)))
@@ -306,7 +329,7 @@ class LightAgent:
         assert self.pub_oks - start == count
 
     async def close(self) -> None:
-        await self._stop_reader()
+        self._stop_reader()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -8,8 +8,8 @@ same broker, same probe, same run), during the drain, their ratio, and the drain
 ``BENCH_BROKER_ROOT=<a checkout>`` runs that tree's broker instead (the "before" figure).
 
 - The broker is a child process (``python -m mdeci broker``) on its own PostgreSQL schema;
-  the drain agent is :class:`~tests.bench.test_broker_bench.LightAgent` (acks every
-  notify) in this process.
+  the drain agent is :class:`~tests.bench.test_broker_bench.LightAgent` (one cumulative
+  ack per burst read, as the agent) in this process.
 - The probe is another child process with one blocking UDP socket: OPTIONS, wait for the
   200, note the round trip, every ``PROBE_INTERVAL``; so neither this process's loop
   (busy with the drain's acks) nor its GIL is in the figure. A probe is bounded by

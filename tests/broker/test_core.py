@@ -495,7 +495,12 @@ def test_config_is_validated() -> None:
     ):
         with pytest.raises(ConfigError):
             SubscriptionConfig(**bad_subs)
-    for bad_queue in ({"window": 0}, {"max_per_uri": True}, {"overflow": "drop-all"}):
+    for bad_queue in (
+        {"window": 0},
+        {"window_bytes": 0},
+        {"max_per_uri": True},
+        {"overflow": "drop-all"},
+    ):
         with pytest.raises(ConfigError):
             QueueConfig(**bad_queue)
     assert BrokerCoreConfig(queue=QueueConfig(window=5)).window == 5
@@ -610,6 +615,42 @@ def test_a_backlog_is_refilled_by_half_windows(store: BrokerStore, clock: FakeCl
     broker.handle_frame(ALICE, encode(Ack(upto=5)))
     publish(broker, "m7", "a")
     assert [n.nseq for n in notifies(broker, ALICE)] == [8]  # at once, with room 2 of 4
+
+
+def test_the_window_is_bounded_in_bytes_too(store: BrokerStore, clock: FakeClock) -> None:
+    """``window_bytes`` bounds what a user holds un-acked whatever the count allows; one
+    notification always goes when nothing is in flight, however large."""
+    add_session(store, ALICE)
+    probe = make_broker(store, clock, MemorySink())
+    subscribe(probe, ALICE, "a")
+    for n in range(6):
+        publish(probe, f"m{n}", "a")
+    probe.mark_connected(ALICE)
+    size = len(probe.take_batch(ALICE)[0].data)  # every frame here is this size
+
+    queue = QueueConfig(window=100, window_bytes=2 * size + 1)
+    broker = make_broker(store, clock, MemorySink(), queue=queue)
+    broker.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2]  # a third is over the bytes
+    assert notifies(broker, ALICE) == []
+    broker.handle_frame(ALICE, encode(Ack(upto=1)))
+    assert [n.nseq for n in notifies(broker, ALICE)] == [3]
+    broker.handle_frame(ALICE, encode(Ack(upto=3)))
+    assert [n.nseq for n in notifies(broker, ALICE)] == [4, 5]
+    broker.mark_disconnected(ALICE, "test")  # what was in flight no longer counts
+    broker.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(broker, ALICE)] == [4, 5]
+
+    tiny = make_broker(store, clock, MemorySink(), queue=QueueConfig(window_bytes=1))
+    tiny.mark_connected(ALICE)
+    assert [n.nseq for n in notifies(tiny, ALICE)] == [4]  # over the bytes, alone: sent
+    assert notifies(tiny, ALICE) == []
+    for nseq in (4, 5, 6):
+        tiny.handle_frame(ALICE, encode(Ack(upto=nseq)))
+        assert [n.nseq for n in notifies(tiny, ALICE)] == ([nseq + 1] if nseq < 6 else [])
+    assert queued(store, ALICE) == []
+    link = tiny._links[ALICE]  # idle again: no per-nseq sizes kept (memory per session)
+    assert link.sizes is None and link.inflight_bytes == 0
 
 
 def _count_acks(store: BrokerStore) -> list[list[tuple[str, int]]]:
