@@ -394,7 +394,7 @@ class Agent:
         assert core is not None
         while (command := core.next_command()) is not None:
             if isinstance(command, SendFrame):
-                self._spawn(self._send(command.data))
+                self._send(command.data)
             elif isinstance(command, AttachMedia):
                 self._attach(command.key, command.addr)
             else:
@@ -419,13 +419,32 @@ class Agent:
         self.core.handle_timer(self.clock())
         self._pump()
 
-    async def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes) -> None:
+        # No task per frame (issue 14: a publish's task and its steps cost the device
+        # more than the frame's encoding): the acknowledgement's future reports a failure.
         peer = self._peer
         if peer is None:
             return
         try:
-            await peer.send(data)
+            future = peer.send_nowait(data)
         except PeerUnreachable as exc:
+            # Not from inside _pump's loop over the core's commands: next iteration, as
+            # when a task sent the frame.
+            asyncio.get_running_loop().call_soon(self._send_failed, peer, exc)
+            return
+        future.add_done_callback(lambda done: self._sent(peer, done))
+
+    def _sent(self, peer: RudpPeer, future: asyncio.Future[None]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()  # retrieved even when closing: asyncio would log it
+        if isinstance(exc, PeerUnreachable):
+            self._send_failed(peer, exc)
+
+    def _send_failed(self, peer: RudpPeer, exc: PeerUnreachable) -> None:
+        # Closing fails what is still pending: that is no lost peer (the task that sent a
+        # frame used to be cancelled first).
+        if not self._closed:
             self._peer_lost(peer, exc)
 
     def _peer_lost(self, peer: RudpPeer, exc: PeerUnreachable) -> None:

@@ -202,8 +202,10 @@ class LightAgent:
     ``mdeci.agent`` does: the messages its peer delivers in one loop iteration (its
     ``on_message`` callback) are taken as one burst once that iteration's reading is
     done (``call_soon``), and the burst's notifications are acked with ONE cumulative
-    ``Ack(upto=highest)``, sent by one task (``AgentAio._take_burst`` and
-    ``AgentCore.frames_received``, less the state files)."""
+    ``Ack(upto=highest)``; every frame is queued on the peer at once, its
+    acknowledgement's future checked by a callback, no task per frame
+    (``AgentAio._take_burst``, ``AgentAio._send`` and ``AgentCore.frames_received``, less
+    the state files)."""
 
     def __init__(self, user: str, ua: UserAgent, rudp: RudpEndpoint, own_rudp: bool) -> None:
         self.user = user
@@ -222,7 +224,7 @@ class LightAgent:
         self.pub_room: asyncio.Semaphore | None = None
         self._burst: list[bytes] = []  # messages read in this loop iteration
         self._burst_soon = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Future[None]] = set()  # sent, not yet acknowledged
 
     @classmethod
     async def open(cls, user: str, rudp: RudpEndpoint | None = None) -> LightAgent:
@@ -291,17 +293,19 @@ class LightAgent:
                 self.replies.put_nowait(frame)
         if upto:
             self.highest = max(self.highest, upto)
-            self._spawn(self._ack(peer, upto))  # one cumulative ack for the burst
+            self._send(peer, encode(Ack(upto=upto)), upto)  # one cumulative ack
 
-    async def _ack(self, peer: RudpPeer, upto: int) -> None:
-        await peer.send(encode(Ack(upto=upto)))
-        if upto >= self.target > 0:
+    def _send(self, peer: RudpPeer, data: bytes, acked_upto: int = 0) -> None:
+        future = peer.send_nowait(data)
+        self._sending.add(future)
+        future.add_done_callback(lambda done: self._sent(done, acked_upto))
+
+    def _sent(self, future: asyncio.Future[None], acked_upto: int) -> None:
+        self._sending.discard(future)
+        # A failed send leaves a notification or pub-ok missing: RUN_LIMIT ends the run.
+        ok = not future.cancelled() and future.exception() is None
+        if ok and acked_upto >= self.target > 0:
             self.done.set()
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def subscribe(self, subject: str) -> None:
         assert self.peer is not None
@@ -323,16 +327,13 @@ class LightAgent:
         for i in range(count):
             await self.pub_room.acquire()
             frame = Pub(req=i + 2, msg_id=f"{prefix}{i}", subject=subject, payload=PAYLOAD)
-            self._spawn(self.peer.send(encode(frame)))
+            self._send(self.peer, encode(frame))
         for _ in range(PUB_WINDOW):  # every slot back: every publish answered
             await self.pub_room.acquire()
         assert self.pub_oks - start == count
 
     async def close(self) -> None:
         self._stop_reader()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.own_rudp:
             await self.rudp.close()
         await self.ua.close()
