@@ -347,13 +347,23 @@ SUM_COLUMNS = (
 )
 
 
-def _tables(events: DataFrame, cfg: jobs.JobConfig) -> tuple[dict[str, DataFrame], list[DataFrame]]:
-    """The table jobs over ``events``, and what they cache (for the caller to drop)."""
+def _persist(df: DataFrame, _name: str) -> DataFrame:
+    return df.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def _tables(
+    events: DataFrame,
+    cfg: jobs.JobConfig,
+    hold: Callable[[DataFrame, str], DataFrame] = _persist,
+) -> tuple[dict[str, DataFrame], list[DataFrame]]:
+    """The table jobs over ``events``, and what they cache (for the caller to drop):
+    ``hold`` keeps what several tables read (the episode starts, the episodes, the
+    per-user table)."""
     window = cfg.window
     current = jobs.in_window(events, window)
-    starts = jobs.episode_starts(events).persist(StorageLevel.MEMORY_AND_DISK)
-    eps = jobs.episodes(events, window, starts).persist(StorageLevel.MEMORY_AND_DISK)
-    user = jobs.per_user(current, eps).persist(StorageLevel.MEMORY_AND_DISK)
+    starts = hold(jobs.episode_starts(events), "episode starts")
+    eps = hold(jobs.episodes(events, window, starts), "episodes")
+    user = hold(jobs.per_user(current, eps), "per_user")
     tables = {
         "episodes": eps,
         "per_user": user,
@@ -419,7 +429,10 @@ def _run(
 
         else:
             parsed = read_parsed(spark, inputs, keep_extra=keep_extra)
-        counts = _run_large(spark, parsed, out, cfg, csv, keep_extra, local, say, again)
+        # Rows instead of the columnar cache: a moderate log on this machine (a local
+        # checkpoint lives in the executors' memory, which a cluster may take back).
+        rows = inputs.moderate and (spark.sparkContext.master or "").startswith("local")
+        counts = _run_large(spark, parsed, out, cfg, csv, keep_extra, local, say, again, rows=rows)
     window = cfg.window
     summary: dict[str, float] = {
         "lines": float(counts.lines),
@@ -467,7 +480,13 @@ def _run_large(
     local: bool,
     say: Callable[[str], None],
     reparse: Callable[[], DataFrame] | None = None,
+    rows: bool = False,
 ) -> _Counts:
+    """The tables of a log too large for :func:`_run_small`, a job or more each, a few
+    at a time. With ``rows`` (a local run of a few million lines) the events and what
+    several tables share are held as rows (:class:`_Held`), else in Spark's columnar
+    cache."""
+    held = _Held(spark) if rows else None
     spark.sparkContext.setJobDescription("events")
     observed = Observation("lines")
     metrics = (F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid"))
@@ -476,7 +495,7 @@ def _run_large(
         # to the de-duplication of 10M lines they overran a 3 GB driver) for the two
         # readers, the de-duplicated events and the quarantine.
         parsed = parsed.observe(observed, *metrics).persist(StorageLevel.DISK_ONLY)
-        events, n_events = _cached(spark, _for_jobs(jobs.valid_events(parsed), keep_extra))
+        events, n_events = _cached(spark, _for_jobs(jobs.valid_events(parsed), keep_extra), held)
         jobs.quarantine(parsed).write.mode("overwrite").json(f"{out}/quarantine")
         parsed.unpersist()
     else:
@@ -484,7 +503,7 @@ def _run_large(
         # counted on the way to the cached events, and the quarantine pass, a second
         # read of every column, runs only when there is something to set aside.
         valid = jobs.valid_events(parsed.observe(observed, *metrics))
-        events, n_events = _cached(spark, _for_jobs(valid, keep_extra))
+        events, n_events = _cached(spark, _for_jobs(valid, keep_extra), held)
         spark.sparkContext.setJobDescription("quarantine")
         if int(observed.get["invalid"]) > 0:
             jobs.quarantine(reparse()).write.mode("overwrite").json(f"{out}/quarantine")
@@ -500,7 +519,7 @@ def _run_large(
     if keep_extra:
         say("writing events")
         events.write.mode("overwrite").parquet(f"{out}/events")
-    tables, cached = _tables(events, cfg)
+    tables, cached = _tables(events, cfg, held or _persist)
     # Row counts and the per-user totals are observed while the tables are written:
     # no job of their own.
     sizes = {name: Observation(f"rows_{name}") for name in tables}
@@ -533,6 +552,8 @@ def _run_large(
             done.result()
     for df in (*cached, events):
         df.unpersist()
+    if held is not None:
+        held.release()
     return _Counts(
         lines=lines,
         invalid=invalid,
@@ -545,10 +566,66 @@ def _run_large(
 
 # Read when an aggregate is planned: see _cached.
 BYPASS_PARTIAL = "spark.sql.execution.bypassPartialAggregation"
+ADAPTIVE = "spark.sql.adaptive.enabled"
 
 
-def _cached(spark: SparkSession, events: DataFrame) -> tuple[DataFrame, int]:
-    """``events`` (:func:`analytics.jobs.valid_events`) cached, and their number.
+class _Held:
+    """What the table jobs of a moderate local log share, computed once and kept as rows
+    (local checkpoints), not in Spark's columnar cache.
+
+    The columnar cache (compressed column batches) cost more to build than anything it
+    saved for a log of a million lines: its compressibility statistics alone were a
+    seventh of the events job's task time, and the quick JIT of such a run (see
+    spark.session) runs that code slowly. Rows in the block manager are copied once.
+    At 10M lines rows would fill a 3 GB driver's old generation (the collector then
+    took more CPU than the columnar cache's build), so large logs keep the cache.
+
+    Each frame is computed when held, with adaptive execution off for its plan: the
+    result then keeps the partitioning of its plan (by user), so the per-user windows
+    and aggregates over it need no shuffle; an adaptive plan reports none.
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+        self._rdds: set[int] = set()
+
+    def __call__(self, df: DataFrame, name: str, one_pass: bool = False) -> DataFrame:
+        """``df`` computed now and held. With ``one_pass``, its aggregates run without
+        Spark's pre-aggregation (see :func:`_cached`)."""
+        spark = self._spark
+        jsc = spark.sparkContext._jsc
+        before = set(jsc.getPersistentRDDs().keySet())
+        settings = {ADAPTIVE: "false", **({BYPASS_PARTIAL: "true"} if one_pass else {})}
+        saved = {key: spark.conf.get(key, None) for key in settings}
+        spark.sparkContext.setJobDescription(name)
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+        try:
+            rows = df.localCheckpoint(eager=True)
+        finally:
+            for key, old in saved.items():
+                if old is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, old)
+        self._rdds |= set(jsc.getPersistentRDDs().keySet()) - before
+        return rows
+
+    def release(self) -> None:
+        """Drop every frame held (a session may run more jobs after this one)."""
+        rdds = self._spark.sparkContext._jsc.getPersistentRDDs()
+        for rdd_id in self._rdds:
+            rdd = rdds.get(rdd_id)
+            if rdd is not None:
+                rdd.unpersist(False)
+        self._rdds.clear()
+
+
+def _cached(
+    spark: SparkSession, events: DataFrame, held: _Held | None = None
+) -> tuple[DataFrame, int]:
+    """``events`` (:func:`analytics.jobs.valid_events`) cached, or ``held`` as rows, and
+    their number.
 
     Their de-duplication runs on rows already partitioned by user, so Spark's usual
     pre-aggregation before the exchange would be a second hash pass over every row after
@@ -557,6 +634,10 @@ def _cached(spark: SparkSession, events: DataFrame) -> tuple[DataFrame, int]:
     for each stage as the cache is built) and the setting restored for the tables, whose
     aggregates shuffle and want their pre-aggregation.
     """
+    if held is not None:
+        counted = Observation("events")
+        rows = held(events.observe(counted, F.count(F.lit(1)).alias("events")), "events", True)
+        return rows, int(counted.get["events"])
     before = spark.conf.get(BYPASS_PARTIAL, None)
     spark.conf.set(BYPASS_PARTIAL, "true")
     try:

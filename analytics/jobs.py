@@ -98,8 +98,21 @@ class JobConfig:
 
 
 def conform(df: DataFrame, schema: T.StructType) -> DataFrame:
-    """``df`` with exactly the columns of ``schema``, in its order and of its types."""
-    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
+    """``df`` with exactly the columns of ``schema``, in its order and of its types.
+
+    A column that already has its type is selected as it is, not cast and renamed: the
+    new name would hide that it is the same column from what Spark knows of the
+    partitioning (see :func:`valid_events`).
+    """
+    have = {f.name: f.dataType for f in df.schema.fields}
+    return df.select(
+        [
+            F.col(f.name)
+            if have.get(f.name) == f.dataType
+            else F.col(f.name).cast(f.dataType).alias(f.name)
+            for f in schema.fields
+        ]
+    )
 
 
 def _ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
@@ -154,9 +167,11 @@ def parse_records(records: DataFrame) -> DataFrame:
 
     Missing churn-log columns are read as null; other columns become ``extra``.
     """
-    present = set(records.columns)
+    present = {f.name: f.dataType for f in records.schema.fields}
     fields = [
-        (F.col(name) if name in present else F.lit(None)).cast(dtype).alias(name)
+        F.col(name)
+        if present.get(name) == dtype
+        else (F.col(name) if name in present else F.lit(None)).cast(dtype).alias(name)
         for name, dtype in S.CHURN_FIELDS
     ]
     others = [c for c in records.columns if c not in S.FIELD_NAMES and c != "source"]
@@ -229,6 +244,9 @@ def valid_events(parsed: DataFrame) -> DataFrame:
     # which then need no shuffle of their own when the result is cached. Every column is
     # a key (``extra`` is JSON text, not a map, for that reason): with no aggregate
     # buffer left, Spark de-duplicates in a hash table instead of sorting every row.
+    # The columns keep their identity through ``conform`` and the parse (no cast and
+    # alias of a column that has its type already): a result held as rows
+    # (churn._Held) then still says it is partitioned by this ``uri``.
     return ok.repartition("uri").dropDuplicates(ok.columns)
 
 

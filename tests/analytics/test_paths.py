@@ -1,5 +1,7 @@
-"""The two ways ``churn`` runs (one job for a small log, a job per table for a large
-one) write the same tables from the same Parquet log, bad and duplicate rows included."""
+"""The three ways ``churn`` runs (one job for a small log; a job per table for a larger
+one, with what the tables share held as rows up to a few million lines and in Spark's
+columnar cache above) write the same tables from the same Parquet log, bad and
+duplicate rows included."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from analytics import churn
+from analytics import churn, jobs
 from analytics.churn import TABLES, run_churn
 from analytics.generate import GeneratorConfig, generate
 from analytics.jobs import JobConfig
@@ -54,11 +56,13 @@ def _log(folder: Path, *, bad: bool) -> Path:
     return parquet
 
 
-def _both_paths(spark: Any, log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def _all_paths(spark: Any, log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     small = run_churn(spark, str(log), str(tmp_path / "small"), JobConfig(), fmt="parquet")
     monkeypatch.setattr(churn, "SMALL_INPUT_ROWS", 0)  # the large path, job per table
     large = run_churn(spark, str(log), str(tmp_path / "large"), JobConfig(), fmt="parquet")
-    return small, large
+    monkeypatch.setattr(churn, "QUICK_JIT_ROWS", 0)  # ... with the columnar cache
+    cached = run_churn(spark, str(log), str(tmp_path / "cached"), JobConfig(), fmt="parquet")
+    return small, large, cached
 
 
 @pytest.mark.parametrize("bad", [True, False], ids=["bad-rows", "clean"])
@@ -66,10 +70,12 @@ def test_small_and_large_paths_write_the_same_tables(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: bool
 ) -> None:
     log = _log(tmp_path / "log", bad=bad)
-    small, large = _both_paths(spark, log, tmp_path, monkeypatch)
+    small, large, cached = _all_paths(spark, log, tmp_path, monkeypatch)
     assert _sorted_tables(tmp_path / "large") == _sorted_tables(tmp_path / "small")
+    assert _sorted_tables(tmp_path / "cached") == _sorted_tables(tmp_path / "small")
     quarantined = _quarantine(tmp_path / "large")
     assert quarantined == _quarantine(tmp_path / "small")
+    assert _quarantine(tmp_path / "cached") == quarantined
     if bad:
         assert [reason for _line, reason in quarantined] == [
             "missing event",
@@ -81,4 +87,23 @@ def test_small_and_large_paths_write_the_same_tables(
         assert quarantined == []
         assert large.summary["invalid_lines"] == 0
     assert large.summary == small.summary
+    assert cached.summary == small.summary
     assert large.summary["lines"] == large.summary["events"] + 3 * bad
+
+
+def test_events_held_as_rows_keep_their_partitioning(spark: Any, tmp_path: Path) -> None:
+    """The per-user jobs over the events held as rows need no shuffle of their own (the
+    reason the events are partitioned by user), and releasing them drops their blocks."""
+    inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
+    held = churn._Held(spark)
+    parsed = churn.read_parsed(spark, inputs, source=False)
+    events, n = churn._cached(spark, churn._for_jobs(jobs.valid_events(parsed), False), held)
+    ids = set(held._rdds)
+    try:
+        assert n == inputs.rows
+        plan = events.groupBy("uri").count()._jdf.queryExecution().executedPlan().toString()
+        assert "Exchange" not in plan, plan
+        assert ids
+    finally:
+        held.release()
+    assert not ids & set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
