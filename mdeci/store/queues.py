@@ -155,6 +155,25 @@ _RECORD_CHUNK = 200
 _LOCK_CHUNK = 500
 
 
+def _queue_row(
+    m: PublishRequest, item: Enqueued, urgent_subs: frozenset[int]
+) -> tuple[object, ...]:
+    """The queue table's row (the insert's parameters, in column order) for ``item``."""
+    return (
+        item.uri,
+        item.nseq,
+        item.sub_id,
+        m.publisher_uri,
+        m.msg_id,
+        m.subject,
+        m.attrs_cbor,
+        m.payload,
+        m.urgent or item.sub_id in urgent_subs,
+        m.published_at,
+        m.qclass,
+    )
+
+
 @dataclass(slots=True)
 class _Counter:
     """One recipient's counter row while ``publish`` plans its targets."""
@@ -462,22 +481,7 @@ class SqlQueueStore:
                 counter.last_nseq += 1
                 counter.depth += 1
                 queued_fast.append(Enqueued(uri, counter.last_nseq, sub_id, counter.depth))
-            unwritten.extend(
-                (
-                    item.uri,
-                    item.nseq,
-                    item.sub_id,
-                    m.publisher_uri,
-                    m.msg_id,
-                    m.subject,
-                    m.attrs_cbor,
-                    m.payload,
-                    m.urgent or item.sub_id in urgent_subs,
-                    m.published_at,
-                    m.qclass,
-                )
-                for item in queued_fast
-            )
+            unwritten.extend(_queue_row(m, item, urgent_subs) for item in queued_fast)
             return PublishResult(len(ordered), False, tuple(queued_fast))
         # Pass 1: how many of each user's older entries overflow drops, so that one
         # DELETE per user fetches their nseqs. A queue is the older entries (oldest
@@ -537,22 +541,7 @@ class SqlQueueStore:
                 fresh.append(item)
                 queued.append(item)
             counter.depth = depth
-            for item in fresh:
-                rows_out.append(
-                    (
-                        uri,
-                        item.nseq,
-                        item.sub_id,
-                        m.publisher_uri,
-                        m.msg_id,
-                        m.subject,
-                        m.attrs_cbor,
-                        m.payload,
-                        m.urgent or item.sub_id in urgent_subs,
-                        m.published_at,
-                        m.qclass,
-                    )
-                )
+            rows_out.extend(_queue_row(m, item, urgent_subs) for item in fresh)
         # Written with the batch's, or before a later request's overflow DELETE (which may
         # drop them as older entries); the counters are written once, by publish_many.
         unwritten.extend(rows_out)
