@@ -61,6 +61,9 @@ def test_shipped_broker_config_loads() -> None:
     assert cfg.queue.overflow is OverflowPolicy.DROP_OLDEST
     assert {u.user for u in cfg.auth.users} == {"alice", "bob"}
     assert isinstance(cfg.rudp, RudpConfig)
+    # The shipped file spells out the defaults of the delivery window: an operator who
+    # starts from it gets what was measured (it said 32 after the default became 256).
+    assert cfg.queue == QueueConfig()
 
 
 def test_shipped_agent_config_loads() -> None:
