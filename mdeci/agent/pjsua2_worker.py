@@ -287,8 +287,12 @@ class Worker:
             self.reply(pending, None, "not registered")
             return
         if self.call is not None and self.call.isActive():
-            # A call the daemon stopped waiting for (its timeout): one dialog only.
-            self.call.hangup(pj.CallOpParam(True))
+            # A call the daemon stopped waiting for (its timeout), or gave up on (the
+            # broker stopped answering: restarted): one dialog only. Its end answers
+            # nothing: the pending INVITE is the new call's (on_disconnected).
+            old, self.call = self.call, None
+            old.replaced = True
+            old.hangup(pj.CallOpParam(True))
         self.offer = str(msg["offer"])
         self.call = Call(self, self.acc)
         prm = pj.CallOpParam(True)
@@ -366,6 +370,12 @@ class Worker:
             self.reply(pending, code, reason, call_id=call_id)
 
     def on_disconnected(self, call: Call, code: int, reason: str) -> None:
+        if call.replaced:
+            # Hung up by op_invite for a new call: its BYE's "200 OK" once answered that
+            # new INVITE (no Call-ID, no SDP), the core tried again, the retry hung up the
+            # call the broker had just set up, and so on.
+            call.drop = True
+            return
         if self.call is call:
             self.call = None
         pending = self.pending
@@ -448,6 +458,7 @@ class Call(pj.Call):  # type: ignore[misc]
         self.call_id = ""
         self.confirmed = False
         self.drop = False
+        self.replaced = False  # hung up by op_invite for a new call
 
     def onCallSdpCreated(self, prm: pj.OnCallSdpCreatedParam) -> None:
         def go() -> None:

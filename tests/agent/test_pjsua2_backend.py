@@ -17,15 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.agent import Agent, Status
-from mdeci.agent.core import MoveSip, Register
+from mdeci.agent.core import Invite, MoveSip, Register
 from mdeci.agent.errors import AgentError
 from mdeci.agent.pjsua2_backend import Pjsua2Backend, outcome_of, worker_settings
 from mdeci.config import AgentConfig
 from mdeci.store.repo import BrokerStore
-from sip.sdp import parse_session
+from sip.sdp import build_offer, parse_session
 from tests.agent.farend import GUARD, agent_config, lo_only
 from tests.agent.test_real_broker import start_broker
 from tests.broker.conftest import FakeClock, WaitingSink
+from tests.keyx import OfferKeys
 from tests.peers import missing
 
 pytestmark = pytest.mark.peer("pjsua2")
@@ -250,3 +251,36 @@ def test_a_tls_listener_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(AgentError, match="does not listen for TLS"):
         Pjsua2Backend(dataclasses.replace(config, sip=sip), os.urandom)
+
+
+async def test_a_new_invite_over_a_live_call_is_answered_by_the_new_call(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    """The core INVITEs anew while pjsua still holds the last call (the broker stopped
+    answering keepalives: restarted). The child hangs that call up first; its end must
+    not answer the new INVITE. It did: the INVITE failed although the broker answered
+    200, the core tried again, the retry hung up the call the broker had just set up,
+    and so on for as long as the test waited (a broker-restart test, now and then)."""
+    broker = await start_broker(tmp_path, store, clock, sink)
+    config = pjsua2_config(tmp_path, "alice", "127.0.0.2", broker.sip_addr[1])
+    backend = Pjsua2Backend(config, os.urandom)
+    try:
+        host, _port = await backend.start(lambda call_id: None)
+        assert (await backend.execute(Register(600), timeout=GUARD)).ok
+        call_ids = []
+        for version in (1, 2):
+            keys = OfferKeys("alice", "localhost", "alice-secret")
+            offer = build_offer("alice", 1, version, host, 40000 + version, keys.public)
+            outcome = await backend.execute(Invite(offer.encode()), timeout=GUARD)
+            # The new call's answer: its Call-ID and SDP (the old call's end said 200 OK
+            # too, the status of its BYE, with neither).
+            assert outcome.ok and outcome.call_id and outcome.body, outcome
+            call_ids.append(outcome.call_id)
+        assert call_ids[0] != call_ids[1]
+        assert parse_session(outcome.body).port == broker.media_addr[1]
+        # The broker saw the first session end (the child's BYE) and the second start.
+        ended = await asyncio.wait_for(sink.wait_for("session_ended", ALICE), GUARD)
+        assert ended.fields["call_id"] == call_ids[0]
+    finally:
+        await backend.close()
+        await broker.close()
