@@ -374,7 +374,6 @@ class Worker:
             # Hung up by op_invite for a new call: its BYE's "200 OK" once answered that
             # new INVITE (no Call-ID, no SDP), the core tried again, the retry hung up the
             # call the broker had just set up, and so on.
-            call.drop = True
             return
         if self.call is call:
             self.call = None
@@ -385,7 +384,6 @@ class Worker:
             self.reply(pending, code or None, reason or "call ended")
         elif call.confirmed:
             emit(event="bye", call_id=call.call_id)
-        call.drop = True
 
     def _close_old_transports(self) -> None:
         # The dialog and the registration left the old sockets (reinvite with
@@ -457,7 +455,6 @@ class Call(pj.Call):  # type: ignore[misc]
         self.worker = worker
         self.call_id = ""
         self.confirmed = False
-        self.drop = False
         self.replaced = False  # hung up by op_invite for a new call
 
     def onCallSdpCreated(self, prm: pj.OnCallSdpCreatedParam) -> None:

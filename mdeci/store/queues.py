@@ -155,6 +155,14 @@ _RECORD_CHUNK = 200
 _LOCK_CHUNK = 500
 
 
+def _rows_sql(cache: dict[int, str], n: int, head: str, row: str, tail: str) -> str:
+    """``head`` + ``n`` times ``row`` (comma-separated) + ``tail``, built once per ``n``."""
+    sql = cache.get(n)
+    if sql is None:
+        sql = cache[n] = f"{head}{', '.join([row] * n)}{tail}"
+    return sql
+
+
 def _queue_row(
     m: PublishRequest, item: Enqueued, urgent_subs: frozenset[int]
 ) -> tuple[object, ...]:
@@ -414,12 +422,9 @@ class SqlQueueStore:
             return recorded
         for start in range(0, len(requests), _RECORD_CHUNK):
             chunk = requests[start : start + _RECORD_CHUNK]
-            sql = self._record_sql.get(len(chunk))
-            if sql is None:
-                sql = self._record_sql[len(chunk)] = (
-                    f"{self._record_head}{', '.join([self._record_row] * len(chunk))}"
-                    f"{self._record_tail}"
-                )
+            sql = _rows_sql(
+                self._record_sql, len(chunk), self._record_head, self._record_row, self._record_tail
+            )
             params: list[object] = []
             for req in chunk:
                 params += (req.publisher_uri, req.msg_id, len(req.targets), req.published_at)
@@ -433,11 +438,9 @@ class SqlQueueStore:
         counters: dict[str, _Counter] = {}
         for start in range(0, len(uris), _LOCK_CHUNK):
             chunk = uris[start : start + _LOCK_CHUNK]
-            sql = self._lock_sql.get(len(chunk))
-            if sql is None:
-                sql = self._lock_sql[len(chunk)] = (
-                    f"{self._lock_head}{', '.join([self._lock_row] * len(chunk))}{self._lock_tail}"
-                )
+            sql = _rows_sql(
+                self._lock_sql, len(chunk), self._lock_head, self._lock_row, self._lock_tail
+            )
             for uri, last, depth in conn.exec_driver_sql(sql, tuple(chunk)):
                 counters[str(uri)] = _Counter(int(last), int(depth))
         # In URI order, as the rows were locked (the counters are written in this order).

@@ -400,12 +400,8 @@ def test_a_deferred_log_writes_the_same_files_once_per_burst(
     deferred.close()
 
 
-def test_a_deferred_burst_is_one_write_and_close_writes_what_is_kept(tmp_path: Path) -> None:
-    scheduled: list[object] = []
-    log = ChurnLog(tmp_path / "c.log", "n", Clock(), defer=scheduled.append)
-    for n in range(5):
-        log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=n + 1, queue_depth=n)
-    assert len(scheduled) == 1 and (tmp_path / "c.log").read_text() == ""  # kept
+def _count_writes(log: ChurnLog) -> list[int]:
+    """The sizes of the log file's writes from now on (one entry per write call)."""
     sizes: list[int] = []
     assert log._file is not None
     real = log._file.write
@@ -415,6 +411,16 @@ def test_a_deferred_burst_is_one_write_and_close_writes_what_is_kept(tmp_path: P
         return real(data)
 
     log._file.write = counting  # type: ignore[method-assign,assignment]
+    return sizes
+
+
+def test_a_deferred_burst_is_one_write_and_close_writes_what_is_kept(tmp_path: Path) -> None:
+    scheduled: list[object] = []
+    log = ChurnLog(tmp_path / "c.log", "n", Clock(), defer=scheduled.append)
+    for n in range(5):
+        log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=n + 1, queue_depth=n)
+    assert len(scheduled) == 1 and (tmp_path / "c.log").read_text() == ""  # kept
+    sizes = _count_writes(log)
     log.flush()
     assert len(sizes) == 1 and [r["nseq"] for r in lines(tmp_path / "c.log")] == [1, 2, 3, 4, 5]
     log.write(Event.NOTIFY_QUEUED, uri="sip:a@x", nseq=6, queue_depth=0)
@@ -644,15 +650,7 @@ def test_rows_take_one_clock_reading_and_one_write(tmp_path: Path) -> None:
         return T0
 
     log = ChurnLog(tmp_path / "c.log", "n", clock, role=Role.BROKER)
-    sizes: list[int] = []
-    assert log._file is not None
-    real = log._file.write
-
-    def counting(data: memoryview) -> int:
-        sizes.append(len(data))
-        return real(data)
-
-    log._file.write = counting  # type: ignore[method-assign,assignment]
+    sizes = _count_writes(log)
     keys = ("nseq", "latency_ms")
     assert (
         log.add_rows(Event.NOTIFY_DELIVERED, keys, [("sip:a@x", n, n / 3) for n in range(50)]) == 0

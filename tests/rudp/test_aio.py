@@ -12,6 +12,9 @@ from rudp.errors import MessageTooLarge
 
 KEY = b"k" * 32
 
+# Quick timers and one retry: a peer that stops answering fails within a second.
+FAILS_FAST = RudpConfig(rto_initial=0.05, rto_min=0.05, max_retries=1, keepalive_interval=0)
+
 
 async def test_send_receive_both_ways_and_rebind_followed() -> None:
     a = await RudpEndpoint.open("127.0.0.1")
@@ -59,9 +62,8 @@ async def test_unknown_cid_and_garbage_counted_by_endpoint() -> None:
 
 
 async def test_write_then_drain_waits_for_every_ack_and_fails_with_the_peer() -> None:
-    config = RudpConfig(rto_initial=0.05, rto_min=0.05, max_retries=1, keepalive_interval=0)
-    a = await RudpEndpoint.open("127.0.0.1", config=config)
-    b = await RudpEndpoint.open("127.0.0.1", config=config)
+    a = await RudpEndpoint.open("127.0.0.1", config=FAILS_FAST)
+    b = await RudpEndpoint.open("127.0.0.1", config=FAILS_FAST)
     try:
         pa, pb = a.peer(KEY, b.local_addr), b.peer(KEY, a.local_addr)
         await asyncio.wait_for(pa.drain(), 5)  # nothing written: nothing to wait for
@@ -84,9 +86,8 @@ async def test_write_then_drain_waits_for_every_ack_and_fails_with_the_peer() ->
 
 
 async def test_send_many_nowait_is_done_once_every_message_is_acked_and_fails_with_one() -> None:
-    config = RudpConfig(rto_initial=0.05, rto_min=0.05, max_retries=1, keepalive_interval=0)
-    a = await RudpEndpoint.open("127.0.0.1", config=config)
-    b = await RudpEndpoint.open("127.0.0.1", config=config)
+    a = await RudpEndpoint.open("127.0.0.1", config=FAILS_FAST)
+    b = await RudpEndpoint.open("127.0.0.1", config=FAILS_FAST)
     try:
         pa, pb = a.peer(KEY, b.local_addr), b.peer(KEY, a.local_addr)
         with pytest.raises(ValueError):
@@ -98,7 +99,7 @@ async def test_send_many_nowait_is_done_once_every_message_is_acked_and_fails_wi
         assert not any(pa.connection.is_pending(i) for i in range(40))
         assert [await asyncio.wait_for(pb.receive(), 5) for _ in messages] == messages
         with pytest.raises(MessageTooLarge):  # all or none: the first is not queued either
-            pa.send_many_nowait([b"small", b"x" * (config.max_message_size + 1)])
+            pa.send_many_nowait([b"small", b"x" * (FAILS_FAST.max_message_size + 1)])
         assert not pa.connection.is_pending(40)
         b.drop_incoming = True  # nobody answers any more: the retries run out
         lost = pa.send_many_nowait([b"lost 1", b"lost 2"])
