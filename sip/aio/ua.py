@@ -21,6 +21,7 @@ import contextlib
 import secrets
 import socket
 import ssl
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -206,7 +207,11 @@ class UserAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._registration: _Registration | None = None
         self._closed = False
-        self._tcp_peers: set[Address] = set()
+        # Client transactions in flight over TCP, by destination: their retransmissions
+        # and ACK go over TCP even if the connection closed (a count, not a set: a peer
+        # once asked over TCP must get its later UDP requests over UDP, and a broker
+        # meeting many devices must not keep every address it ever sent to).
+        self._tcp_peers: Counter[Address] = Counter()
         self._flows: dict[DialogId, tuple[str, Address]] = {}
         uri = parse_uri(config.aor)
         if not isinstance(uri, SipUri) or uri.user is None:
@@ -414,15 +419,23 @@ class UserAgent:
         loop = asyncio.get_running_loop()
         now = loop.time()
         if transport == "tcp":
-            self._tcp_peers.add(dest)
-        txn = self.layer.send_request(request, dest, now, reliable=transport != "udp")
-        future: asyncio.Future[Response] = loop.create_future()
-        self._pending[txn.key] = _Pending(future, transport)
-        self._pump(transport)
+            self._tcp_peers[dest] += 1
         try:
-            return await future
+            txn = self.layer.send_request(request, dest, now, reliable=transport != "udp")
+            future: asyncio.Future[Response] = loop.create_future()
+            self._pending[txn.key] = _Pending(future, transport)
+            self._pump(transport)
+            try:
+                return await future
+            finally:
+                self._pending.pop(txn.key, None)
         finally:
-            self._pending.pop(txn.key, None)
+            # A reliable transaction sends nothing after its final response (no timer
+            # A, K or D): the count can drop as soon as it has one.
+            if transport == "tcp":
+                self._tcp_peers[dest] -= 1
+                if self._tcp_peers[dest] <= 0:
+                    del self._tcp_peers[dest]
 
     async def register(
         self,

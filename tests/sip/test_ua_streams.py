@@ -266,3 +266,36 @@ async def test_malformed_message_on_a_stream_gets_400_and_the_connection_lives()
         writer.close()
     finally:
         await ua.close()
+
+
+async def test_a_peer_once_asked_over_tcp_gets_later_udp_requests_over_udp() -> None:
+    """A request over TCP makes its retransmissions follow TCP only while it is in
+    flight: once the connection is gone, a UDP request to the same peer goes over UDP
+    (the UA used to remember every TCP destination for good: a peer asked once over TCP
+    got every later request over TCP, and the set of such peers only grew)."""
+    bob = UserAgent(UaConfig(aor="sip:bob@example.org", timers=FAST), answer)
+    await bob.start("127.0.0.1")
+    alice = UserAgent(UaConfig(aor="sip:alice@example.org", timers=FAST))
+    await alice.start("127.0.0.2")
+    try:
+        asked = alice.build_request("OPTIONS", "sip:bob@127.0.0.1", to="<sip:bob@127.0.0.1>")
+        response = await asyncio.wait_for(alice.request(asked, bob.local_addr, "tcp"), GUARD)
+        assert response.status == 200
+        assert bob.stats.received.get("tcp", 0) == 1
+        conn = alice.transports.conns[("tcp", bob.local_addr)]
+        assert conn.transport is not None
+        conn.transport.close()
+        for _ in range(100):  # loop turns, not time: connection_lost comes with call_soon
+            if alice.transports.stream_to(bob.local_addr) is None:
+                break
+            await asyncio.sleep(0)
+        assert alice.transports.stream_to(bob.local_addr) is None
+
+        again = alice.build_request("OPTIONS", "sip:bob@127.0.0.1", to="<sip:bob@127.0.0.1>")
+        response = await asyncio.wait_for(alice.request(again, bob.local_addr, "udp"), GUARD)
+        assert response.status == 200
+        assert bob.stats.received.get("udp", 0) == 1
+        assert bob.stats.received.get("tcp", 0) == 1
+    finally:
+        await alice.close()
+        await bob.close()
