@@ -236,9 +236,15 @@ class QueueConfig:
     # grow the broker's memory (docs/security.md). Notifications are bounded by `window`
     # and `window_bytes`.
     max_unacked_reply_bytes: int = 1 << 20
+    # How long a (publisher, msg_id) is remembered, seconds: a re-sent publish within it
+    # is a duplicate, one older is taken as new. The sweep forgets older ones (the table
+    # grew by a row per publish for good). An agent re-sends its outbox after any outage,
+    # however long, so this is an outage we accept to publish twice after.
+    dedup_horizon: float = 30 * 86400.0
 
     def __post_init__(self) -> None:
         _whole(self.max_per_uri, "max_per_uri", 1)
+        _seconds(self.dedup_horizon, "dedup_horizon")
         _whole(self.window, "window", 1)
         _whole(self.window_bytes, "window_bytes", 1)
         _whole(self.max_unacked_reply_bytes, "max_unacked_reply_bytes", 1 << 16)
@@ -303,6 +309,10 @@ class BrokerCoreConfig:
     @property
     def max_unacked_reply_bytes(self) -> int:
         return self.queue.max_unacked_reply_bytes
+
+    @property
+    def dedup_horizon(self) -> float:
+        return self.queue.dedup_horizon
 
     @property
     def max_subscriptions(self) -> int:

@@ -666,7 +666,8 @@ class Broker:
     def sweep(self, now: float | None = None) -> list[Subscription]:
         """Delete subscriptions expired at ``now`` (default: the clock); the ones removed.
 
-        Their queued notifications stay queued and are delivered.
+        Their queued notifications stay queued and are delivered. The msg_ids published
+        more than ``dedup_horizon`` before ``now`` are forgotten too.
 
         Raises:
             StoreError: the database failed; the matcher already ignores expired ones.
@@ -677,6 +678,7 @@ class Broker:
         for sub in expired:
             self.matcher.discard(sub.sub_id)
             self.log.emit("subscription_expired", sub.uri, reason=_describe(sub))
+        self.store.queues.prune_published(at - self.config.dedup_horizon)
         return expired
 
     # ------------------------------------------------------------------ sessions
