@@ -663,11 +663,20 @@ class Broker:
                     acked.append(n)
             delivered: list[Row] = []  # one batch for the sink (issue 14)
             sizes = link.sizes or {}
-            for nseq in acked:
-                published_at = link.earlier.pop(nseq, 0.0)
-                published_at = link.inflight.pop(nseq, published_at)
-                link.inflight_bytes -= sizes.pop(nseq, 0)
-                delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
+            inflight = link.inflight
+            freed = 0
+            if link.earlier:
+                for nseq in acked:
+                    published_at = link.earlier.pop(nseq, 0.0)
+                    published_at = inflight.pop(nseq, published_at)
+                    freed += sizes.pop(nseq, 0)
+                    delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
+            else:  # the same without a lookup in the empty ``earlier`` per notification
+                for nseq in acked:
+                    latency = (now - inflight.pop(nseq)) * 1000.0
+                    freed += sizes.pop(nseq, 0)
+                    delivered.append((uri, nseq, latency if latency > 0.0 else 0.0))
+            link.inflight_bytes -= freed
             emit_rows(self.log, "notify_delivered", _DELIVERED_KEYS, delivered)
             link.sent_upto = max(link.sent_upto, upto)
             if not link.inflight and link.sizes is not None:
