@@ -326,21 +326,26 @@ class RudpConnection:
         message_id = self._next_message_id
         self._next_message_id += 1
         size = self._payload_size
-        count = max(1, -(-len(data) // size))
         if self._unsent is None:
             self._unsent = deque()
-        for index in range(count):
-            self._unsent.append(
-                _Outgoing(
-                    self._next_seq,
-                    message_id,
-                    index,
-                    count,
-                    data[index * size : (index + 1) * size],
+        seq = self._next_seq
+        if len(data) <= size:  # one fragment, the usual case: no slicing, no loop
+            self._unsent.append(_Outgoing(seq, message_id, 0, 1, data))
+        else:
+            count = -(-len(data) // size)
+            for index in range(count):
+                self._unsent.append(
+                    _Outgoing(
+                        seq + index,
+                        message_id,
+                        index,
+                        count,
+                        data[index * size : (index + 1) * size],
+                    )
                 )
-            )
-            self._next_seq += 1
-        self._messages[message_id] = (self._next_seq - 1, data)
+            seq += count - 1
+        self._next_seq = seq + 1
+        self._messages[message_id] = (seq, data)
         self.stats.messages_sent += 1
         return message_id
 
@@ -612,11 +617,13 @@ class RudpConnection:
         largest_pn = self._largest_acked_pn
         if ack.cumulative > self._snd_una:
             progress = True
+            pop = self._inflight.pop
             for seq in range(self._snd_una, ack.cumulative):
-                out = self._inflight.pop(seq, None)
+                out = pop(seq, None)
                 if out is None:
                     continue
-                largest_pn = max(largest_pn, out.pn)
+                if out.pn > largest_pn:
+                    largest_pn = out.pn
                 if out.transmissions == 1 and not out.sacked:
                     sample = out
             self._snd_una = ack.cumulative
@@ -628,10 +635,14 @@ class RudpConnection:
             # whose deleted head entries a next(iter()) would walk again on every call.
             messages = self._messages
             first = self._next_message_id - len(messages)
-            while messages and messages[first][0] < self._snd_una:
-                del messages[first]
-                self._emit(MessageAcked(first))
-                first += 1
+            if messages and messages[first][0] < self._snd_una:
+                if self._events is None:
+                    self._events = deque()
+                emit = self._events.append  # _emit's work, once for all of them
+                while messages and messages[first][0] < self._snd_una:
+                    del messages[first]
+                    emit(MessageAcked(first))
+                    first += 1
         # Only in-flight sequence numbers matter: bounds the work one ACK can cause.
         top = min(self._snd_una + self.config.window, self._sent_end())
         blocks = [
@@ -920,14 +931,43 @@ class RudpConnection:
                     self._probe_pn = item.pn
         self._resend.clear()
         self._probe = None
-        limit = self._snd_una + self.config.window
-        sent_new = False
-        while self._unsent and self._unsent[0].seq < limit:
-            item = self._unsent.popleft()
-            self._inflight[item.seq] = item
-            add(item)
-            sent_new = True
-        if sent_new:
+        unsent = self._unsent
+        if unsent and unsent[0].seq < self._snd_una + self.config.window:
+            # New data: add()'s work without a call per frame, and _data_frame's for a
+            # first transmission (issue 14: a drain sends a window of notifies at a time).
+            limit = self._snd_una + self.config.window
+            inflight = self._inflight
+            if self._sent_order is None:
+                self._sent_order = deque()
+            order = self._sent_order
+            if self._rto_deadline is None:
+                self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.1
+            data_frame = wire.DATA_FRAME
+            pack = data_frame.pack
+            base = self._snd_una
+            count = 0
+            while unsent and unsent[0].seq < limit:
+                item = unsent.popleft()
+                payload = item.payload
+                size = data_frame.size + len(payload)
+                if frames and used + size > room:
+                    out.append(self._packet(frames, now))
+                    frames.clear()
+                    used = 0
+                seq = item.seq
+                inflight[seq] = item
+                pn = self._next_pn  # every frame of a packet gets its number
+                item.transmissions = 1
+                item.sent_at = now
+                item.pn = pn
+                order.append((pn, item))
+                frames.append(
+                    pack(wire.DATA_TYPE, seq, base, item.frag_index, item.frag_count, len(payload))
+                    + payload
+                )
+                used += size
+                count += 1
+            self.stats.data_sent += count
             self._arm_probe(now)  # RFC 8985 §7.2: the tail moved
         if self._unsent is not None and not self._unsent:
             self._unsent = None  # an idle connection holds no queue

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import struct
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -79,7 +81,7 @@ from mdeci.frames import (
 from mdeci.oplog import event as oplog_event
 from mdeci.store.calendars import SqlCalendars
 from mdeci.store.errors import StoreError
-from mdeci.store.queues import PublishRequest, QueuedNotification
+from mdeci.store.queues import DeliveryRow, PublishRequest
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from mdeci.store.subscriptions import Subscription
@@ -165,6 +167,31 @@ def _sub_id(text: str) -> int | None:
     return value if 0 < value <= UINT63 else None
 
 
+_ONE_BYTE = [bytes((i,)) for i in range(256)]
+_HEAD8 = struct.Struct(">BB").pack
+_HEAD16 = struct.Struct(">BH").pack
+_HEAD32 = struct.Struct(">BI").pack
+_HEAD64 = struct.Struct(">BQ").pack
+_DOUBLE = struct.Struct(">Bd").pack
+_MAJOR_BYTES = 0x40  # CBOR major types 2 and 3 in a head's top three bits
+_MAJOR_TEXT = 0x60
+
+
+def _cbor_head(major: int, n: int) -> bytes:
+    """The CBOR head of major type ``major`` (its top three bits: 0 for an unsigned
+    integer, ``_MAJOR_BYTES``, ``_MAJOR_TEXT``) with argument ``n``, 0 <= n < 2**64, in
+    the shortest form, as cbor2 writes it."""
+    if n < 24:
+        return _ONE_BYTE[major | n]
+    if n < 0x100:
+        return _HEAD8(major | 24, n)
+    if n < 0x10000:
+        return _HEAD16(major | 25, n)
+    if n < 0x100000000:
+        return _HEAD32(major | 26, n)
+    return _HEAD64(major | 27, n)
+
+
 class _NotifyEncoder:
     """Builds ``notify`` frames from queued rows, byte for byte what
     ``encode(Notify(...))`` gives, without a ``Notify`` per row (issue 14: building and
@@ -173,74 +200,118 @@ class _NotifyEncoder:
 
     ``encode`` writes a frame as a CBOR map, ``op`` first, then the fields in their
     order, leaving out those at their default; CBOR concatenates a map's items as they
-    are, so the frame is its head byte followed by each item's own encoding. What all
-    recipients of one publication share (subject to payload, the attrs as stored: the
-    publish encoded them with the same ``cbor2.dumps``) is built once per publication
-    and kept for the rest of the batch (a fan-out's hundred rows); only ``nseq``,
-    ``sub_id`` and ``missed`` are per row. ``tests/broker/test_notify_encoding.py``
-    checks the equality against ``encode``.
+    are, so the frame is its head byte followed by each item's own encoding, and each
+    item is a head (:func:`_cbor_head`) and the value's bytes: the encoder writes them
+    itself rather than through one ``cbor2.dumps`` per value (four per row cost half
+    the encoding). The attrs go as stored (the publish encoded them with the same
+    ``cbor2.dumps``). With ``share``, what all recipients of one publication share
+    (subject to payload) is built once per publication and kept for the rest of the
+    batch (a fan-out's hundred rows): only ``nseq``, ``sub_id`` and ``missed`` are per
+    row; without it (one user's rows: no two share a publication but for overlapping
+    subscriptions) each frame is written in one piece, with no key and no entry per row.
+    ``tests/broker/test_notify_encoding.py`` checks the equality against ``encode``.
     """
 
     __slots__ = ("_shared", "_sub_ids", "_subjects")
 
-    def __init__(self) -> None:
+    def __init__(self, *, share: bool = True) -> None:
         # (publisher_uri, msg_id) -> (items after sub_id, how many items in all), or None
         # for a publication that must take the checked path (see encode).
-        self._shared: dict[tuple[str, str], tuple[bytes, int] | None] = {}
+        self._shared: dict[tuple[str, str], tuple[bytes, int] | None] | None = {} if share else None
         # The encodings a drain's rows share although their publications differ: their
         # subscription's id and (mostly) their subject, each encoded once per batch.
         self._sub_ids: dict[int, bytes] = {}
         self._subjects: dict[str, bytes] = {}
 
-    def encode(self, row: QueuedNotification, missed: int) -> bytes | None:
+    def encode(self, row: DeliveryRow, missed: int) -> bytes | None:
         """The frame, or None when the row needs ``encode``'s checks (a row this broker's
-        publish did not write: attrs that are not a map, a frame over the limit)."""
-        key = (row.publisher_uri, row.msg_id)
-        if key in self._shared:
-            shared = self._shared[key]
-        else:
-            shared = self._shared[key] = self._build(row)
+        publish did not write: attrs that are not a map, a value of another type, a
+        frame over the limit)."""
+        nseq = row[0]
+        shared = self._shared
         if shared is None:
-            return None
-        tail, items = shared
-        sub_id = self._sub_ids.get(row.sub_id)
-        if sub_id is None:
-            sub_id = self._sub_ids[row.sub_id] = cbor2.dumps(str(row.sub_id))
-        parts = [_K_OP_NOTIFY_NSEQ, cbor2.dumps(row.nseq), _K_SUB_ID, sub_id, tail]
-        if missed:
-            parts.append(_K_MISSED)
-            parts.append(cbor2.dumps(missed))
-            items += 1
-        data = bytes((0xA0 + items,)) + b"".join(parts)  # a map of < 24 items: one byte
+            parts = self._parts(row)
+            if parts is None:
+                return None
+            if missed:
+                parts += (_K_MISSED, _cbor_head(0, missed))
+            # Every item but op is a key and a value; op, nseq and sub_id are 5 parts.
+            parts[0] = _ONE_BYTE[0xA0 + (len(parts) + 1) // 2]  # a map of < 24 items
+            parts[2] = _ONE_BYTE[nseq] if nseq < 24 else _cbor_head(0, nseq)
+        else:
+            key = (row[2], row[3])  # (publisher_uri, msg_id)
+            if key in shared:
+                built = shared[key]
+            else:
+                parts = self._parts(row)
+                built = shared[key] = (
+                    None if parts is None else (b"".join(parts[5:]), (len(parts) + 1) // 2)
+                )
+            if built is None:
+                return None
+            tail, items = built
+            parts = [_ONE_BYTE[0xA0 + items], _K_OP_NOTIFY_NSEQ, _cbor_head(0, nseq), _K_SUB_ID,
+                     b"", tail]  # fmt: skip
+            if missed:
+                parts[0] = _ONE_BYTE[0xA1 + items]
+                parts += (_K_MISSED, _cbor_head(0, missed))
+        sub_id = row[1]
+        sub = self._sub_ids.get(sub_id)
+        if sub is None:
+            sub = self._sub_ids[sub_id] = cbor2.dumps(str(sub_id))
+        parts[4] = sub
+        data = b"".join(parts)
         return data if len(data) <= MAX_FRAME_BYTES else None
 
-    def _build(self, row: QueuedNotification) -> tuple[bytes, int] | None:
+    def _parts(self, row: DeliveryRow) -> list[bytes] | None:
+        """The frame's parts, each item's key and value from ``subject`` to ``payload``
+        after five places for the map's head, op and nseq's key, nseq, sub_id's key and
+        sub_id (encode fills the three that vary per row); None, see encode."""
+        _, _, _, msg_id, subject, attrs, payload, published_at = row
+        if not (
+            type(msg_id) is str
+            and type(subject) is str
+            and type(attrs) is bytes
+            and type(payload) is bytes
+            and type(published_at) is float
+            and 0.0 <= published_at < math.inf  # what Notify takes (not NaN)
+        ):
+            return None
+        has_attrs = False
+        if attrs != _EMPTY_MAP:  # most publications carry no attrs: no decoding for them
+            try:
+                decoded = cbor2.loads(attrs)
+            except (ValueError, cbor2.CBORDecodeError):
+                return None
+            if not isinstance(decoded, dict):
+                return None
+            has_attrs = bool(decoded)  # an empty map however written: no attrs item
+        encoded = self._subjects.get(subject)
         try:
-            # Most publications carry no attrs: no decoding for them.
-            attrs = {} if row.attrs_cbor == _EMPTY_MAP else cbor2.loads(row.attrs_cbor)
-        except (ValueError, cbor2.CBORDecodeError):
+            if encoded is None:
+                encoded = self._subjects[subject] = cbor2.dumps(subject)
+            text = msg_id.encode()
+        except UnicodeEncodeError:  # a lone surrogate: encode() refuses it too
             return None
-        if not isinstance(attrs, dict) or not isinstance(row.published_at, float):
-            return None
-        subject = self._subjects.get(row.subject)
-        if subject is None:
-            subject = self._subjects[row.subject] = cbor2.dumps(row.subject)
+        size = len(text)
         parts = [
+            b"",
+            _K_OP_NOTIFY_NSEQ,
+            b"",
+            _K_SUB_ID,
+            b"",
             _K_SUBJECT,
-            subject,
+            encoded,
             _K_MSG_ID,
-            cbor2.dumps(row.msg_id),
+            (_ONE_BYTE[_MAJOR_TEXT | size] if size < 24 else _cbor_head(_MAJOR_TEXT, size)) + text,
             _K_PUBLISHED_AT,
-            cbor2.dumps(row.published_at),
+            _DOUBLE(0xFB, published_at),  # cbor2 writes every finite float as a double
         ]
-        items = 6  # op, nseq, sub_id and the three above
-        if attrs:
-            parts += (_K_ATTRS, row.attrs_cbor)
-            items += 1
-        if row.payload:
-            parts += (_K_PAYLOAD, cbor2.dumps(row.payload))
-            items += 1
-        return b"".join(parts), items
+        if has_attrs:
+            parts += (_K_ATTRS, attrs)
+        if payload:
+            parts += (_K_PAYLOAD, _cbor_head(_MAJOR_BYTES, len(payload)) + payload)
+        return parts
 
 
 class Broker:
@@ -592,11 +663,20 @@ class Broker:
                     acked.append(n)
             delivered: list[Row] = []  # one batch for the sink (issue 14)
             sizes = link.sizes or {}
-            for nseq in acked:
-                published_at = link.earlier.pop(nseq, 0.0)
-                published_at = link.inflight.pop(nseq, published_at)
-                link.inflight_bytes -= sizes.pop(nseq, 0)
-                delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
+            inflight = link.inflight
+            freed = 0
+            if link.earlier:
+                for nseq in acked:
+                    published_at = link.earlier.pop(nseq, 0.0)
+                    published_at = inflight.pop(nseq, published_at)
+                    freed += sizes.pop(nseq, 0)
+                    delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
+            else:  # the same without a lookup in the empty ``earlier`` per notification
+                for nseq in acked:
+                    latency = (now - inflight.pop(nseq)) * 1000.0
+                    freed += sizes.pop(nseq, 0)
+                    delivered.append((uri, nseq, latency if latency > 0.0 else 0.0))
+            link.inflight_bytes -= freed
             emit_rows(self.log, "notify_delivered", _DELIVERED_KEYS, delivered)
             link.sent_upto = max(link.sent_upto, upto)
             if not link.inflight and link.sizes is not None:
@@ -814,13 +894,16 @@ class Broker:
         )
         taken: dict[str, list[OutgoingNotify]] = {}
         error: StoreError | None = None
-        encoder = _NotifyEncoder()  # for this batch: a fan-out's rows share their frames
+        # For this batch: a fan-out's rows share their publications' items; one user's
+        # rows (a drain) share nothing worth a key per row.
+        encoder = _NotifyEncoder(share=len(plan) > 1)
+        encode_row = encoder.encode
         for (uri, link, room), rows in zip(plan, reads, strict=True):
             if rows:
                 try:
                     # The only other store call; made before this user's state changes
                     # so that a StoreError leaves its link as it was.
-                    self._missed(uri, rows[0].nseq)
+                    self._missed(uri, rows[0][0])
                 except StoreError as exc:
                     error = exc
                     continue
@@ -831,23 +914,26 @@ class Broker:
             # count (the user is no longer pending), so only the remembered ones remain.
             known = self._missed_at.get(uri)
             sizes = link.sizes if link.sizes is not None else {}
+            inflight = link.inflight
             for row in rows:
-                data = encoder.encode(row, known.get(row.nseq, 0) if known else 0)
+                nseq = row[0]
+                data = encode_row(row, known.get(nseq, 0) if known else 0)
                 if data is None:
-                    data = self._encode_notify(row)
+                    data = self._encode_notify(uri, row)
                 if data is None:
-                    link.sent_upto = row.nseq  # skipped for good (logged)
+                    link.sent_upto = nseq  # skipped for good (logged)
                     continue
-                if len(data) > room_bytes and link.inflight:
+                size = len(data)
+                if size > room_bytes and inflight:
                     # Over window_bytes: this one and the rest are read again next time
                     # (one always goes when nothing is in flight, whatever its size).
                     link.backlog = True
                     break
-                room_bytes -= len(data)
-                link.sent_upto = row.nseq
-                link.inflight[row.nseq] = row.published_at
-                sizes[row.nseq] = len(data)
-                out.append(OutgoingNotify(row.nseq, data))
+                room_bytes -= size
+                link.sent_upto = nseq
+                inflight[nseq] = row[7]  # published_at
+                sizes[nseq] = size
+                out.append(OutgoingNotify(nseq, data))
             link.inflight_bytes = self.config.window_bytes - room_bytes
             if sizes:
                 link.sizes = sizes
@@ -869,24 +955,24 @@ class Broker:
             known[nseq] = count
         return count
 
-    def _encode_notify(self, row: QueuedNotification) -> bytes | None:
+    def _encode_notify(self, uri: str, row: DeliveryRow) -> bytes | None:
+        nseq, sub_id, _, msg_id, subject, attrs_cbor, payload, published_at = row
         try:
-            attrs = cbor2.loads(row.attrs_cbor)
             frame = Notify(
-                nseq=row.nseq,
-                sub_id=str(row.sub_id),
-                subject=row.subject,
-                msg_id=row.msg_id,
-                published_at=row.published_at,
-                attrs=attrs,
-                payload=row.payload,
-                missed=self._missed(row.uri, row.nseq),
+                nseq=nseq,
+                sub_id=str(sub_id),
+                subject=subject,
+                msg_id=msg_id,
+                published_at=published_at,
+                attrs=cbor2.loads(attrs_cbor),
+                payload=payload,
+                missed=self._missed(uri, nseq),
             )
             return encode(frame)
-        except (FrameError, ValueError, cbor2.CBORDecodeError) as exc:
+        except (FrameError, ValueError, TypeError, cbor2.CBORDecodeError) as exc:
             # Only a row written by something else than _pub can get here; skipping it
             # keeps the user's stream moving (the agent's ack removes it later).
-            self.log.emit("notify_dropped", row.uri, nseq=row.nseq, reason=f"unsendable: {exc}")
+            self.log.emit("notify_dropped", uri, nseq=nseq, reason=f"unsendable: {exc}")
             return None
 
 

@@ -5,14 +5,15 @@ pub-ok fast path encodes as ``encode``."""
 from __future__ import annotations
 
 import cbor2
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mdeci.broker.core import _NotifyEncoder
 from mdeci.broker.service import decode_fast, encode_reply
 from mdeci.errors import FrameError
-from mdeci.frames import UINT63, Ack, Notify, Pub, PubOk, SubOk, decode, encode
-from mdeci.store.queues import QueuedNotification
+from mdeci.frames import MAX_FRAME_BYTES, UINT63, Ack, Notify, Pub, PubOk, SubOk, decode, encode
+from mdeci.store.queues import DeliveryRow
 
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
 VALUES = st.one_of(
@@ -25,17 +26,44 @@ IDS = st.from_regex(r"[A-Za-z0-9_.-]{1,16}", fullmatch=True)
 SUBJECTS = st.lists(st.from_regex(r"[a-z0-9]{1,6}", fullmatch=True), min_size=1, max_size=4)
 
 
-@settings(max_examples=300, deadline=None)
+def _expected(row: DeliveryRow, attrs: object, missed: int) -> bytes:
+    nseq, sub_id, _, msg_id, subject, _, payload, published_at = row
+    return encode(
+        Notify(
+            nseq=nseq,
+            sub_id=str(sub_id),
+            subject=subject,
+            msg_id=msg_id,
+            published_at=published_at,
+            attrs=attrs,  # type: ignore[arg-type]
+            payload=payload,
+            missed=missed,
+        )
+    )
+
+
+@settings(max_examples=400, deadline=None)
 @given(
     nseq=st.integers(1, UINT63),
     sub_id=st.integers(1, UINT63),
     words=SUBJECTS,
-    msg_id=IDS,
-    published_at=st.floats(0, 4e9, allow_nan=False),
+    msg_id=st.text(min_size=1, max_size=128),
+    published_at=st.floats(min_value=0.0, allow_nan=False, allow_infinity=False),
     attrs=st.dictionaries(NAMES, VALUES, max_size=5),
     payload=st.binary(max_size=300),
     missed=st.integers(0, UINT63),
+    share=st.booleans(),
 )
+@example(1, 1, ["a"], "m", 0.0, {}, b"", 0, False)
+@example(23, 24, ["a"], "m" * 23, -0.0, {}, b"p" * 23, 23, True)
+@example(24, 255, ["a"], "m" * 24, 1e300, {}, b"p" * 24, 24, False)
+@example(255, 256, ["a"], "\u00e9" * 128, 5e-324, {}, b"p" * 255, 255, True)
+@example(256, 65535, ["a"], "m" * 128, 1.7e9, {}, b"p" * 256, 256, False)
+@example(65535, 65536, ["a"], "m", 1.7e9, {}, b"p" * 65535, 65535, True)
+@example(65536, 2**32 - 1, ["a"], "m", 1.7e9, {}, b"p" * 65536, 65536, False)
+@example(2**32 - 1, 2**32, ["a"], "m", 1.7e9, {"k": 1}, b"", 2**32 - 1, True)
+@example(2**32, UINT63, ["a"], "m", 1.7e9, {}, b"", 2**32, False)
+@example(UINT63, 1, ["a"], "m", 1.7e9, {}, b"", UINT63, True)
 def test_rows_encode_as_encode_does(
     nseq: int,
     sub_id: int,
@@ -45,39 +73,54 @@ def test_rows_encode_as_encode_does(
     attrs: dict[str, str | int | float | bool],
     payload: bytes,
     missed: int,
+    share: bool,
 ) -> None:
+    """Every CBOR head size (the encoder writes heads itself), both ways of sharing."""
     subject = ".".join(words)
-    row = QueuedNotification(
-        "sip:u@x", nseq, sub_id, "sip:p@x", msg_id, subject, cbor2.dumps(attrs), payload,
-        False, published_at,
-    )  # fmt: skip
-    expected = encode(
-        Notify(
-            nseq=nseq,
-            sub_id=str(sub_id),
-            subject=subject,
-            msg_id=msg_id,
-            published_at=published_at,
-            attrs=attrs,
-            payload=payload,
-            missed=missed,
-        )
-    )
-    encoder = _NotifyEncoder()
+    row = (nseq, sub_id, "sip:p@x", msg_id, subject, cbor2.dumps(attrs), payload, published_at)
+    expected = _expected(row, attrs, missed)
+    encoder = _NotifyEncoder(share=share)
     assert encoder.encode(row, missed) == expected
     # The second recipient of the same publication takes the shared items.
-    again = QueuedNotification(
-        "sip:v@x", nseq, sub_id, "sip:p@x", msg_id, subject, cbor2.dumps(attrs), payload,
-        False, published_at,
-    )  # fmt: skip
-    assert encoder.encode(again, missed) == expected
+    assert encoder.encode(row, missed) == expected
+    # Another row of the same subscription and subject (the encodings kept per batch).
+    other = (nseq, sub_id, "sip:p@x", msg_id + "2", subject, b"\xa0", b"", 2.5)
+    if len(msg_id) < 128:
+        assert encoder.encode(other, 0) == _expected(other, {}, 0)
 
 
-def test_a_row_that_is_not_ours_takes_the_checked_path() -> None:
-    row = QueuedNotification(
-        "sip:u@x", 1, 1, "sip:p@x", "m", "a.b", b"\x01", b"", False, 1.0
-    )  # attrs that are not a map
-    assert _NotifyEncoder().encode(row, 0) is None
+@pytest.mark.parametrize("share", [False, True])
+def test_a_row_that_is_not_ours_takes_the_checked_path(share: bool) -> None:
+    good = (1, 1, "sip:p@x", "m", "a.b", b"\xa0", b"", 1.0)
+    for i, value in [
+        (5, b"\x01"),  # attrs that are not a map
+        (5, b"\xff"),  # nor CBOR
+        (5, "\xa0"),  # nor bytes
+        (6, "payload"),  # a payload that is not bytes
+        (6, memoryview(b"p")),
+        (7, 1),  # published_at not a float
+        (7, float("nan")),  # nor a time Notify takes
+        (7, float("inf")),
+        (7, -1.0),
+        (3, "\udc80"),  # a msg_id that is not UTF-8
+        (3, 5),
+        (4, None),
+    ]:
+        row = (*good[:i], value, *good[i + 1 :])
+        assert _NotifyEncoder(share=share).encode(row, 0) is None, (i, value)  # type: ignore[arg-type]
+    assert _NotifyEncoder(share=share).encode(good, 0) == _expected(good, {}, 0)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_attrs_stored_as_another_empty_map_are_left_out_as_encode_does(share: bool) -> None:
+    row = (1, 1, "sip:p@x", "m", "a.b", b"\xbf\xff", b"", 1.0)  # {} of indefinite length
+    assert _NotifyEncoder(share=share).encode(row, 0) == _expected(row, {}, 0)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_frame_over_the_limit_takes_the_checked_path(share: bool) -> None:
+    row = (1, 1, "sip:p@x", "m", "a.b", b"\xa0", b"p" * MAX_FRAME_BYTES, 1.0)
+    assert _NotifyEncoder(share=share).encode(row, 0) is None
 
 
 @settings(max_examples=300, deadline=None)

@@ -6,6 +6,7 @@ import collections
 import uuid
 from collections.abc import Sequence
 
+import cbor2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,9 +14,10 @@ from sqlalchemy import delete, event, func, select
 from sqlalchemy.engine import Engine
 
 from mdeci.store._sql import relaxed_transaction
-from mdeci.store.errors import InvalidArgument
+from mdeci.store.errors import InvalidArgument, StoreError
 from mdeci.store.models import QueuedRow
 from mdeci.store.queues import (
+    DeliveryRow,
     Dropped,
     Enqueued,
     OverflowPolicy,
@@ -364,13 +366,50 @@ def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> N
     assert q.last_nseq(ALICE) == 3
 
 
+def _delivery_row(n: QueuedNotification) -> DeliveryRow:
+    return (n.nseq, n.sub_id, n.publisher_uri, n.msg_id, n.subject, n.attrs_cbor, n.payload,
+            n.published_at)  # fmt: skip
+
+
+def test_pending_many_gives_the_types_the_notify_encoder_relies_on(engine: Engine) -> None:
+    """The broker's encoder writes a row's values as they come from the driver (a row of
+    another type takes the checked path): each driver gives exactly these types."""
+    q = SqlQueueStore(engine)
+    q.publish(
+        PUB, "m1", "a.b", cbor2.dumps({"k": 1}), b"\x00p", urgent=True, published_at=5.0,
+        targets=[(ALICE, 7)], max_depth=10, policy="drop-oldest",
+    )  # fmt: skip
+    ((row,),) = q.pending_many([(ALICE, 0, 5)])
+    assert row == (1, 7, PUB, "m1", "a.b", cbor2.dumps({"k": 1}), b"\x00p", 5.0)
+    assert [type(v) for v in row] == [int, int, str, str, str, bytes, bytes, float]
+
+
+def test_ack_many_and_pending_many_report_driver_errors_as_store_errors(engine: Engine) -> None:
+    """They run the driver's cursor directly: its errors are worded as SQLAlchemy's are
+    (StoreError), and nothing is deleted."""
+    q = SqlQueueStore(engine)
+    _publish(q, "m1", [(ALICE, 1)])
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE queued_notifications RENAME TO moved_away")
+    try:
+        with pytest.raises(StoreError, match=r"^pending failed: "):
+            q.pending_many([(ALICE, 0, 5)])
+        with pytest.raises(StoreError, match=r"^ack failed: "):
+            q.ack_many([(ALICE, 1)])
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE moved_away RENAME TO queued_notifications")
+    assert q.depth(ALICE) == 1 and [n.nseq for n in q.pending(ALICE)] == [1]
+    assert q.ack_many([(ALICE, 1)]) == [1] and q.depth(ALICE) == 0
+
+
 def test_ack_many_and_pending_many_match_one_user_at_a_time(engine: Engine) -> None:
     q = SqlQueueStore(engine)
     for n in range(5):
         _publish(q, f"m{n}", [(ALICE, 1), (BOB, 2)])
     reads = [(BOB, 1, 2), (ALICE, 0, 10), (PUB, 0, 3)]
-    assert q.pending_many(reads) == [q.pending(*r) for r in reads]
-    assert q.pending_many(reads)[0][0].nseq == 2
+    assert q.pending_many(reads) == [[_delivery_row(n) for n in q.pending(*r)] for r in reads]
+    assert q.pending_many(reads)[0][0][0] == 2
     with pytest.raises(InvalidArgument):
         q.pending_many([(ALICE, 0, 0)])
     assert q.ack_many([(BOB, 2), (ALICE, 4), (PUB, 9)]) == [2, 4, 0]
