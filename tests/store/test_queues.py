@@ -14,6 +14,7 @@ from sqlalchemy import delete, event, func, select
 from sqlalchemy.engine import Engine
 
 from mdeci.store._sql import relaxed_transaction
+from mdeci.store.base import make_engine
 from mdeci.store.errors import InvalidArgument, StoreError
 from mdeci.store.models import QueuedRow
 from mdeci.store.queues import (
@@ -468,3 +469,28 @@ def test_publish_follows_the_overflow_rules_one_target_at_a_time(
     for uri, queue in queues.items():
         assert [(p.nseq, p.sub_id, p.msg_id) for p in q.pending(uri)] == list(queue)
         assert q.depth(uri) == len(queue)
+
+
+def test_a_postgresql_connection_killed_under_the_driver_cursor_is_replaced(
+    engine: Engine,
+) -> None:
+    """pending_many and ack_many run the driver's cursor, outside SQLAlchemy's error
+    handling: a server that ends the connection (a restart, a failover) must cost one
+    StoreError, not every later call on the same dead pooled connection."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("a server-side kill of the pooled connection: PostgreSQL only")
+    q = SqlQueueStore(engine)
+    _publish(q, "m1", [(ALICE, 1)])
+    for call in (lambda: q.pending_many([(ALICE, 0, 5)]), lambda: q.ack_many([(ALICE, 0)])):
+        with engine.connect() as conn:  # the pool's one idle connection, as the store gets it
+            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        killer = make_engine(engine.url.render_as_string(hide_password=False))
+        try:
+            with killer.connect() as conn:
+                assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})").scalar()
+        finally:
+            killer.dispose()
+        with pytest.raises(StoreError):
+            call()
+        call()  # a new connection: the dead one was not handed out again
+    assert [[row[0] for row in rows] for rows in q.pending_many([(ALICE, 0, 5)])] == [[1]]
