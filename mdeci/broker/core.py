@@ -57,6 +57,7 @@ from mdeci.frames import (
     FORBIDDEN,
     INTERNAL,
     MAX_FRAME_BYTES,
+    MAX_ID_LENGTH,
     MAX_MESSAGE_LENGTH,
     NOT_FOUND,
     TOO_LARGE,
@@ -215,9 +216,13 @@ class _NotifyEncoder:
     __slots__ = ("_shared", "_sub_ids", "_subjects")
 
     def __init__(self, *, share: bool = True) -> None:
-        # (publisher_uri, msg_id) -> (items after sub_id, how many items in all), or None
-        # for a publication that must take the checked path (see encode).
-        self._shared: dict[tuple[str, str], tuple[bytes, int] | None] | None = {} if share else None
+        # (publisher_uri, msg_id, published_at) -> (items after sub_id, how many items in
+        # all), or None for a publication that must take the checked path (see encode).
+        # published_at is part of the key: a msg_id published again after the sweep
+        # forgot it (queue.dedup_horizon) is another publication, and both may be queued.
+        self._shared: dict[tuple[str, str, float], tuple[bytes, int] | None] | None = (
+            {} if share else None
+        )
         # The encodings a drain's rows share although their publications differ: their
         # subscription's id and (mostly) their subject, each encoded once per batch.
         self._sub_ids: dict[int, bytes] = {}
@@ -225,9 +230,15 @@ class _NotifyEncoder:
 
     def encode(self, row: DeliveryRow, missed: int) -> bytes | None:
         """The frame, or None when the row needs ``encode``'s checks (a row this broker's
-        publish did not write: attrs that are not a map, a value of another type, a
-        frame over the limit)."""
+        publish did not write: attrs that are not a map, a value of another type, an
+        nseq < 1, a msg_id of no or over 128 characters, a frame over the limit).
+
+        Only those: the subject's syntax and the attrs' names and values are not checked
+        again (the publish that queued the row checked them), so a row written by hand
+        with a bad subject goes out as stored, where ``encode`` would refuse it."""
         nseq = row[0]
+        if nseq < 1:  # never written by publish; encode refuses it
+            return None
         shared = self._shared
         if shared is None:
             parts = self._parts(row)
@@ -239,7 +250,7 @@ class _NotifyEncoder:
             parts[0] = _ONE_BYTE[0xA0 + (len(parts) + 1) // 2]  # a map of < 24 items
             parts[2] = _ONE_BYTE[nseq] if nseq < 24 else _cbor_head(0, nseq)
         else:
-            key = (row[2], row[3])  # (publisher_uri, msg_id)
+            key = (row[2], row[3], row[7])  # (publisher_uri, msg_id, published_at)
             if key in shared:
                 built = shared[key]
             else:
@@ -270,6 +281,7 @@ class _NotifyEncoder:
         _, _, _, msg_id, subject, attrs, payload, published_at = row
         if not (
             type(msg_id) is str
+            and 0 < len(msg_id) <= MAX_ID_LENGTH
             and type(subject) is str
             and type(attrs) is bytes
             and type(payload) is bytes

@@ -104,11 +104,28 @@ def test_a_row_that_is_not_ours_takes_the_checked_path(share: bool) -> None:
         (7, -1.0),
         (3, "\udc80"),  # a msg_id that is not UTF-8
         (3, 5),
+        (3, ""),  # a msg_id Notify refuses: empty, over 128 characters
+        (3, "m" * 129),
+        (0, 0),  # an nseq Notify refuses
+        (0, -3),
         (4, None),
     ]:
         row = (*good[:i], value, *good[i + 1 :])
         assert _NotifyEncoder(share=share).encode(row, 0) is None, (i, value)  # type: ignore[arg-type]
     assert _NotifyEncoder(share=share).encode(good, 0) == _expected(good, {}, 0)
+
+
+def test_a_msg_id_published_again_after_the_horizon_is_another_publication() -> None:
+    """Once the sweep forgot a (publisher, msg_id) (queue.dedup_horizon), the same pair
+    can be published again and both publications be queued: a fan-out batch must not
+    hand the first one's subject, payload and time to the second one's rows."""
+    first = (1, 1, "sip:p@x", "m1", "a.x", b"\xa0", b"old", 1_700_000_000.0)
+    again = (2, 1, "sip:p@x", "m1", "a.y", b"\xa0", b"new", 1_700_000_200.0)
+    encoder = _NotifyEncoder(share=True)
+    assert encoder.encode(first, 0) == _expected(first, {}, 0)
+    assert encoder.encode(again, 0) == _expected(again, {}, 0)
+    bob = (1, 2, *again[2:])  # another recipient of the second publication
+    assert encoder.encode(bob, 0) == _expected(bob, {}, 0)
 
 
 @pytest.mark.parametrize("share", [False, True])
