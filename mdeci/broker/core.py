@@ -105,6 +105,8 @@ _DELIVERED_KEYS = ("nseq", "latency_ms")
 # What a notify frame adds around a publish's subject, msg_id, attrs and payload (keys,
 # nseq, sub_id up to 128 characters, times, CBOR heads), rounded up generously.
 NOTIFY_OVERHEAD = 512
+# Published msg_ids forgotten per call of Broker.prune (one short transaction).
+PRUNE_CHUNK = 1000
 
 
 class QueueListener(Protocol):
@@ -758,8 +760,7 @@ class Broker:
     def sweep(self, now: float | None = None) -> list[Subscription]:
         """Delete subscriptions expired at ``now`` (default: the clock); the ones removed.
 
-        Their queued notifications stay queued and are delivered. The msg_ids published
-        more than ``dedup_horizon`` before ``now`` are forgotten too.
+        Their queued notifications stay queued and are delivered.
 
         Raises:
             StoreError: the database failed; the matcher already ignores expired ones.
@@ -770,8 +771,21 @@ class Broker:
         for sub in expired:
             self.matcher.discard(sub.sub_id)
             self.log.emit("subscription_expired", sub.uri, reason=_describe(sub))
-        self.store.queues.prune_published(at - self.config.dedup_horizon)
         return expired
+
+    def prune(self, now: float | None = None) -> int:
+        """Forget at most :data:`PRUNE_CHUNK` of the msg_ids published more than
+        ``dedup_horizon`` before ``now`` (default: the clock), the oldest first; how many
+        went (fewer than the chunk: none older are left). The service calls it after each
+        sweep until a chunk comes back short, one worker call per chunk so that publishes
+        and acks run between them.
+
+        Raises:
+            StoreError: the database failed; nothing was forgotten.
+        """
+        self._owned()
+        at = self.clock() if now is None else now
+        return self.store.queues.prune_published(at - self.config.dedup_horizon, PRUNE_CHUNK)
 
     # ------------------------------------------------------------------ sessions
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import cbor2
 
-from mdeci.broker.core import Broker
+from mdeci.broker.core import PRUNE_CHUNK, Broker
 from mdeci.broker.errors import SessionKeyError
 from mdeci.broker.sms import SmsFallback
 from mdeci.broker.worker import DbWorker, LoopQueue, LoopSink
@@ -79,6 +79,8 @@ from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
 from rudp.config import RudpConfig
 
 MIN_KEY_BYTES = 16  # what RudpConnection accepts
+# Chunks of msg_ids forgotten after one sweep at most (Broker.prune): a million rows.
+PRUNE_CHUNKS_PER_SWEEP = 1000
 # What a reply other than a listing reserves while its request is handled (see _admit):
 # sub-ok, pub-ok, calendar-ok and error frames are well under this.
 SMALL_REPLY = 256
@@ -721,7 +723,15 @@ class BrokerService:
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(self.broker.config.sweep_interval)
-            with contextlib.suppress(StoreError):
+            try:
                 await self.worker.run(self.broker.sweep)
+                # Chunks until one comes back short: the first prune of a large table
+                # takes several sweeps' worth of chunks, each its own worker call.
+                for _ in range(PRUNE_CHUNKS_PER_SWEEP):
+                    if await self.worker.run(self.broker.prune) < PRUNE_CHUNK:
+                        break
+            except StoreError as exc:
+                # Retried at the next sweep; the matcher already ignores expired ones.
+                oplog_event("database_error", level=logging.ERROR, where="sweep", error=str(exc))
             for link in self._users.values():
                 self._kick(link)

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 
-from sqlalchemy import Delete, bindparam, delete, select, update
+from sqlalchemy import Delete, bindparam, delete, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 
 from mdeci.config import OVERFLOW_POLICIES as OVERFLOW_POLICIES
@@ -726,15 +726,29 @@ class SqlQueueStore:
             )
         return int(seen) if result.rowcount else 0
 
-    def prune_published(self, before: float) -> int:
-        """Forget published msg_ids with ``published_at < before``; how many went.
+    def prune_published(self, before: float, limit: int = 1000) -> int:
+        """Forget at most ``limit`` published msg_ids with ``published_at < before``,
+        the oldest first; how many went (fewer than ``limit``: none older are left).
 
         A re-sent publish older than the horizon is then taken as new, so keep the
-        horizon well beyond an agent's longest retry time.
+        horizon well beyond an agent's longest outage. Bounded so that the first prune
+        of a table that was never pruned is many short transactions, each under the
+        statement timeout and none holding the writer for long, not one DELETE of all.
+        Not fsync'd: a prune lost in a crash is done again.
 
         Raises:
+            InvalidArgument: a ``limit`` < 1.
             StoreError: the database failed.
         """
-        with transaction(self._engine, "prune_published") as conn:
-            result = conn.execute(delete(PublishedRow).where(PublishedRow.published_at < before))
+        if limit < 1:
+            raise InvalidArgument(f"limit must be at least 1, not {limit}")
+        oldest = (
+            select(PublishedRow.publisher_uri, PublishedRow.msg_id)
+            .where(PublishedRow.published_at < before)
+            .order_by(PublishedRow.published_at)
+            .limit(limit)
+        )
+        key = tuple_(PublishedRow.publisher_uri, PublishedRow.msg_id)
+        with relaxed_transaction(self._engine, "prune_published") as conn:
+            result = conn.execute(delete(PublishedRow).where(key.in_(oldest)))
         return int(result.rowcount)

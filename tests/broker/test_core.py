@@ -354,18 +354,18 @@ def test_sweep_removes_expired_subscriptions(
     assert store.subscriptions.active_subscriptions(T0) == []
 
 
-def test_sweep_forgets_msg_ids_older_than_the_dedup_horizon(
+def test_prune_forgets_msg_ids_older_than_the_dedup_horizon(
     store: BrokerStore, clock: FakeClock, sink: MemorySink
 ) -> None:
-    """The (publisher, msg_id) rows are pruned by the sweep: within the horizon a re-send
-    is a duplicate, past it a new publish (the table used to keep every msg_id for good)."""
+    """The (publisher, msg_id) rows are pruned: within the horizon a re-send is a
+    duplicate, past it a new publish (the table used to keep every msg_id for good)."""
     broker = make_broker(store, clock, sink, queue=QueueConfig(dedup_horizon=100.0))
     subscribe(broker, ALICE, "a", ttl=1000)
     publish(broker, "old", "a")
     clock.advance(60)
     publish(broker, "young", "a")
     clock.advance(50)  # "old" is 110 s old, "young" 50 s
-    broker.sweep()
+    assert broker.prune() == 1
     assert publish(broker, "young", "a").matched == 1
     assert [q[1] for q in queued(store, ALICE)] == ["old", "young"]  # a duplicate
     publish(broker, "old", "a")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import secrets
 from collections.abc import AsyncIterator
 
 import pytest
+from sqlalchemy import func, select
 
 from mdeci.broker import BrokerService, SessionKeyError
+from mdeci.broker.core import PRUNE_CHUNK, Broker
 from mdeci.config import QueueConfig, SubscriptionConfig
 from mdeci.frames import (
     Ack,
@@ -25,6 +28,9 @@ from mdeci.frames import (
     decode,
     encode,
 )
+from mdeci.store.errors import StoreError
+from mdeci.store.models import PublishedRow
+from mdeci.store.queues import PublishRequest
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from rudp.aio import RudpEndpoint, RudpPeer
@@ -350,6 +356,60 @@ async def test_periodic_sweep_expires_subscriptions(
         assert expired.fields["reason"] == f"sub_id={ok.sub_id} subject=news.rio"
         assert store.subscriptions.active_subscriptions(0.0) == []
         assert len(broker.matcher) == 0
+    finally:
+        await service.close()
+
+
+async def test_periodic_sweep_prunes_old_msg_ids_in_chunks_and_logs_a_failure(
+    store: BrokerStore, clock: FakeClock, sink: WaitingSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After each sweep the service forgets the msg_ids older than the horizon, chunk
+    after chunk until one comes back short (more than one chunk's worth here); a store
+    that fails is logged (database_error, where=sweep), not swallowed, and the service
+    goes on sweeping."""
+    caplog.set_level(logging.ERROR, logger="mdeci")
+    broker = make_broker(
+        store, clock, sink, queue=QueueConfig(dedup_horizon=100.0),
+        subscriptions=SubscriptionConfig(sweep_interval=0.01),
+    )  # fmt: skip
+    many = PRUNE_CHUNK + PRUNE_CHUNK // 2
+    store.queues.publish_many(
+        [PublishRequest(FEED, f"m{n}", "news.rio", b"\xa0", b"", False, clock(), ())
+         for n in range(many)],
+        max_depth=10, policy="drop-oldest",
+    )  # fmt: skip
+    clock.advance(200)
+    failing = 0
+
+    def prune_once_failing(now: float | None = None) -> int:
+        nonlocal failing
+        failing += 1
+        if failing == 1:
+            raise StoreError("prune_published failed: the disk is full")
+        return Broker.prune(broker, now)
+
+    broker.prune = prune_once_failing  # type: ignore[method-assign]
+    service = await BrokerService.open(broker, HOST, 0, FAST)
+    try:
+        service.start()
+
+        def remembered() -> int:
+            counted = select(func.count()).select_from(PublishedRow)
+            with store.engine.connect() as conn:
+                return int(conn.execute(counted).scalar_one())
+
+        async def forgotten() -> None:
+            # The sweep runs on a timer: there is no event to await, only its effect.
+            while remembered() or failing < 3:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(forgotten(), GUARD)
+        assert failing >= 3  # the failure, then two chunks: a full one and a short one
+        errors = [
+            getattr(r, "mdeci_fields", {}) for r in caplog.records
+            if r.getMessage() == "database_error"
+        ]  # fmt: skip
+        assert {"where": "sweep", "error": "prune_published failed: the disk is full"} in errors
     finally:
         await service.close()
 

@@ -244,6 +244,21 @@ def test_prune_published_forgets_old_msg_ids(engine: Engine) -> None:
     assert not _publish(q, "old", [(ALICE, 1)]).duplicate
 
 
+def test_prune_published_forgets_at_most_limit_the_oldest_first(engine: Engine) -> None:
+    """A bounded chunk per call (the first prune of a table never pruned must not be one
+    DELETE of all: PostgreSQL's statement timeout, SQLite's one writer)."""
+    q = SqlQueueStore(engine)
+    for n in range(5):
+        _publish(q, f"m{n}", [], at=100.0 + n)
+    assert q.prune_published(200.0, limit=2) == 2
+    assert [_publish(q, f"m{n}", []).duplicate for n in range(2, 5)] == [True] * 3
+    assert q.prune_published(200.0, limit=2) == 2  # m2, m3 (the re-sends were duplicates)
+    assert q.prune_published(200.0, limit=2) == 1  # short: none older left
+    assert q.prune_published(200.0, limit=2) == 0
+    with pytest.raises(InvalidArgument):
+        q.prune_published(200.0, limit=0)
+
+
 def _counted(engine: Engine, uri: str) -> int:
     with engine.connect() as conn:
         return int(conn.execute(select(func.count()).where(QueuedRow.uri == uri)).scalar_one())
