@@ -48,7 +48,7 @@ import collections
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Delete, bindparam, delete, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
@@ -275,7 +275,7 @@ class SqlQueueStore:
         self._shrink_sql = f"UPDATE {counter_table} SET depth = depth - {mark} WHERE uri = {mark}"
         # What the driver raises (pending_many and ack_many run its cursor directly, below
         # SQLAlchemy, which translates only what passes through it).
-        self._driver_error: type[Exception] = engine.dialect.dbapi.Error  # type: ignore[union-attr]
+        self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         # Records a batch's (publisher, msg_id) pairs with one multi-row statement: the
         # pairs it hands back are the new ones, the others were published before. The
         # driver's SQL, one text per chunk size (see _record_new).
@@ -615,9 +615,20 @@ class SqlQueueStore:
                     found.append(cast("list[DeliveryRow]", cursor.fetchall()))  # all at once
                 return found
             except self._driver_error as exc:
-                raise _store_error("pending", exc) from exc
+                raise self._driver_failed(conn, "pending", exc) from exc
             finally:
                 cursor.close()
+
+    def _driver_failed(self, conn: Connection, what: str, exc: Exception) -> StoreError:
+        """The StoreError for a driver error on the raw cursor, after doing what
+        SQLAlchemy does for its own statements when the error says the server is gone (a
+        restart, a failover): this connection is invalidated and the pool's others,
+        opened before, are not handed out again (each would cost one more failed call)."""
+        dbapi_conn = conn.connection.dbapi_connection
+        if self._engine.dialect.is_disconnect(cast(Any, exc), dbapi_conn, None):
+            conn.invalidate(exc)
+            self._engine.dispose()  # checked-out connections finish; idle ones close
+        return _store_error(what, exc)
 
     def ack(self, uri: str, upto: int) -> int:
         """Delete ``uri``'s queued notifications with ``nseq <= upto``; how many went.
@@ -654,7 +665,7 @@ class SqlQueueStore:
                     if count:
                         cursor.execute(self._shrink_sql, (count, uri))
             except self._driver_error as exc:
-                raise _store_error("ack", exc) from exc
+                raise self._driver_failed(conn, "ack", exc) from exc
             finally:
                 cursor.close()
         return [counts[i] for i in range(len(acks))]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, event, func, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from mdeci.store._sql import relaxed_transaction
 from mdeci.store.base import make_engine
@@ -486,26 +486,74 @@ def test_publish_follows_the_overflow_rules_one_target_at_a_time(
         assert q.depth(uri) == len(queue)
 
 
-def test_a_postgresql_connection_killed_under_the_driver_cursor_is_replaced(
+def _kill(engine: Engine, pids: Sequence[int]) -> None:
+    """End PostgreSQL backends ``pids`` from another connection, as a restart would."""
+    killer = make_engine(engine.url.render_as_string(hide_password=False))
+    try:
+        with killer.connect() as conn:
+            for pid in pids:
+                assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})").scalar()
+    finally:
+        killer.dispose()
+
+
+def _pooled_pids(engine: Engine, n: int) -> list[int]:
+    """Open ``n`` pooled connections at once and give them back; their backends' pids."""
+    conns = [engine.connect() for _ in range(n)]
+    try:
+        return [int(c.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()) for c in conns]
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_postgresql_connections_killed_under_the_driver_cursor_cost_one_error(
     engine: Engine,
 ) -> None:
     """pending_many and ack_many run the driver's cursor, outside SQLAlchemy's error
-    handling: a server that ends the connection (a restart, a failover) must cost one
-    StoreError, not every later call on the same dead pooled connection."""
+    handling: a server that ends its connections (a restart, a failover) must cost one
+    StoreError, not one per dead pooled connection (three before: the pool handed out
+    each dead one in turn)."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("a server-side kill of pooled connections: PostgreSQL only")
+    q = SqlQueueStore(engine)
+    _publish(q, "m1", [(ALICE, 1)])
+    for call in (lambda: q.pending_many([(ALICE, 0, 5)]), lambda: q.ack_many([(ALICE, 0)])):
+        _kill(engine, _pooled_pids(engine, 3))
+        failures = 0
+        for _ in range(4):
+            try:
+                call()
+            except StoreError:
+                failures += 1
+        assert failures == 1
+    assert [[row[0] for row in rows] for rows in q.pending_many([(ALICE, 0, 5)])] == [[1]]
+
+
+def test_a_postgresql_connection_killed_inside_ack_many_fails_on_the_driver_cursor(
+    engine: Engine,
+) -> None:
+    """The kill comes after the transaction's own SET LOCAL (which SQLAlchemy runs and
+    would handle), so the driver's cursor meets it: one StoreError, nothing deleted, and
+    the next ack works."""
     if engine.dialect.name != "postgresql":
         pytest.skip("a server-side kill of the pooled connection: PostgreSQL only")
     q = SqlQueueStore(engine)
     _publish(q, "m1", [(ALICE, 1)])
-    for call in (lambda: q.pending_many([(ALICE, 0, 5)]), lambda: q.ack_many([(ALICE, 0)])):
-        with engine.connect() as conn:  # the pool's one idle connection, as the store gets it
-            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        killer = make_engine(engine.url.render_as_string(hide_password=False))
-        try:
-            with killer.connect() as conn:
-                assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})").scalar()
-        finally:
-            killer.dispose()
-        with pytest.raises(StoreError):
-            call()
-        call()  # a new connection: the dead one was not handed out again
-    assert [[row[0] for row in rows] for rows in q.pending_many([(ALICE, 0, 5)])] == [[1]]
+    seen: list[str] = []
+
+    def kill_after(conn: Connection, _c: object, statement: str, *_args: object) -> None:
+        seen.append(statement)
+        if statement.startswith("SET LOCAL"):
+            pid = conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+            _kill(engine, [pid])
+
+    event.listen(engine, "after_cursor_execute", kill_after)
+    try:
+        with pytest.raises(StoreError, match=r"^ack failed: "):
+            q.ack_many([(ALICE, 1)])
+    finally:
+        event.remove(engine, "after_cursor_execute", kill_after)
+    assert any(s.startswith("SET LOCAL") for s in seen)
+    assert q.depth(ALICE) == 1
+    assert q.ack_many([(ALICE, 1)]) == [1] and q.depth(ALICE) == 0
