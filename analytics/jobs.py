@@ -266,6 +266,24 @@ JOB_COLUMNS: tuple[str, ...] = (
 )
 
 
+# The events that episode_starts, transitions, restore_latency, flapping, storms,
+# handover_matrix, networks and sms_spend read, and the only ones (see :func:`sparse`).
+SPARSE_EVENTS: tuple[str, ...] = (
+    "ip_changed",
+    "media_connected",
+    "media_disconnected",
+    "session_ended",
+    "sms_sent",
+)
+
+
+def sparse(events: DataFrame) -> DataFrame:
+    """The lines of ``events`` that the tables of moves, media edges and SMS read (a sixth
+    of a log: no notifications): each of those tables gives the same rows from these as
+    from all the events."""
+    return events.where(F.col("event").isin(*SPARSE_EVENTS))
+
+
 def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
     """The events whose instant is in ``[since, until)``."""
     cond = F.lit(True)
