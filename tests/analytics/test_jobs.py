@@ -247,6 +247,22 @@ def test_per_user_counts_only_the_window_and_out_of_order_lines(spark: Any) -> N
     assert_equal(got, expected)
 
 
+def test_per_user_counts_in_a_compiled_aggregate_and_percentiles_over_restores_only(
+    spark: Any,
+) -> None:
+    """The counts of every event are a (compiled, hashed) aggregate of their own: next to
+    the exact percentiles, an object aggregate, Spark sorted every event of the log by user
+    past 128 users per task (issue 16)."""
+    ev = events(spark, _user_log())
+    window = jobs.TimeWindow()
+    got = jobs.per_user(jobs.in_window(ev, window), jobs.episodes(ev, window))
+    plan = got._jdf.queryExecution().executedPlan().toString()
+    objects = [row for row in plan.splitlines() if "ObjectHashAggregate" in row]
+    assert objects, plan
+    for row in objects:
+        assert "percentile" in row and "session_reinvited" not in row, row
+
+
 # ----------------------------------------------------------------------- per hour
 
 

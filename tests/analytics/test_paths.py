@@ -107,3 +107,22 @@ def test_events_held_as_rows_keep_their_partitioning(spark: Any, tmp_path: Path)
     finally:
         held.release()
     assert not ids & set(spark.sparkContext._jsc.getPersistentRDDs().keySet())
+
+
+def test_frames_cached_for_several_tables_keep_their_partitioning(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A frame derived from the cached events and cached in turn (the sparse events, the
+    episode starts) still says it is partitioned by user, so the per-user windows over it
+    need no shuffle: planned adaptively, the cache reported no partitioning at all."""
+    inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
+    parsed = churn.read_parsed(spark, inputs, source=False)
+    events, _n = churn._cached(spark, churn._for_jobs(jobs.valid_events(parsed), False))
+    sparse = churn._persist(jobs.sparse(events), "sparse events")
+    try:
+        plan = jobs.flapping(sparse, JobConfig())._jdf.queryExecution().executedPlan().toString()
+        shuffles = [r for r in plan.splitlines() if "hashpartitioning(uri" in r]
+        assert all("REPARTITION_BY_COL" in r for r in shuffles), plan  # the events' own
+    finally:
+        sparse.unpersist()
+        events.unpersist()
