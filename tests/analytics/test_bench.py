@@ -183,7 +183,7 @@ print(time.perf_counter() - started)
 
 
 def _spark_per_user(parquet: Path) -> float:
-    """The per-user job alone in Spark: a fresh driver as the CLI builds it (3 GB, 32
+    """The per-user job alone in Spark: a fresh driver as the CLI builds it (3 GB, 8
     shuffle partitions), timed from its first job to the table; the JVM start excluded."""
     run = subprocess.run(
         [sys.executable, "-c", SPARK_PER_USER, str(parquet)],
