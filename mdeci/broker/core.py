@@ -79,7 +79,13 @@ from mdeci.frames import (
 from mdeci.oplog import event as oplog_event
 from mdeci.store.calendars import SqlCalendars
 from mdeci.store.errors import StoreError
-from mdeci.store.queues import PublishRequest, QueuedNotification
+from mdeci.store.queues import (
+    PublishRequest,
+    PublishResult,
+    QueuedNotification,
+    StoredRow,
+    as_queued,
+)
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from mdeci.store.subscriptions import Subscription
@@ -102,6 +108,9 @@ _DELIVERED_KEYS = ("nseq", "latency_ms")
 # What a notify frame adds around a publish's subject, msg_id, attrs and payload (keys,
 # nseq, sub_id up to 128 characters, times, CBOR heads), rounded up generously.
 NOTIFY_OVERHEAD = 512
+# Rows a connected user's link remembers ahead of its window at most (_Link.ahead); a
+# user further behind is served from the store, as before (issue 14).
+AHEAD_LIMIT = 64
 
 
 class QueueListener(Protocol):
@@ -137,6 +146,23 @@ class _Link:
     sent_upto: int = 0
     # The last read filled the window's room: more may wait in the store (see take_batch).
     backlog: bool = False
+    # True while this core knows every row of the user's queue after ``sent_upto``: they
+    # are ``ahead`` (None: there are none), queued by this core's publishes since a read
+    # of the store found no more. take_batches then serves the user without reading the
+    # store (issue 14: a fan-out read back each recipient's rows it had just written, and
+    # read every acking user's empty queue again). Anything else that may change the
+    # queue (an overflow drop, a disconnection, a sweep, a side that removes rows)
+    # clears it, and the next read of the store sets it again.
+    known: bool = False
+    ahead: list[QueuedNotification] | None = None
+    ahead_bytes: int = 0  # their payloads' and attrs' bytes (bounded: see _remember)
+
+    def forget(self) -> None:
+        """The queue after ``sent_upto`` is no longer known: the next take reads it."""
+        self.known = False
+        self.ahead = None
+        self.ahead_bytes = 0
+
     # The same for notifications sent on earlier connections: their ack may come after a
     # reconnection, before they are sent again (then never), and is logged all the same.
     earlier: dict[int, float] = field(default_factory=dict)
@@ -282,6 +308,9 @@ class Broker:
         self.classes: frozenset[str] = frozenset()
         self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
         self._thread: int | None = None  # see bind_thread
+        # Whether a connected user may be served the rows this core queued for it from
+        # memory (_Link.ahead); False once something else may remove queued rows.
+        self._remember_rows = True
 
     def bind_thread(self, thread_id: int | None) -> None:
         """Only thread ``thread_id`` may call the core from now on (None: any thread)."""
@@ -496,7 +525,9 @@ class Broker:
                     _error(frame.req, BAD_REQUEST, f"unknown queue class {frame.qclass!r}")
                 ]
                 continue
-            now = self.clock()
+            # A float as the store reads it back: the rows handed on from memory
+            # (_Link.ahead) must encode as the stored ones do.
+            now = float(self.clock())
             match = self.matcher.match(frame.subject, frame.attrs, now)
             request = PublishRequest(
                 uri,
@@ -517,11 +548,13 @@ class Broker:
         # A held ack would make a full queue look fuller: apply it before overflow counts.
         targets = {uri for *_, req in prepared for uri, _ in req.targets}
         self._try_flush_acks(*sorted(self._acks.keys() & targets))
+        written: list[StoredRow] = []
         try:
             results = self.store.queues.publish_many(
                 [req for *_, req in prepared],
                 max_depth=self.config.max_queue_depth,
                 policy=self.config.overflow_policy,
+                written=written,
             )
         except StoreError as exc:
             oplog_event("database_error", level=logging.ERROR, where="publish", error=str(exc))
@@ -532,6 +565,7 @@ class Broker:
         expired_at: float | None = None
         # The queued events of the whole call go to the sink as one batch (issue 14).
         queued_rows: list[Row] = []
+        self._remember(written, results)
         for (i, frame, now, expired, _), result in zip(prepared, results, strict=True):
             for queued in result.queued:
                 queued_rows.append((queued.uri, queued.nseq, queued.depth))
@@ -558,6 +592,48 @@ class Broker:
             for target in sorted(woken):
                 self.listener.queued(target)
 
+    def _remember(self, written: Sequence[StoredRow], results: Sequence[PublishResult]) -> None:
+        """Append the rows a publish call wrote to their connected users' ``ahead``
+        (see _Link.known), in nseq order; a user whose rows do not follow on from what
+        its link knows, or with an overflow drop in this call, is forgotten instead (its
+        next take reads the store). Bounded per user by AHEAD_LIMIT rows and by
+        ``window_bytes`` of payload and attrs."""
+        links = self._links
+        dropped = {d.uri for result in results for d in result.dropped}
+        for uri in dropped:
+            link = links.get(uri)
+            if link is not None:
+                link.forget()
+        if not self._remember_rows:
+            return
+        limit = self.config.window_bytes
+        for row in written:  # StoredRow: uri, nseq, sub_id, ..., attrs_cbor, payload, ...
+            link = links.get(row[0])
+            if link is None or not link.known:
+                continue
+            ahead = link.ahead
+            size = link.ahead_bytes + len(row[6]) + len(row[7])
+            nseq = row[1]
+            if ahead is None:
+                if nseq == link.sent_upto + 1:
+                    link.ahead = [as_queued(row)]
+                    link.ahead_bytes = size
+                    continue
+            elif nseq == ahead[-1].nseq + 1 and len(ahead) < AHEAD_LIMIT and size <= limit:
+                ahead.append(as_queued(row))
+                link.ahead_bytes = size
+                continue
+            link.forget()
+
+    def forget_rows(self) -> None:
+        """From now on every delivery reads the store: something besides this core may
+        remove queued rows (the SMS side, once a notification went by SMS), so the rows
+        a publish queued cannot be handed on from memory (see _Link.known)."""
+        self._owned()
+        self._remember_rows = False
+        for link in self._links.values():
+            link.forget()
+
     def _urgent_subs(self, targets: Sequence[tuple[str, int]]) -> frozenset[int]:
         """Targets whose subscription names a class that may use SMS (issue 13)."""
         if not self.sms_classes:
@@ -579,6 +655,8 @@ class Broker:
             self._acks[uri] = upto
         link = self._links.get(uri)
         if link is not None:
+            if upto > link.sent_upto:
+                link.forget()  # acked what was not sent: its rows ahead may be gone
             now = self.clock()
             if link.earlier:
                 acked = sorted(n for n in {*link.inflight, *link.earlier} if n <= upto)
@@ -673,6 +751,11 @@ class Broker:
         """
         self._owned()
         at = self.clock() if now is None else now
+        # The periodic sweep is also when every user's queue is read again (the service
+        # wakes them all after it): rows another process queued are found then, as
+        # before the links knew their queues (see _Link.known).
+        for link in self._links.values():
+            link.forget()
         expired = self.store.subscriptions.sweep_expired(at)
         for sub in expired:
             self.matcher.discard(sub.sub_id)
@@ -759,6 +842,7 @@ class Broker:
             link.sizes = None
             link.inflight_bytes = 0
             link.sent_upto = 0
+            link.forget()
         try:
             self.store.sessions.set_status(uri, status, self.clock())
         finally:
@@ -807,13 +891,21 @@ class Broker:
         if not plan:
             return {}
         self._try_flush_acks(*sorted(uri for uri, _, _ in plan))
-        reads = self.store.queues.pending_many(
-            [(uri, link.sent_upto, room) for uri, link, room in plan]
-        )
+        # Only the users whose queue this core does not know are read (see _Link.known).
+        unknown = [(uri, link.sent_upto, room) for uri, link, room in plan if not link.known]
+        reads = iter(self.store.queues.pending_many(unknown) if unknown else ())
         taken: dict[str, list[OutgoingNotify]] = {}
         error: StoreError | None = None
         encoder = _NotifyEncoder()  # for this batch: a fan-out's rows share their frames
-        for (uri, link, room), rows in zip(plan, reads, strict=True):
+        for uri, link, room in plan:
+            ahead = link.ahead
+            rows: Sequence[QueuedNotification]
+            if not link.known:
+                rows = next(reads)
+            elif ahead is not None:
+                rows = ahead[:room]
+            else:
+                rows = ()  # known: nothing waits
             if rows:
                 try:
                     # The only other store call; made before this user's state changes
@@ -849,6 +941,20 @@ class Broker:
             link.inflight_bytes = self.config.window_bytes - room_bytes
             if sizes:
                 link.sizes = sizes
+            if ahead is not None:
+                # Rows are taken (or skipped) in order and ahead's nseqs follow on, so
+                # what went is a prefix up to sent_upto; the rest waits for the window.
+                del ahead[: max(0, link.sent_upto - ahead[0].nseq + 1)]
+                link.backlog = bool(ahead)
+                if not ahead:
+                    link.ahead = None
+                    link.ahead_bytes = 0
+                else:
+                    link.ahead_bytes = sum(len(r.payload) + len(r.attrs_cbor) for r in ahead)
+            elif not link.known and not link.backlog:
+                # The read found fewer rows than there was room for, and all of them
+                # went: nothing waits after sent_upto until this core queues more.
+                link.known = True
             if out:
                 taken[uri] = out
         if error is not None and len(plan) == 1:

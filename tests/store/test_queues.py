@@ -23,6 +23,8 @@ from mdeci.store.queues import (
     PublishResult,
     QueuedNotification,
     SqlQueueStore,
+    StoredRow,
+    as_queued,
 )
 
 PUB = "sip:pub@example.com"
@@ -327,6 +329,61 @@ def test_publish_many_statements_do_not_grow_with_the_requests(engine: Engine) -
     assert [r.queued[0].nseq for r in results] == list(range(2, 22))
     assert len(statements) <= 8, statements
     assert [n.msg_id for n in q.pending(BOB)] == ["warm", *(f"m{n}" for n in range(20))]
+
+
+def test_publish_many_hands_over_the_rows_it_wrote_as_pending_reads_them(
+    engine: Engine,
+) -> None:
+    """Issue 14: the rows of a batch (PostgreSQL writes them with one array per column,
+    the shared columns once per publication) read back exactly as ``written`` has them:
+    attrs, payloads, a queue class or none, urgency by request and by subscription."""
+    q = SqlQueueStore(engine)
+    requests = [
+        PublishRequest(PUB, "m1", "a.b", b"\xa1aka", b"one", False, 1.5, [(BOB, 1), (ALICE, 2)]),
+        PublishRequest(PUB, "m1", "a.b", b"\xa0", b"dup", False, 1.5, [(ALICE, 2)]),
+        PublishRequest(
+            "sip:other@example.com", "m1", "c", b"\xa0", b"", True, 2.0, [(ALICE, 3)], "alert"
+        ),
+        PublishRequest(
+            PUB,
+            "m2",
+            "a.b",
+            b"\xa0",
+            b"two",
+            False,
+            2.5,
+            [(BOB, 1), (ALICE, 2)],
+            None,
+            frozenset({2}),
+        ),
+        PublishRequest(PUB, "m3", "z", b"\xa0", b"three", False, 3.0, [(BOB, 4)]),
+    ]
+    written: list[StoredRow] = []
+    q.publish_many(requests, max_depth=10, policy="drop-oldest", written=written)
+    assert sorted(as_queued(row) for row in written) == sorted(q.pending(ALICE) + q.pending(BOB))
+    assert [(n.nseq, n.msg_id, n.urgent, n.qclass) for n in q.pending(ALICE)] == [
+        (1, "m1", False, None),
+        (2, "m1", True, "alert"),
+        (3, "m2", True, None),
+    ]
+    assert [(r[0], r[1]) for r in written] == [
+        (ALICE, 1),
+        (BOB, 1),
+        (ALICE, 2),
+        (ALICE, 3),
+        (BOB, 2),
+        (BOB, 3),
+    ]
+    single: list[StoredRow] = []  # one row: the plain insert
+    q.publish_many(requests[4:5], max_depth=10, policy="drop-oldest", written=single)
+    assert single == [] and q.depth(BOB) == 3  # a duplicate: nothing written
+    q.publish_many(
+        [PublishRequest(PUB, "m4", "z", b"\xa0", b"4", False, 4.0, [(BOB, 4)])],
+        max_depth=10,
+        policy="drop-oldest",
+        written=single,
+    )
+    assert [as_queued(row) for row in single] == q.pending(BOB, after_nseq=3)
 
 
 def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> None:
