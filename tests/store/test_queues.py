@@ -436,6 +436,56 @@ def test_ack_many_and_pending_many_match_one_user_at_a_time(engine: Engine) -> N
     assert q.depth(ALICE) == 1 and q.depth(BOB) == 3
 
 
+def test_acks_of_many_users_take_a_few_statements_not_three_each(engine: Engine) -> None:
+    """Issue 14: a fan-out's round of acks (one per recipient) was three statements per
+    user, each a round trip on PostgreSQL."""
+    q = SqlQueueStore(engine)
+    users = [f"sip:u{i:02d}@x" for i in range(40)]
+    for n in range(3):
+        _publish(q, f"m{n}", [(u, 1) for u in users])
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    # Out of URI order, one user without a counter row, one acking nothing.
+    acks = [(u, 2) for u in reversed(users[1:])] + [("sip:none@x", 5), (users[0], 0)]
+    assert q.ack_many(acks) == [2] * 39 + [0, 0]
+    assert len([s for s in statements if not s.startswith(("PRAGMA", "SET"))]) <= 3
+    assert [n.nseq for n in q.pending(users[5])] == [3] and q.depth(users[5]) == 1
+    assert q.depth(users[0]) == 3 and q.depth("sip:none@x") == 0
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    queued=st.lists(st.integers(0, 4), min_size=4, max_size=4),
+    acks=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), min_size=1, max_size=6),
+)
+def test_ack_many_is_ack_in_turn(
+    engine: Engine, queued: list[int], acks: list[tuple[int, int]]
+) -> None:
+    """Whatever the users (repeated or not, queued or not) and uptos: the counts, what is
+    left and the depths are those of one ``ack`` after the other."""
+    users = [f"sip:{uuid.uuid4().hex[:8]}@x" for _ in range(5)]  # the 5th never queued
+    q = SqlQueueStore(engine)
+    for user, count in zip(users, queued, strict=False):
+        for n in range(count):
+            _publish(q, f"{user}-{n}", [(user, 1)])
+    left = dict(zip(users, queued, strict=False))
+    expected = []
+    for i, upto in acks:
+        gone = min(
+            max(upto - (queued[i] - left[users[i]]) if i < 4 else 0, 0), left.get(users[i], 0)
+        )
+        expected.append(gone)
+        if i < 4:
+            left[users[i]] -= gone
+    assert q.ack_many([(users[i], upto) for i, upto in acks]) == expected
+    for user in users[:4]:
+        assert q.depth(user) == left[user] == len(q.pending(user)) == _counted(engine, user)
+
+
 _USERS = ("sip:u0@x", "sip:u1@x", "sip:u2@x")
 
 
