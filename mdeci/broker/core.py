@@ -605,7 +605,7 @@ class Broker:
             if link is not None:
                 link.forget()
         if not self._remember_rows:
-            return
+            return  # no link is known (take_batches): every take reads the store
         limit = self.config.window_bytes
         for row in written:  # StoredRow: uri, nseq, sub_id, ..., attrs_cbor, payload, ...
             link = links.get(row[0])
@@ -897,15 +897,17 @@ class Broker:
         taken: dict[str, list[OutgoingNotify]] = {}
         error: StoreError | None = None
         encoder = _NotifyEncoder()  # for this batch: a fan-out's rows share their frames
-        for uri, link, room in plan:
-            ahead = link.ahead
-            rows: Sequence[QueuedNotification]
+        rows_of: list[Sequence[QueuedNotification]] = []
+        for _, link, room in plan:
             if not link.known:
-                rows = next(reads)
-            elif ahead is not None:
-                rows = ahead[:room]
+                rows_of.append(next(reads))
+            elif link.ahead is not None:
+                rows_of.append(link.ahead[:room])
             else:
-                rows = ()  # known: nothing waits
+                rows_of.append(())  # known: nothing waits
+        self._missed_none([uri for (uri, _, _), rows in zip(plan, rows_of, strict=True) if rows])
+        for (uri, link, room), rows in zip(plan, rows_of, strict=True):
+            ahead = link.ahead
             if rows:
                 try:
                     # The only other store call; made before this user's state changes
@@ -951,7 +953,7 @@ class Broker:
                     link.ahead_bytes = 0
                 else:
                     link.ahead_bytes = sum(len(r.payload) + len(r.attrs_cbor) for r in ahead)
-            elif not link.known and not link.backlog:
+            elif not link.known and not link.backlog and self._remember_rows:
                 # The read found fewer rows than there was room for, and all of them
                 # went: nothing waits after sent_upto until this core queues more.
                 link.known = True
@@ -960,6 +962,22 @@ class Broker:
         if error is not None and len(plan) == 1:
             raise error
         return taken
+
+    def _missed_none(self, uris: list[str]) -> None:
+        """Of ``uris``, those whose missed count is still to be taken from the store
+        (see _missed) and is 0 there are no longer pending: one read for all, not a
+        ``take_missed`` each (issue 14: a hundred users connecting, then a fan-out). The
+        others keep their own ``take_missed``; so does everyone if this read fails."""
+        pending = [uri for uri in uris if uri in self._missed_pending]
+        if len(pending) < 2:
+            return
+        try:
+            counted = self.store.queues.missed_many(pending)
+        except StoreError:
+            return
+        for uri in pending:
+            if uri not in counted:
+                self._missed_pending.discard(uri)
 
     def _missed(self, uri: str, nseq: int) -> int:
         known = self._missed_at.setdefault(uri, {})

@@ -358,6 +358,9 @@ class SqlQueueStore:
                 "AS p(publisher_uri, msg_id, subject, attrs_cbor, payload, published_at, "
                 "qclass, k) USING (k)"
             )
+        self._mark = mark
+        self._missed_head = f"SELECT uri, missed FROM {counter} WHERE missed > 0 AND uri IN ("
+        self._missed_sql: dict[int, str] = {}
         # A round of acks of several users (see _ack_set), the driver's SQL. Locked in
         # the order of Python's sorted(), as publish_many locks (COLLATE "C": code points,
         # whatever the database's collation).
@@ -823,6 +826,25 @@ class SqlQueueStore:
                 select(QueueCounterRow.last_nseq).where(QueueCounterRow.uri == uri)
             ).scalar_one_or_none()
         return 0 if last is None else int(last)
+
+    def missed_many(self, uris: Sequence[str]) -> dict[str, int]:
+        """Those of ``uris`` with overflow drops not yet taken, and how many; reads only
+        (``take_missed`` takes them). One statement per ``_LOCK_CHUNK`` users: the
+        broker asks once for every user it starts sending to (issue 14: a
+        ``take_missed`` per user, a connection checkout and a read each, cost 100 µs of
+        CPU on SQLite and 275 µs on PostgreSQL).
+
+        Raises:
+            StoreError: the database failed.
+        """
+        found: dict[str, int] = {}
+        with reading(self._engine, "missed") as conn:
+            for start in range(0, len(uris), _LOCK_CHUNK):
+                chunk = uris[start : start + _LOCK_CHUNK]
+                sql = _rows_sql(self._missed_sql, len(chunk), self._missed_head, self._mark, ")")
+                for uri, missed in conn.exec_driver_sql(sql, tuple(chunk)):
+                    found[str(uri)] = int(missed)
+        return found
 
     def take_missed(self, uri: str) -> int:
         """How many of ``uri``'s notifications overflow dropped since the last call; resets

@@ -99,6 +99,23 @@ def test_a_fan_out_is_served_without_reading_back_what_it_queued(
     assert refilled == {} and reads == []  # nothing waits: not read again
 
 
+def test_once_rows_are_forgotten_every_take_reads_the_store(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    """After ``forget_rows`` (an SMS side removes rows) a publish to a user whose queue
+    was read empty is still delivered: no link is taken as known any more."""
+    broker = make_broker(store, clock, MemorySink())
+    add_session(store, USERS[0])
+    _subscribe_all(broker)
+    broker.mark_connected(USERS[0])
+    broker.forget_rows()
+    assert broker.take_batches([USERS[0]]) == {}
+    reads = _reads(store)
+    broker.handle_and_take(_pubs("a", ["m0"]), ())
+    assert [n for n, _ in _sent(broker.take_batches([USERS[0]]))[USERS[0]]] == [1]
+    assert reads == [[USERS[0]]]
+
+
 def test_a_user_further_behind_than_the_rows_kept_is_read_from_the_store(
     store: BrokerStore, clock: FakeClock
 ) -> None:
@@ -146,7 +163,7 @@ _OPS = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ops=st.lists(_OPS, max_size=25),
     window=st.integers(1, 4),

@@ -436,6 +436,15 @@ def test_ack_many_and_pending_many_match_one_user_at_a_time(engine: Engine) -> N
     assert q.depth(ALICE) == 1 and q.depth(BOB) == 3
 
 
+def test_missed_many_reads_the_counts_to_take_without_taking_them(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    for n in range(4):
+        _publish(q, f"m{n}", [(ALICE, 1), (BOB, 1)] if n < 1 else [(ALICE, 1)], max_depth=2)
+    assert q.missed_many([BOB, ALICE, "sip:nobody@x"]) == {ALICE: 2}
+    assert q.missed_many([]) == {}
+    assert q.take_missed(ALICE) == 2 and q.missed_many([ALICE, BOB]) == {}
+
+
 def test_acks_of_many_users_take_a_few_statements_not_three_each(engine: Engine) -> None:
     """Issue 14: a fan-out's round of acks (one per recipient) was three statements per
     user, each a round trip on PostgreSQL."""
