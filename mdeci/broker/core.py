@@ -23,6 +23,10 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
   those notifications again, which the agent drops by nseq (acks were never fsync'd).
   :meth:`Broker.mark_connected` restarts the stream from the lowest queued (un-acked)
   ``nseq``; :meth:`Broker.mark_disconnected` stops it.
+- A connected user's queue need not be read back: the rows this core's publishes just
+  wrote for it are handed on from memory while its link knows that nothing else waits
+  (``_Link.known``; anything that may change the queue behind it makes the next take
+  read the store, as does an SMS side, which removes rows: :meth:`Broker.forget_rows`).
 - The :class:`QueueListener` hears "something was queued for uri" and "uri acked", so
   the service wakes that user's delivery task instead of polling.
 - Threads: the core is not thread-safe and needs no lock because one thread at a time
