@@ -23,6 +23,10 @@ injected); :class:`mdeci.broker.service.BrokerService` drives it from asyncio.
   those notifications again, which the agent drops by nseq (acks were never fsync'd).
   :meth:`Broker.mark_connected` restarts the stream from the lowest queued (un-acked)
   ``nseq``; :meth:`Broker.mark_disconnected` stops it.
+- A connected user's queue need not be read back: the rows this core's publishes just
+  wrote for it are handed on from memory while its link knows that nothing else waits
+  (``_Link.known``; anything that may change the queue behind it makes the next take
+  read the store, as does an SMS side, which removes rows: :meth:`Broker.forget_rows`).
 - The :class:`QueueListener` hears "something was queued for uri" and "uri acked", so
   the service wakes that user's delivery task instead of polling.
 - Threads: the core is not thread-safe and needs no lock because one thread at a time
@@ -82,7 +86,13 @@ from mdeci.frames import (
 from mdeci.oplog import event as oplog_event
 from mdeci.store.calendars import SqlCalendars
 from mdeci.store.errors import StoreError
-from mdeci.store.queues import DeliveryRow, PublishRequest
+from mdeci.store.queues import (
+    DeliveryRow,
+    PublishRequest,
+    PublishResult,
+    StoredRow,
+    as_delivery,
+)
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from mdeci.store.subscriptions import Subscription
@@ -107,6 +117,9 @@ _DELIVERED_KEYS = ("nseq", "latency_ms")
 NOTIFY_OVERHEAD = 512
 # Published msg_ids forgotten per call of Broker.prune (one short transaction).
 PRUNE_CHUNK = 1000
+# Rows a connected user's link remembers ahead of its window at most (_Link.ahead); a
+# user further behind is served from the store, as before (issue 14).
+AHEAD_LIMIT = 64
 
 
 class QueueListener(Protocol):
@@ -142,6 +155,23 @@ class _Link:
     sent_upto: int = 0
     # The last read filled the window's room: more may wait in the store (see take_batch).
     backlog: bool = False
+    # True while this core knows every row of the user's queue after ``sent_upto``: they
+    # are ``ahead`` (None: there are none), queued by this core's publishes since a read
+    # of the store found no more. take_batches then serves the user without reading the
+    # store (issue 14: a fan-out read back each recipient's rows it had just written, and
+    # read every acking user's empty queue again). Anything else that may change the
+    # queue (an overflow drop, a disconnection, a sweep, a side that removes rows)
+    # clears it, and the next read of the store sets it again.
+    known: bool = False
+    ahead: list[DeliveryRow] | None = None
+    ahead_bytes: int = 0  # their payloads' and attrs' bytes (bounded: see _remember)
+
+    def forget(self) -> None:
+        """The queue after ``sent_upto`` is no longer known: the next take reads it."""
+        self.known = False
+        self.ahead = None
+        self.ahead_bytes = 0
+
     # The same for notifications sent on earlier connections: their ack may come after a
     # reconnection, before they are sent again (then never), and is logged all the same.
     earlier: dict[int, float] = field(default_factory=dict)
@@ -367,6 +397,9 @@ class Broker:
         self.classes: frozenset[str] = frozenset()
         self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
         self._thread: int | None = None  # see bind_thread
+        # Whether a connected user may be served the rows this core queued for it from
+        # memory (_Link.ahead); False once something else may remove queued rows.
+        self._remember_rows = True
 
     def bind_thread(self, thread_id: int | None) -> None:
         """Only thread ``thread_id`` may call the core from now on (None: any thread)."""
@@ -581,7 +614,9 @@ class Broker:
                     _error(frame.req, BAD_REQUEST, f"unknown queue class {frame.qclass!r}")
                 ]
                 continue
-            now = self.clock()
+            # A float as the store reads it back: the rows handed on from memory
+            # (_Link.ahead) must encode as the stored ones do.
+            now = float(self.clock())
             match = self.matcher.match(frame.subject, frame.attrs, now)
             request = PublishRequest(
                 uri,
@@ -602,11 +637,13 @@ class Broker:
         # A held ack would make a full queue look fuller: apply it before overflow counts.
         targets = {uri for *_, req in prepared for uri, _ in req.targets}
         self._try_flush_acks(*sorted(self._acks.keys() & targets))
+        written: list[StoredRow] = []
         try:
             results = self.store.queues.publish_many(
                 [req for *_, req in prepared],
                 max_depth=self.config.max_queue_depth,
                 policy=self.config.overflow_policy,
+                written=written,
             )
         except StoreError as exc:
             oplog_event("database_error", level=logging.ERROR, where="publish", error=str(exc))
@@ -617,6 +654,7 @@ class Broker:
         expired_at: float | None = None
         # The queued events of the whole call go to the sink as one batch (issue 14).
         queued_rows: list[Row] = []
+        self._remember(written, results)
         for (i, frame, now, expired, _), result in zip(prepared, results, strict=True):
             for queued in result.queued:
                 queued_rows.append((queued.uri, queued.nseq, queued.depth))
@@ -643,6 +681,48 @@ class Broker:
             for target in sorted(woken):
                 self.listener.queued(target)
 
+    def _remember(self, written: Sequence[StoredRow], results: Sequence[PublishResult]) -> None:
+        """Append the rows a publish call wrote to their connected users' ``ahead``
+        (see _Link.known), in nseq order; a user whose rows do not follow on from what
+        its link knows, or with an overflow drop in this call, is forgotten instead (its
+        next take reads the store). Bounded per user by AHEAD_LIMIT rows and by
+        ``window_bytes`` of payload and attrs."""
+        links = self._links
+        dropped = {d.uri for result in results for d in result.dropped}
+        for uri in dropped:
+            link = links.get(uri)
+            if link is not None:
+                link.forget()
+        if not self._remember_rows:
+            return  # no link is known (take_batches): every take reads the store
+        limit = self.config.window_bytes
+        for row in written:  # StoredRow: uri, nseq, sub_id, ..., attrs_cbor, payload, ...
+            link = links.get(row[0])
+            if link is None or not link.known:
+                continue
+            ahead = link.ahead
+            size = link.ahead_bytes + len(row[6]) + len(row[7])
+            nseq = row[1]
+            if ahead is None:
+                if nseq == link.sent_upto + 1:
+                    link.ahead = [as_delivery(row)]
+                    link.ahead_bytes = size
+                    continue
+            elif nseq == ahead[-1][0] + 1 and len(ahead) < AHEAD_LIMIT and size <= limit:
+                ahead.append(as_delivery(row))
+                link.ahead_bytes = size
+                continue
+            link.forget()
+
+    def forget_rows(self) -> None:
+        """From now on every delivery reads the store: something besides this core may
+        remove queued rows (the SMS side, once a notification went by SMS), so the rows
+        a publish queued cannot be handed on from memory (see _Link.known)."""
+        self._owned()
+        self._remember_rows = False
+        for link in self._links.values():
+            link.forget()
+
     def _urgent_subs(self, targets: Sequence[tuple[str, int]]) -> frozenset[int]:
         """Targets whose subscription names a class that may use SMS (issue 13)."""
         if not self.sms_classes:
@@ -664,6 +744,8 @@ class Broker:
             self._acks[uri] = upto
         link = self._links.get(uri)
         if link is not None:
+            if upto > link.sent_upto:
+                link.forget()  # acked what was not sent: its rows ahead may be gone
             now = self.clock()
             if link.earlier:
                 acked = sorted(n for n in {*link.inflight, *link.earlier} if n <= upto)
@@ -767,6 +849,11 @@ class Broker:
         """
         self._owned()
         at = self.clock() if now is None else now
+        # The periodic sweep is also when every user's queue is read again (the service
+        # wakes them all after it): rows another process queued are found then, as
+        # before the links knew their queues (see _Link.known).
+        for link in self._links.values():
+            link.forget()
         expired = self.store.subscriptions.sweep_expired(at)
         for sub in expired:
             self.matcher.discard(sub.sub_id)
@@ -867,6 +954,7 @@ class Broker:
             link.sizes = None
             link.inflight_bytes = 0
             link.sent_upto = 0
+            link.forget()
         try:
             self.store.sessions.set_status(uri, status, self.clock())
         finally:
@@ -915,16 +1003,26 @@ class Broker:
         if not plan:
             return {}
         self._try_flush_acks(*sorted(uri for uri, _, _ in plan))
-        reads = self.store.queues.pending_many(
-            [(uri, link.sent_upto, room) for uri, link, room in plan]
-        )
+        # Only the users whose queue this core does not know are read (see _Link.known).
+        unknown = [(uri, link.sent_upto, room) for uri, link, room in plan if not link.known]
+        reads = iter(self.store.queues.pending_many(unknown) if unknown else ())
         taken: dict[str, list[OutgoingNotify]] = {}
         error: StoreError | None = None
         # For this batch: a fan-out's rows share their publications' items; one user's
         # rows (a drain) share nothing worth a key per row.
         encoder = _NotifyEncoder(share=len(plan) > 1)
         encode_row = encoder.encode
-        for (uri, link, room), rows in zip(plan, reads, strict=True):
+        rows_of: list[Sequence[DeliveryRow]] = []
+        for _, link, room in plan:
+            if not link.known:
+                rows_of.append(next(reads))
+            elif link.ahead is not None:
+                rows_of.append(link.ahead[:room])
+            else:
+                rows_of.append(())  # known: nothing waits
+        self._missed_none([uri for (uri, _, _), rows in zip(plan, rows_of, strict=True) if rows])
+        for (uri, link, room), rows in zip(plan, rows_of, strict=True):
+            ahead = link.ahead
             if rows:
                 try:
                     # The only other store call; made before this user's state changes
@@ -963,11 +1061,41 @@ class Broker:
             link.inflight_bytes = self.config.window_bytes - room_bytes
             if sizes:
                 link.sizes = sizes
+            if ahead is not None:
+                # Rows are taken (or skipped) in order and ahead's nseqs follow on, so
+                # what went is a prefix up to sent_upto; the rest waits for the window.
+                del ahead[: max(0, link.sent_upto - ahead[0][0] + 1)]
+                link.backlog = bool(ahead)
+                if not ahead:
+                    link.ahead = None
+                    link.ahead_bytes = 0
+                else:
+                    link.ahead_bytes = sum(len(r[6]) + len(r[5]) for r in ahead)
+            elif not link.known and not link.backlog and self._remember_rows:
+                # The read found fewer rows than there was room for, and all of them
+                # went: nothing waits after sent_upto until this core queues more.
+                link.known = True
             if out:
                 taken[uri] = out
         if error is not None and len(plan) == 1:
             raise error
         return taken
+
+    def _missed_none(self, uris: list[str]) -> None:
+        """Of ``uris``, those whose missed count is still to be taken from the store
+        (see _missed) and is 0 there are no longer pending: one read for all, not a
+        ``take_missed`` each (issue 14: a hundred users connecting, then a fan-out). The
+        others keep their own ``take_missed``; so does everyone if this read fails."""
+        pending = [uri for uri in uris if uri in self._missed_pending]
+        if len(pending) < 2:
+            return
+        try:
+            counted = self.store.queues.missed_many(pending)
+        except StoreError:
+            return
+        for uri in pending:
+            if uri not in counted:
+                self._missed_pending.discard(uri)
 
     def _missed(self, uri: str, nseq: int) -> int:
         known = self._missed_at.setdefault(uri, {})

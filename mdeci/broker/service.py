@@ -267,6 +267,9 @@ class BrokerService:
             sms.handle_frame = self._sms_frame
             sms.sub_class = self._sub_class
             sms.delivered = self._sms_delivered
+            # The SMS side removes the rows it delivered: the core reads every queue it
+            # serves from the store from now on (the order of the worker's calls).
+            self.worker.post("sms side", self.broker.forget_rows)
 
     @classmethod
     async def open(

@@ -4,6 +4,7 @@ announced address, clean shutdown on SIGTERM, and one-line errors (exit 2)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import socket
 import sys
@@ -92,3 +93,16 @@ async def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, err
     text = err.decode()
     assert text.count("\n") == 1 and f"127.0.0.1:{port}" in text and "Traceback" not in text
+
+
+def test_the_broker_process_collects_young_objects_less_often() -> None:
+    """Issue 14: a fan-out's round of notifications dies young instead of being promoted
+    into the full collections that walk every session's objects."""
+    from mdeci.commands.broker import GC_YOUNG, collect_less_often
+
+    before = gc.get_threshold()
+    try:
+        collect_less_often()
+        assert gc.get_threshold()[0] == GC_YOUNG >= 10 * 700
+    finally:
+        gc.set_threshold(*before)

@@ -505,6 +505,44 @@ def test_overflow_drops_are_reported_in_missed_once(store: BrokerStore, clock: F
     assert [(n.nseq, n.missed) for n in notifies(broker, ALICE)] == [(6, 0)]
 
 
+def test_users_just_connected_have_their_missed_counts_read_once_for_all(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    """Issue 14: the first notification after a connection looks for overflow drops;
+    a hundred users connecting, then a fan-out, made a take_missed each (a connection
+    and a read each). One read for all now; only a user with drops takes them."""
+    users = [f"sip:u{i}@example.com" for i in range(5)]
+    broker = make_broker(store, clock, MemorySink(), queue=QueueConfig(max_per_uri=2))
+    for uri in users:
+        subscribe(broker, uri, "a")
+    subscribe(broker, users[0], "b")
+    for n in range(3):
+        publish(broker, f"b{n}", "b")  # users[0]: one dropped
+    broker.handle_frame(users[0], encode(Ack(upto=3)))  # and its queue emptied
+    broker.flush_acks()
+    for uri in users:
+        broker.mark_connected(uri)
+    calls: list[str] = []
+    real_take, real_many = store.queues.take_missed, store.queues.missed_many
+
+    def take_missed(uri: str) -> int:
+        calls.append(uri)
+        return real_take(uri)
+
+    def missed_many(uris: Sequence[str]) -> dict[str, int]:
+        calls.append(",".join(uris))
+        return real_many(uris)
+
+    store.queues.take_missed = take_missed  # type: ignore[method-assign]
+    store.queues.missed_many = missed_many  # type: ignore[method-assign]
+    publish(broker, "a0", "a")
+    taken = broker.take_batches(users)
+    assert calls == [",".join(users), users[0]]
+    notes = {u: [decode(i.data) for i in items] for u, items in taken.items()}
+    assert [(n.nseq, n.missed) for n in notes[users[0]]] == [(4, 1)]  # type: ignore[union-attr]
+    assert all([(n.nseq, n.missed) for n in notes[u]] == [(1, 0)] for u in users[1:])  # type: ignore[union-attr]
+
+
 def test_config_is_validated() -> None:
     for bad_subs in (
         {"default_ttl": 0},
@@ -733,12 +771,13 @@ def test_held_acks_of_a_wake_are_applied_in_one_transaction(
 def test_a_user_whose_missed_count_fails_is_left_unchanged_and_the_others_taken(
     store: BrokerStore, clock: FakeClock
 ) -> None:
-    broker = make_broker(store, clock, MemorySink())
+    broker = make_broker(store, clock, MemorySink(), queue=QueueConfig(max_per_uri=1))
     for uri in (ALICE, BOB):
         add_session(store, uri)
         subscribe(broker, uri, "a")
         broker.mark_connected(uri)
     publish(broker, "m0", "a")
+    publish(broker, "m1", "a")  # drops m0: both have a missed count to take
     real = store.queues.take_missed
 
     def failing_for_alice(uri: str) -> int:
@@ -752,7 +791,7 @@ def test_a_user_whose_missed_count_fails_is_left_unchanged_and_the_others_taken(
     with pytest.raises(StoreError):
         broker.take_batch(ALICE)  # alone, the error is the caller's
     store.queues.take_missed = real  # type: ignore[method-assign]
-    assert [n.nseq for n in notifies(broker, ALICE)] == [1]  # nothing was lost
+    assert [(n.nseq, n.missed) for n in notifies(broker, ALICE)] == [(2, 1)]  # nothing lost
 
 
 def test_handle_decoded_answers_as_handle_frames_for_frames_decoded_once(

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
+import types
 from collections.abc import AsyncIterator
 
 import pytest
@@ -529,3 +530,14 @@ async def test_behind_a_relay_the_sdp_address_is_announced_and_moves_follow_the_
         assert peer.path_changes >= 1
     finally:
         await agent.close()
+
+
+async def test_an_sms_side_makes_the_core_read_every_queue_it_serves(
+    service: BrokerService,
+) -> None:
+    """The SMS side removes the rows it delivered, behind the core's back: the core then
+    no longer hands a publish's rows on from memory (issue 14's rows ahead)."""
+    assert service.broker._remember_rows
+    service.sms = types.SimpleNamespace()  # type: ignore[assignment]  # the setter's hooks only
+    await service.settled()
+    assert not service.broker._remember_rows

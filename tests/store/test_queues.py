@@ -26,6 +26,8 @@ from mdeci.store.queues import (
     PublishResult,
     QueuedNotification,
     SqlQueueStore,
+    StoredRow,
+    as_queued,
 )
 
 PUB = "sip:pub@example.com"
@@ -347,6 +349,61 @@ def test_publish_many_statements_do_not_grow_with_the_requests(engine: Engine) -
     assert [n.msg_id for n in q.pending(BOB)] == ["warm", *(f"m{n}" for n in range(20))]
 
 
+def test_publish_many_hands_over_the_rows_it_wrote_as_pending_reads_them(
+    engine: Engine,
+) -> None:
+    """Issue 14: the rows of a batch (PostgreSQL writes them with one array per column,
+    the shared columns once per publication) read back exactly as ``written`` has them:
+    attrs, payloads, a queue class or none, urgency by request and by subscription."""
+    q = SqlQueueStore(engine)
+    requests = [
+        PublishRequest(PUB, "m1", "a.b", b"\xa1aka", b"one", False, 1.5, [(BOB, 1), (ALICE, 2)]),
+        PublishRequest(PUB, "m1", "a.b", b"\xa0", b"dup", False, 1.5, [(ALICE, 2)]),
+        PublishRequest(
+            "sip:other@example.com", "m1", "c", b"\xa0", b"", True, 2.0, [(ALICE, 3)], "alert"
+        ),
+        PublishRequest(
+            PUB,
+            "m2",
+            "a.b",
+            b"\xa0",
+            b"two",
+            False,
+            2.5,
+            [(BOB, 1), (ALICE, 2)],
+            None,
+            frozenset({2}),
+        ),
+        PublishRequest(PUB, "m3", "z", b"\xa0", b"three", False, 3.0, [(BOB, 4)]),
+    ]
+    written: list[StoredRow] = []
+    q.publish_many(requests, max_depth=10, policy="drop-oldest", written=written)
+    assert sorted(as_queued(row) for row in written) == sorted(q.pending(ALICE) + q.pending(BOB))
+    assert [(n.nseq, n.msg_id, n.urgent, n.qclass) for n in q.pending(ALICE)] == [
+        (1, "m1", False, None),
+        (2, "m1", True, "alert"),
+        (3, "m2", True, None),
+    ]
+    assert [(r[0], r[1]) for r in written] == [
+        (ALICE, 1),
+        (BOB, 1),
+        (ALICE, 2),
+        (ALICE, 3),
+        (BOB, 2),
+        (BOB, 3),
+    ]
+    single: list[StoredRow] = []  # one row: the plain insert
+    q.publish_many(requests[4:5], max_depth=10, policy="drop-oldest", written=single)
+    assert single == [] and q.depth(BOB) == 3  # a duplicate: nothing written
+    q.publish_many(
+        [PublishRequest(PUB, "m4", "z", b"\xa0", b"4", False, 4.0, [(BOB, 4)])],
+        max_depth=10,
+        policy="drop-oldest",
+        written=single,
+    )
+    assert [as_queued(row) for row in single] == q.pending(BOB, after_nseq=3)
+
+
 def test_publish_many_is_publish_in_turn_in_one_transaction(engine: Engine) -> None:
     q = SqlQueueStore(engine)
 
@@ -432,6 +489,65 @@ def test_ack_many_and_pending_many_match_one_user_at_a_time(engine: Engine) -> N
     assert [n.nseq for n in q.pending(ALICE)] == [5]
     assert [n.nseq for n in q.pending(BOB)] == [3, 4, 5]
     assert q.depth(ALICE) == 1 and q.depth(BOB) == 3
+
+
+def test_missed_many_reads_the_counts_to_take_without_taking_them(engine: Engine) -> None:
+    q = SqlQueueStore(engine)
+    for n in range(4):
+        _publish(q, f"m{n}", [(ALICE, 1), (BOB, 1)] if n < 1 else [(ALICE, 1)], max_depth=2)
+    assert q.missed_many([BOB, ALICE, "sip:nobody@x"]) == {ALICE: 2}
+    assert q.missed_many([]) == {}
+    assert q.take_missed(ALICE) == 2 and q.missed_many([ALICE, BOB]) == {}
+
+
+def test_acks_of_many_users_take_a_few_statements_not_three_each(engine: Engine) -> None:
+    """Issue 14: a fan-out's round of acks (one per recipient) was three statements per
+    user, each a round trip on PostgreSQL."""
+    q = SqlQueueStore(engine)
+    users = [f"sip:u{i:02d}@x" for i in range(40)]
+    for n in range(3):
+        _publish(q, f"m{n}", [(u, 1) for u in users])
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    # Out of URI order, one user without a counter row, one acking nothing.
+    acks = [(u, 2) for u in reversed(users[1:])] + [("sip:none@x", 5), (users[0], 0)]
+    assert q.ack_many(acks) == [2] * 39 + [0, 0]
+    assert len([s for s in statements if not s.startswith(("PRAGMA", "SET"))]) <= 3
+    assert [n.nseq for n in q.pending(users[5])] == [3] and q.depth(users[5]) == 1
+    assert q.depth(users[0]) == 3 and q.depth("sip:none@x") == 0
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    queued=st.lists(st.integers(0, 4), min_size=4, max_size=4),
+    acks=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6)), min_size=1, max_size=6),
+)
+def test_ack_many_is_ack_in_turn(
+    engine: Engine, queued: list[int], acks: list[tuple[int, int]]
+) -> None:
+    """Whatever the users (repeated or not, queued or not) and uptos: the counts, what is
+    left and the depths are those of one ``ack`` after the other."""
+    users = [f"sip:{uuid.uuid4().hex[:8]}@x" for _ in range(5)]  # the 5th never queued
+    q = SqlQueueStore(engine)
+    for user, count in zip(users, queued, strict=False):
+        for n in range(count):
+            _publish(q, f"{user}-{n}", [(user, 1)])
+    left = dict(zip(users, queued, strict=False))
+    expected = []
+    for i, upto in acks:
+        gone = min(
+            max(upto - (queued[i] - left[users[i]]) if i < 4 else 0, 0), left.get(users[i], 0)
+        )
+        expected.append(gone)
+        if i < 4:
+            left[users[i]] -= gone
+    assert q.ack_many([(users[i], upto) for i, upto in acks]) == expected
+    for user in users[:4]:
+        assert q.depth(user) == left[user] == len(q.pending(user)) == _counted(engine, user)
 
 
 _USERS = ("sip:u0@x", "sip:u1@x", "sip:u2@x")
