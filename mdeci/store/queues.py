@@ -45,8 +45,9 @@ with their subscription.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -728,18 +729,29 @@ class SqlQueueStore:
         for _, _, limit in reads:
             if limit < 1:
                 raise InvalidArgument(f"limit must be at least 1, not {limit}")
-        with reading(self._engine, "pending") as conn:
-            cursor = conn.connection.cursor()
-            try:
-                found: list[list[DeliveryRow]] = []
-                for read in reads:
-                    cursor.execute(self._pending_sql, read)
-                    found.append(cast("list[DeliveryRow]", cursor.fetchall()))  # all at once
-                return found
-            except self._driver_error as exc:
-                raise self._driver_failed(conn, "pending", exc) from exc
-            finally:
-                cursor.close()
+        found: list[list[DeliveryRow]] = []
+        with reading(self._engine, "pending") as conn, self._raw_cursor(conn, "pending") as cursor:
+            for read in reads:
+                cursor.execute(self._pending_sql, read)
+                found.append(cast("list[DeliveryRow]", cursor.fetchall()))  # all at once
+        return found
+
+    @contextlib.contextmanager
+    def _raw_cursor(self, conn: Connection, what: str) -> Iterator[Any]:
+        """The driver's own cursor on ``conn``; a driver error comes out as a StoreError
+        (see _driver_failed). Closing the cursor of a connection that the error
+        invalidated raises in sqlite3: that must not replace the StoreError, which is
+        what the broker's callers catch."""
+        cursor = None
+        try:
+            cursor = conn.connection.cursor()  # raises if the connection is closed
+            yield cursor
+        except self._driver_error as exc:
+            raise self._driver_failed(conn, what, exc) from exc
+        finally:
+            if cursor is not None:
+                with contextlib.suppress(self._driver_error):
+                    cursor.close()
 
     def _driver_failed(self, conn: Connection, what: str, exc: Exception) -> StoreError:
         """The StoreError for a driver error on the raw cursor, after doing what
@@ -779,21 +791,18 @@ class SqlQueueStore:
                 gone = self._ack_set(conn, sorted(acks))
             return [gone.get(uri, 0) for uri, _ in acks]
         counts: dict[int, int] = {}
-        with relaxed_transaction(self._engine, "ack") as conn:
-            cursor = conn.connection.cursor()
-            try:
-                for i in sorted(range(len(acks)), key=lambda i: acks[i][0]):
-                    uri, upto = acks[i]
-                    # _delete's statements, on the driver's cursor (see pending_many).
-                    cursor.execute(self._lock_one_sql, (uri,))
-                    cursor.execute(self._ack_sql, (uri, upto))
-                    count = counts[i] = cursor.rowcount
-                    if count:
-                        cursor.execute(self._shrink_sql, (count, uri))
-            except self._driver_error as exc:
-                raise self._driver_failed(conn, "ack", exc) from exc
-            finally:
-                cursor.close()
+        with (
+            relaxed_transaction(self._engine, "ack") as conn,
+            self._raw_cursor(conn, "ack") as cursor,
+        ):
+            for i in sorted(range(len(acks)), key=lambda i: acks[i][0]):
+                uri, upto = acks[i]
+                # _delete's statements, on the driver's cursor (see pending_many).
+                cursor.execute(self._lock_one_sql, (uri,))
+                cursor.execute(self._ack_sql, (uri, upto))
+                count = counts[i] = cursor.rowcount
+                if count:
+                    cursor.execute(self._shrink_sql, (count, uri))
         return [counts[i] for i in range(len(acks))]
 
     def _ack_set(self, conn: Connection, acks: list[tuple[str, int]]) -> dict[str, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import cbor2
 import pytest
@@ -673,3 +674,24 @@ def test_a_postgresql_connection_killed_inside_ack_many_fails_on_the_driver_curs
     assert any(s.startswith("SET LOCAL") for s in seen)
     assert q.depth(ALICE) == 1
     assert q.ack_many([(ALICE, 1)]) == [1] and q.depth(ALICE) == 0
+
+
+def test_a_closed_sqlite_connection_under_the_driver_cursor_is_a_store_error(
+    engine: Engine,
+) -> None:
+    """sqlite3 raises its own ProgrammingError ("Cannot operate on a closed database")
+    when the driver's cursor is opened on a closed connection, and again when a cursor
+    of it is closed: pending_many must turn that into one StoreError (the broker catches
+    only StoreError), and the pool must open a new connection for the next call."""
+    if engine.dialect.name != "sqlite":
+        pytest.skip("sqlite3's closed connection; PostgreSQL's server-side kill is above")
+    q = SqlQueueStore(engine)
+    _publish(q, "m1", [(ALICE, 1)])
+
+    def close_it(dbapi_connection: Any, *_args: object) -> None:
+        dbapi_connection.close()  # under the checked-out connection, as a crash would
+
+    event.listen(engine.pool, "checkout", close_it, once=True)
+    with pytest.raises(StoreError, match=r"^pending failed: "):
+        q.pending_many([(ALICE, 0, 5)])
+    assert [[row[0] for row in rows] for rows in q.pending_many([(ALICE, 0, 5)])] == [[1]]
