@@ -216,6 +216,9 @@ def _seconds(value: object, name: str) -> None:
     _check(ok, f"'{name}' must be > 0 seconds")
 
 
+MIN_DEDUP_HORIZON = 3600.0  # seconds (QueueConfig.dedup_horizon)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QueueConfig:
     """``[queue]``: the durable per-URI notification queues (docs/protocol.md §6) and delivery."""
@@ -240,11 +243,17 @@ class QueueConfig:
     # is a duplicate, one older is taken as new. The sweep forgets older ones (the table
     # grew by a row per publish for good). An agent re-sends its outbox after any outage,
     # however long, so this is an outage we accept to publish twice after.
+    # At least MIN_DEDUP_HORIZON: shorter, a re-send after an ordinary outage or a slow
+    # handover would be queued twice ("nothing handed twice" broken by a setting).
     dedup_horizon: float = 30 * 86400.0
 
     def __post_init__(self) -> None:
         _whole(self.max_per_uri, "max_per_uri", 1)
         _seconds(self.dedup_horizon, "dedup_horizon")
+        _check(
+            self.dedup_horizon >= MIN_DEDUP_HORIZON,
+            f"'dedup_horizon' must be at least {MIN_DEDUP_HORIZON:.0f} seconds",
+        )
         _whole(self.window, "window", 1)
         _whole(self.window_bytes, "window_bytes", 1)
         _whole(self.max_unacked_reply_bytes, "max_unacked_reply_bytes", 1 << 16)

@@ -359,12 +359,12 @@ def test_prune_forgets_msg_ids_older_than_the_dedup_horizon(
 ) -> None:
     """The (publisher, msg_id) rows are pruned: within the horizon a re-send is a
     duplicate, past it a new publish (the table used to keep every msg_id for good)."""
-    broker = make_broker(store, clock, sink, queue=QueueConfig(dedup_horizon=100.0))
-    subscribe(broker, ALICE, "a", ttl=1000)
+    broker = make_broker(store, clock, sink, queue=QueueConfig(dedup_horizon=3600.0))
+    subscribe(broker, ALICE, "a", ttl=10_000)
     publish(broker, "old", "a")
-    clock.advance(60)
+    clock.advance(2000)
     publish(broker, "young", "a")
-    clock.advance(50)  # "old" is 110 s old, "young" 50 s
+    clock.advance(1700)  # "old" is 3,700 s old, "young" 1,700 s
     assert broker.prune() == 1
     assert publish(broker, "young", "a").matched == 1
     assert [q[1] for q in queued(store, ALICE)] == ["old", "young"]  # a duplicate

@@ -370,7 +370,7 @@ async def test_periodic_sweep_prunes_old_msg_ids_in_chunks_and_logs_a_failure(
     goes on sweeping."""
     caplog.set_level(logging.ERROR, logger="mdeci")
     broker = make_broker(
-        store, clock, sink, queue=QueueConfig(dedup_horizon=100.0),
+        store, clock, sink, queue=QueueConfig(dedup_horizon=3600.0),
         subscriptions=SubscriptionConfig(sweep_interval=0.01),
     )  # fmt: skip
     many = PRUNE_CHUNK + PRUNE_CHUNK // 2
@@ -379,7 +379,7 @@ async def test_periodic_sweep_prunes_old_msg_ids_in_chunks_and_logs_a_failure(
          for n in range(many)],
         max_depth=10, policy="drop-oldest",
     )  # fmt: skip
-    clock.advance(200)
+    clock.advance(7200)
     failing = 0
 
     def prune_once_failing(now: float | None = None) -> int:

@@ -247,6 +247,7 @@ def test_duplicate_users_rejected(tmp_path: Path) -> None:
         ("[queue]\nmax_per_uri = true\n", "must be an integer, not a boolean"),
         ("[queue]\nmax_per_uri = 0\n", "[queue] 'max_per_uri' must be >= 1"),
         ("[queue]\ndedup_horizon = 0\n", "[queue] 'dedup_horizon' must be > 0 seconds"),
+        ("[queue]\ndedup_horizon = 60\n", "[queue] 'dedup_horizon' must be at least 3600 seconds"),
         (
             "[queue]\noverflow = 'drop-newest'\n",
             "key 'queue.overflow' must be 'drop-oldest' or 'refuse-newest', not 'drop-newest'",
