@@ -649,6 +649,16 @@ class Broker:
             oplog_event("database_error", level=logging.ERROR, where="publish", error=str(exc))
             for i, frame, *_ in prepared:
                 replies[i] = [_error(frame.req, INTERNAL, f"broker store: {exc}")]
+            # The rows may be committed all the same (a connection lost after the server
+            # committed); the publisher's retry is then a duplicate that queues and wakes
+            # nothing. So the targets' links read the store again, and are woken now.
+            for uri in targets:
+                link = self._links.get(uri)
+                if link is not None:
+                    link.forget()
+            if self.listener is not None:
+                for target in sorted(targets):
+                    self.listener.queued(target)
             return
         woken: set[str] = set()
         expired_at: float | None = None
@@ -685,8 +695,8 @@ class Broker:
         """Append the rows a publish call wrote to their connected users' ``ahead``
         (see _Link.known), in nseq order; a user whose rows do not follow on from what
         its link knows, or with an overflow drop in this call, is forgotten instead (its
-        next take reads the store). Bounded per user by AHEAD_LIMIT rows and by
-        ``window_bytes`` of payload and attrs."""
+        next take reads the store). Bounded per user by AHEAD_LIMIT rows, and by
+        ``window_bytes`` for these rows' payloads and attrs with the frames in flight."""
         links = self._links
         dropped = {d.uri for result in results for d in result.dropped}
         for uri in dropped:
@@ -703,12 +713,15 @@ class Broker:
             ahead = link.ahead
             size = link.ahead_bytes + len(row[6]) + len(row[7])
             nseq = row[1]
+            # What the link holds, sent and ahead, stays within window_bytes: the bound
+            # operators read for a user that does not ack (not twice it).
+            room = link.inflight_bytes + size <= limit
             if ahead is None:
-                if nseq == link.sent_upto + 1:
+                if nseq == link.sent_upto + 1 and room:
                     link.ahead = [as_delivery(row)]
                     link.ahead_bytes = size
                     continue
-            elif nseq == ahead[-1][0] + 1 and len(ahead) < AHEAD_LIMIT and size <= limit:
+            elif nseq == ahead[-1][0] + 1 and len(ahead) < AHEAD_LIMIT and room:
                 ahead.append(as_delivery(row))
                 link.ahead_bytes = size
                 continue

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 from mdeci.broker import Broker, MemorySink
 from mdeci.broker.core import AHEAD_LIMIT, OutgoingNotify
 from mdeci.config import OverflowPolicy, QueueConfig
-from mdeci.frames import Ack, Frame, Pub, Sub, SubOk, encode
+from mdeci.frames import Ack, Error, Frame, Pub, PubOk, Sub, SubOk, encode
 from mdeci.store.base import make_engine
+from mdeci.store.errors import StoreError
 from mdeci.store.queues import DeliveryRow
 from mdeci.store.repo import BrokerStore
 from tests.broker.conftest import FakeClock, add_session, make_broker
@@ -253,3 +254,74 @@ def test_an_encoded_publish_is_sent_as_a_read_gives_it(
     probe.mark_connected(USERS[0])
     assert _sent(probe.take_batches([USERS[0]])) == taken
     assert encode(frame)  # the frame itself was valid
+
+
+class _Woken:
+    """A QueueListener that records who it was told had rows queued."""
+
+    def __init__(self) -> None:
+        self.queued_for: list[str] = []
+
+    def queued(self, uri: str) -> None:
+        self.queued_for.append(uri)
+
+    def acked(self, uri: str) -> None:
+        pass
+
+
+def test_a_publish_committed_but_reported_failed_is_read_from_the_store(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    """A publish whose COMMIT reached the server but whose connection was lost before
+    the answer: the publisher gets 500 and its retry is a duplicate that queues nothing.
+    Before the fix the user's link still took its empty queue as known, so the row
+    waited for the next sweep; now the link reads the store again and is woken."""
+    broker = make_broker(store, clock, MemorySink())
+    woken = _Woken()
+    broker.listener = woken
+    add_session(store, USERS[0])
+    _subscribe_all(broker)
+    broker.mark_connected(USERS[0])
+    assert broker.take_batches([USERS[0]]) == {}  # read empty: the link is known
+    real = store.queues.publish_many
+
+    def commits_then_fails(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)
+        raise StoreError("publish failed: OperationalError: server closed the connection")
+
+    store.queues.publish_many = commits_then_fails  # type: ignore[method-assign]
+    replies = broker.handle_and_take(_pubs("a", ["m0"]), ())[0]
+    store.queues.publish_many = real  # type: ignore[method-assign]
+    assert isinstance(replies[0][0], Error) and replies[0][0].code == 500
+    assert woken.queued_for == list(FOLLOWS["a"])  # both targets, connected or not
+    assert [n for n, _ in _sent(broker.take_batches([USERS[0]]))[USERS[0]]] == [1]
+    retry = broker.handle_and_take(_pubs("a", ["m0"]), ())[0]
+    assert isinstance(retry[0][0], PubOk)  # a duplicate: acknowledged, not queued again
+    assert broker.take_batches([USERS[0]]) == {}
+
+
+def test_rows_kept_and_frames_in_flight_stay_within_window_bytes(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    """docs/operations.md: ``window_bytes`` is what a user that does not ack holds.
+    Before, the rows kept ahead had a ``window_bytes`` of their own on top of the
+    frames in flight (twice the bound). Nothing is lost by the bound: every row still
+    goes out once the user acks."""
+    limit = 1000
+    broker = make_broker(store, clock, MemorySink(), queue=QueueConfig(window_bytes=limit))
+    uri = USERS[0]
+    add_session(store, uri)
+    _subscribe_all(broker)
+    broker.mark_connected(uri)
+    assert broker.take_batches([uri]) == {}
+    got: list[int] = []
+    for i in range(8):
+        broker.handle_and_take(_pubs("a", [f"m{i}"], payload=b"x" * 200), ())
+        got += [n for n, _ in _sent(broker.take_batches([uri])).get(uri, [])]
+        link = broker._links[uri]
+        assert link.ahead_bytes + link.inflight_bytes <= limit
+    assert got and len(got) < 8  # the window filled: some rows wait
+    while len(got) < 8:
+        _, taken = broker.handle_and_take([(uri, Ack(upto=got[-1]))], {uri})
+        got += [n for n, _ in _sent(taken).get(uri, [])]
+    assert got == list(range(1, 9))
