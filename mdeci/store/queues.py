@@ -468,8 +468,8 @@ class SqlQueueStore:
         fails, none of them is recorded or queued.
 
         ``written``, when given, gets every queue row the batch inserted, in the order
-        inserted (``as_queued`` makes each what ``pending`` reads back), once the call
-        returns: the broker hands them to connected users without reading them again
+        inserted (``as_queued`` makes each what ``pending`` reads back), once the batch
+        is committed (nothing if the call raises): the broker hands them to connected users without reading them again
         (issue 14). A row an overflow of the same batch deleted again is among them; its
         user is in that publish's ``dropped``.
 
@@ -485,6 +485,9 @@ class SqlQueueStore:
         fresh: list[PublishRequest] = []
         if not requests:
             return []
+        # The rows go to ``written`` only after the commit: a caller that kept them on a
+        # StoreError would hand on rows the store may not have.
+        inserted: list[StoredRow] | None = None if written is None else []
         with transaction(self._engine, "publish") as conn:
             recorded = self._record_new(conn, requests)
             # The first request of a new pair is the publish; any later one in the batch,
@@ -515,7 +518,7 @@ class SqlQueueStore:
                     self._queue(
                         conn,
                         unwritten,
-                        written,
+                        inserted,
                         counters,
                         sorted(req.targets, key=lambda t: t[0]),
                         max_depth,
@@ -527,11 +530,13 @@ class SqlQueueStore:
                 ]
             )
             if unwritten:
-                self._write_rows(conn, unwritten, written)
+                self._write_rows(conn, unwritten, inserted)
             updates = [(c.last_nseq, c.depth, c.missed, uri) for uri, c in counters.items()]
             conn.exec_driver_sql(
                 self._set_counter_sql, updates[0] if len(updates) == 1 else updates
             )
+        if written is not None and inserted:
+            written += inserted
         return [r if r is not None else next(done) for r in results]
 
     def _record_new(

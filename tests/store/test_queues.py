@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, event, func, select
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
 from mdeci.store._sql import relaxed_transaction
 from mdeci.store.base import make_engine
@@ -695,3 +696,24 @@ def test_a_closed_sqlite_connection_under_the_driver_cursor_is_a_store_error(
     with pytest.raises(StoreError, match=r"^pending failed: "):
         q.pending_many([(ALICE, 0, 5)])
     assert [[row[0] for row in rows] for rows in q.pending_many([(ALICE, 0, 5)])] == [[1]]
+
+
+def test_a_publish_whose_commit_fails_gives_no_written_rows(engine: Engine) -> None:
+    """``written`` is filled after the commit: the rows of a batch whose COMMIT failed
+    (rolled back here) are not handed to the caller, who would serve them from memory."""
+    q = SqlQueueStore(engine)
+
+    def refuse(_conn: Connection) -> None:
+        raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+
+    request = PublishRequest(PUB, "m1", "z", b"\xa0", b"one", False, 1.0, [(ALICE, 1)])
+    written: list[StoredRow] = []
+    event.listen(engine, "commit", refuse)
+    try:
+        with pytest.raises(StoreError, match=r"^publish failed: "):
+            q.publish_many([request], max_depth=10, policy="drop-oldest", written=written)
+    finally:
+        event.remove(engine, "commit", refuse)
+    assert written == [] and q.depth(ALICE) == 0
+    q.publish_many([request], max_depth=10, policy="drop-oldest", written=written)
+    assert [as_queued(row) for row in written] == q.pending(ALICE)
