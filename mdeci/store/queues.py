@@ -469,9 +469,9 @@ class SqlQueueStore:
 
         ``written``, when given, gets every queue row the batch inserted, in the order
         inserted (``as_queued`` makes each what ``pending`` reads back), once the batch
-        is committed (nothing if the call raises): the broker hands them to connected users without reading them again
-        (issue 14). A row an overflow of the same batch deleted again is among them; its
-        user is in that publish's ``dropped``.
+        is committed (nothing if the call raises): the broker hands them to connected
+        users without reading them again (issue 14). A row an overflow of the same batch
+        deleted again is among them; its user is in that publish's ``dropped``.
 
         Raises:
             InvalidArgument: ``max_depth`` < 1 or an unknown ``policy``.
