@@ -14,13 +14,13 @@ import math
 import os
 import shutil
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, Observation, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.storagelevel import StorageLevel
@@ -82,6 +82,22 @@ QUICK_JIT_BYTES = 1 << 30
 QUICK_JIT_ROWS = 4_000_000
 # Table jobs of the regular path run this many at a time (see _run_large).
 TABLE_THREADS = 3
+# The order in which they start when what they share is in the columnar cache (built
+# by the first job that reads it): the episodes and the per-user table first.
+CACHED_ORDER: tuple[str, ...] = (
+    "episodes",
+    "per_user",
+    "per_hour",
+    "transitions",
+    "restore_latency",
+    "flapping",
+    "storms",
+    "recommendations",
+    "handover_matrix",
+    "networks",
+    "sms_spend",
+    "_stats",
+)
 
 # How much of a file is read to tell a churn log from anything else.
 SNIFF_BYTES = 64 * 1024
@@ -367,34 +383,74 @@ def _tables(
     events: DataFrame,
     cfg: jobs.JobConfig,
     hold: Callable[[DataFrame, str], DataFrame] = _persist,
+    *,
+    last_ms: int | None = None,
+    ready: Callable[[str, DataFrame], None] | None = None,
 ) -> tuple[dict[str, DataFrame], list[DataFrame]]:
     """The table jobs over ``events``, and what they cache (for the caller to drop):
-    ``hold`` keeps what several tables read (the episode starts, the episodes, the
-    per-user table)."""
+    ``hold`` keeps what several tables read (the sparse events, the episode starts, the
+    episodes, the per-user table). ``last_ms`` is the last instant of ``events``, if
+    known (the episodes then need no scan of every event for it).
+
+    ``ready`` is told of each table as soon as what it reads is held, and of ``_stats``
+    (the restore percentiles of the summary, :func:`_restore_percentiles`): with a
+    ``hold`` that computes as it holds, the tables that need only the sparse events
+    start while the episodes are still being computed.
+    """
     window = cfg.window
+    tell = ready or (lambda _name, _df: None)
+    tables: dict[str, DataFrame] = {}
+
+    def add(name: str, df: DataFrame) -> None:
+        tables[name] = df
+        tell(name, df)
+
     current = jobs.in_window(events, window)
     # Eight of the tables read only a sixth of the lines (moves, media edges, SMS): they
     # read them from a frame of their own, held like the rest, instead of each scanning
     # every event (notifications are three quarters of a log).
     sparse = hold(jobs.sparse(events), "sparse events")
     sparse_now = jobs.in_window(sparse, window)
+    tell("_stats", _restore_percentiles(sparse_now))
+    add("transitions", jobs.transitions(sparse_now))
+    add("restore_latency", jobs.restore_latency(sparse_now, cfg))
+    add("flapping", jobs.flapping(sparse_now, cfg))
+    add("storms", jobs.storms(sparse_now, cfg))
+    add("handover_matrix", jobs.handover_matrix(sparse_now))
+    add("sms_spend", jobs.sms_spend(sparse_now))
     starts = hold(jobs.episode_starts(sparse), "episode starts")
-    eps = hold(jobs.episodes(events, window, starts), "episodes")
+    add("networks", jobs.networks(sparse, window, starts))
+    eps = hold(jobs.episodes(events, window, starts, last_ms), "episodes")
+    add("episodes", eps)
+    add("per_hour", jobs.per_hour(current, eps, window))
+    add("recommendations", jobs.recommendations(current, eps, cfg))
     user = hold(jobs.per_user(current, eps), "per_user")
-    tables = {
-        "episodes": eps,
-        "per_user": user,
-        "per_hour": jobs.per_hour(current, eps, window),
-        "transitions": jobs.transitions(sparse_now),
-        "restore_latency": jobs.restore_latency(sparse_now, cfg),
-        "flapping": jobs.flapping(sparse_now, cfg),
-        "storms": jobs.storms(sparse_now, cfg),
-        "recommendations": jobs.recommendations(current, eps, cfg),
-        "handover_matrix": jobs.handover_matrix(sparse_now),
-        "networks": jobs.networks(sparse, window, starts),
-        "sms_spend": jobs.sms_spend(sparse_now),
-    }
+    add("per_user", user)
     return tables, [sparse, starts, eps, user]
+
+
+def _restore_percentiles(sparse_now: DataFrame) -> DataFrame:
+    """The restore percentiles of the summary, from the sparse events in the window: every
+    restore is a ``media_connected``, one of the sparse events, so this reads a sixth of
+    the lines that :func:`_stats` reads for the same figures."""
+    return sparse_now.agg(F.percentile(jobs.restore_ms(), [0.5, 0.95, 0.99]).alias("p"))
+
+
+def _event_metrics(window: jobs.TimeWindow) -> tuple[Column, ...]:
+    """What the summary and the episodes need to know of all the events, as aggregates
+    computed on the way to the held or cached events: their number, the last instant
+    of the log (the end of an open episode), and the first and last fact and the
+    other-role copies in the window (:func:`_stats`'s figures other than percentiles)."""
+    now = jobs.within(window)
+    fact = jobs.is_fact()
+    ts = F.col("ts_ms")
+    return (
+        F.count(F.lit(1)).alias("events"),
+        F.max(ts).alias("last_ms"),
+        F.min(F.when(now & fact, ts)).alias("a"),
+        F.max(F.when(now & fact, ts)).alias("b"),
+        F.count(F.when(now & ~fact, 1)).alias("copies"),
+    )
 
 
 def _stats(current: DataFrame) -> DataFrame:
@@ -503,7 +559,35 @@ def _run_large(
     at a time. With ``rows`` (a local run of a few million lines) the events and what
     several tables share are held as rows (:class:`_Held`), else in Spark's columnar
     cache."""
-    held = _Held(spark) if rows else None
+    if not rows:
+        return _run_tables(spark, parsed, out, cfg, csv, keep_extra, local, say, reparse, None)
+    # Held rows: adaptive execution off for the whole run, not only while each frame is
+    # held (see _Held): the table jobs now start while later frames are being held, and
+    # a setting of the session flipped for one of those would reach them half-way.
+    before = spark.conf.get(ADAPTIVE, None)
+    spark.conf.set(ADAPTIVE, "false")
+    try:
+        held = _Held(spark)
+        return _run_tables(spark, parsed, out, cfg, csv, keep_extra, local, say, reparse, held)
+    finally:
+        if before is None:
+            spark.conf.unset(ADAPTIVE)
+        else:
+            spark.conf.set(ADAPTIVE, before)
+
+
+def _run_tables(
+    spark: SparkSession,
+    parsed: DataFrame,
+    out: str,
+    cfg: jobs.JobConfig,
+    csv: bool,
+    keep_extra: bool,
+    local: bool,
+    say: Callable[[str], None],
+    reparse: Callable[[], DataFrame] | None,
+    held: _Held | None,
+) -> _Counts:
     spark.sparkContext.setJobDescription("events")
     observed = Observation("lines")
     metrics = (F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid"))
@@ -512,7 +596,8 @@ def _run_large(
         # to the de-duplication of 10M lines they overran a 3 GB driver) for the two
         # readers, the de-duplicated events and the quarantine.
         parsed = parsed.observe(observed, *metrics).persist(StorageLevel.DISK_ONLY)
-        events, n_events = _cached(spark, _for_jobs(jobs.valid_events(parsed), keep_extra), held)
+        valid = jobs.valid_events(parsed)
+        events, known = _cached(spark, _for_jobs(valid, keep_extra), held, cfg.window)
         jobs.quarantine(parsed).write.mode("overwrite").json(f"{out}/quarantine")
         parsed.unpersist()
     else:
@@ -520,7 +605,7 @@ def _run_large(
         # counted on the way to the cached events, and the quarantine pass, a second
         # read of every column, runs only when there is something to set aside.
         valid = jobs.valid_events(parsed.observe(observed, *metrics))
-        events, n_events = _cached(spark, _for_jobs(valid, keep_extra), held)
+        events, known = _cached(spark, _for_jobs(valid, keep_extra), held, cfg.window)
         spark.sparkContext.setJobDescription("quarantine")
         if int(observed.get["invalid"]) > 0:
             jobs.quarantine(reparse()).write.mode("overwrite").json(f"{out}/quarantine")
@@ -530,28 +615,29 @@ def _run_large(
             empty = spark.createDataFrame([], S.QUARANTINE_SCHEMA)
             empty.coalesce(1).write.mode("overwrite").json(f"{out}/quarantine")
     lines, invalid = int(observed.get["lines"]), int(observed.get["invalid"])
+    n_events = int(known["events"])
     if n_events == 0:
         raise _no_events(lines, invalid, out)
     say(f"{lines} lines, {invalid} invalid, {n_events} events after de-duplication")
     if keep_extra:
         say("writing events")
         events.write.mode("overwrite").parquet(f"{out}/events")
-    tables, cached = _tables(events, cfg, held or _persist)
     # Row counts and the per-user totals are observed while the tables are written:
-    # no job of their own.
-    sizes = {name: Observation(f"rows_{name}") for name in tables}
+    # no job of their own. The summary's figures other than the restore percentiles
+    # were computed on the way to the events (_event_metrics).
+    sizes: dict[str, Observation] = {}
     totals = Observation("totals")
-    stats: dict[str, Any] = {}
+    stats: dict[str, Any] = {key: known[key] for key in ("a", "b", "copies")}
 
-    def write(name: str) -> None:
+    def write(name: str, table: DataFrame) -> None:
         # Named after its table in the Spark UI and event log (a local property of the
         # thread the job is started from).
         spark.sparkContext.setJobDescription(name)
         if name == "_stats":
-            stats.update(_first(_stats(jobs.in_window(events, cfg.window))).asDict())
+            stats.update(_first(table).asDict())
             return
         say(f"writing {name}")
-        df = tables[name].observe(sizes[name], F.count(F.lit(1)).alias("rows"))
+        df = table.observe(sizes[name], F.count(F.lit(1)).alias("rows"))
         if name == "per_user":
             df = df.observe(totals, *[F.sum(c).alias(c) for c in SUM_COLUMNS])
         df.write.mode("overwrite").parquet(f"{out}/{name}")
@@ -563,10 +649,31 @@ def _run_large(
 
     # A few tables at a time: one job's driver-side planning, code generation and
     # single-task stages leave a core idle much of the time, which the next job's tasks
-    # fill. The episodes and the per-user table go first: three others read their cache.
+    # fill. Held frames are computed as they are held, so each table starts as soon as
+    # what it reads is there (the six tables of the sparse events while the episodes
+    # are computed). Cached ones are built by the first job that reads them: the
+    # episodes and the per-user table go first, three others read their cache.
     with ThreadPoolExecutor(TABLE_THREADS, thread_name_prefix="table") as pool:
-        for done in [pool.submit(write, name) for name in [*tables, "_stats"]]:
-            done.result()
+        pending: list[Future[None]] = []
+        later: dict[str, DataFrame] = {}
+
+        def ready(name: str, table: DataFrame) -> None:
+            if name != "_stats":
+                sizes[name] = Observation(f"rows_{name}")
+            if held is None:
+                later[name] = table
+            else:
+                pending.append(pool.submit(write, name, table))
+
+        try:
+            _, cached = _tables(
+                events, cfg, held or _persist, last_ms=known["last_ms"], ready=ready
+            )
+            for name in sorted(later, key=CACHED_ORDER.index):
+                pending.append(pool.submit(write, name, later[name]))
+        finally:
+            for done in pending:
+                done.result()
     for df in (*cached, events):
         df.unpersist()
     if held is not None:
@@ -639,32 +746,38 @@ class _Held:
 
 
 def _cached(
-    spark: SparkSession, events: DataFrame, held: _Held | None = None
-) -> tuple[DataFrame, int]:
+    spark: SparkSession,
+    events: DataFrame,
+    held: _Held | None = None,
+    window: jobs.TimeWindow | None = None,
+) -> tuple[DataFrame, dict[str, Any]]:
     """``events`` (:func:`analytics.jobs.valid_events`) cached, or ``held`` as rows, and
-    their number.
+    what :func:`_event_metrics` knows of them for ``window``: their number first.
 
     Their de-duplication runs on rows already partitioned by user, so Spark's usual
     pre-aggregation before the exchange would be a second hash pass over every row after
     it (the exchange is the repartition's): the de-duplication is planned as one pass
-    here (the setting is read when the plan is made, which adaptive execution does again
-    for each stage as the cache is built) and the setting restored for the tables, whose
-    aggregates shuffle and want their pre-aggregation.
+    (the setting is read when the plan is made) and the setting restored for the tables,
+    whose aggregates shuffle and want their pre-aggregation. The cache keeps the
+    settings of the moment it is planned (Spark plans it in a copy of the session's
+    settings), so the setting can be restored before the aggregate that builds the
+    cache and computes the metrics (it was a count) runs.
     """
+    metrics = _event_metrics(window or jobs.TimeWindow())
     if held is not None:
         counted = Observation("events")
-        rows = held(events.observe(counted, F.count(F.lit(1)).alias("events")), "events", True)
-        return rows, int(counted.get["events"])
+        rows = held(events.observe(counted, *metrics), "events", True)
+        return rows, dict(counted.get)
     before = spark.conf.get(BYPASS_PARTIAL, None)
     spark.conf.set(BYPASS_PARTIAL, "true")
     try:
         cached = events.persist(StorageLevel.MEMORY_AND_DISK)
-        return cached, cached.count()
     finally:
         if before is None:
             spark.conf.unset(BYPASS_PARTIAL)
         else:
             spark.conf.set(BYPASS_PARTIAL, before)
+    return cached, _first(cached.agg(*metrics)).asDict()
 
 
 def _run_small(

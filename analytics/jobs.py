@@ -284,14 +284,19 @@ def sparse(events: DataFrame) -> DataFrame:
     return events.where(F.col("event").isin(*SPARSE_EVENTS))
 
 
-def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
-    """The events whose instant is in ``[since, until)``."""
+def within(window: TimeWindow) -> Column:
+    """True for a line whose instant is in ``[since, until)``."""
     cond = F.lit(True)
     if window.since_ms is not None:
         cond = cond & (F.col("ts_ms") >= F.lit(window.since_ms))
     if window.until_ms is not None:
         cond = cond & (F.col("ts_ms") < F.lit(window.until_ms))
-    return events.where(cond)
+    return cond
+
+
+def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
+    """The events whose instant is in ``[since, until)``."""
+    return events.where(within(window))
 
 
 def _is(event: str) -> Column:
@@ -373,12 +378,18 @@ def episode_starts(events: DataFrame) -> DataFrame:
     ).where(_is("media_disconnected"))
 
 
-def episodes(events: DataFrame, window: TimeWindow, starts: DataFrame | None = None) -> DataFrame:
+def episodes(
+    events: DataFrame,
+    window: TimeWindow,
+    starts: DataFrame | None = None,
+    last_ms: int | None = None,
+) -> DataFrame:
     """Disconnection episodes (all events in, clipped to ``window``); schema EPISODE_SCHEMA.
 
     An episode with no restore in the log is ``open`` and ends at ``until``, or, with no
     ``until``, at the last instant of the log. ``starts``: :func:`episode_starts` of
-    ``events``, if the caller has it.
+    ``events``, if the caller has it; ``last_ms``: the last instant of ``events``, if
+    the caller has it (else it is an aggregate over every event, a scan of its own).
     """
     paired = episode_starts(events) if starts is None else starts
     raw = paired.select(
@@ -388,6 +399,10 @@ def episodes(events: DataFrame, window: TimeWindow, starts: DataFrame | None = N
     )
     if window.until_ms is not None:
         horizon: Column = F.lit(window.until_ms)
+    elif last_ms is not None:
+        # Nullable, as the aggregate it stands for: a bare literal would make the
+        # table's window_end_ms a non-null column, another schema for the same rows.
+        horizon = F.when(F.col("end_ms").isNull(), F.lit(last_ms).cast("long"))
     else:
         last = events.agg(F.max("ts_ms").alias("_horizon"))
         raw = raw.crossJoin(F.broadcast(last))

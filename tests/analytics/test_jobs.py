@@ -141,6 +141,22 @@ def test_episodes_over_the_whole_log(spark: Any) -> None:
     assert_equal(eps, expected)
 
 
+def test_episodes_given_the_last_instant_need_no_scan_of_every_event(spark: Any) -> None:
+    """With the log's last instant known (``churn`` has it from the events' own job), the
+    episodes are the same rows of the same schema, and their plan aggregates nothing
+    over the events: without it, the end of an open episode took a scan of every event
+    (issue 16)."""
+    ev = events(spark, _episode_log())
+    window = jobs.TimeWindow()
+    scanned = jobs.episodes(ev, window)
+    given = jobs.episodes(ev, window, last_ms=ms(200))
+    assert_equal(given, scanned)
+    assert given.schema == scanned.schema
+    plan = given._jdf.queryExecution().optimizedPlan().toString()
+    assert "max(" not in plan and "Join" not in plan, plan
+    assert "max(" in scanned._jdf.queryExecution().optimizedPlan().toString()
+
+
 def test_episodes_are_clipped_at_the_edges_of_the_window(spark: Any) -> None:
     window = jobs.TimeWindow(since_ms=ms(30), until_ms=ms(150))
     eps = jobs.episodes(events(spark, _episode_log()), window)

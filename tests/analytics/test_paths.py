@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 from analytics import churn, jobs
 from analytics.churn import TABLES, run_churn
@@ -88,6 +89,7 @@ def test_small_and_large_paths_write_the_same_tables(
         assert large.summary["invalid_lines"] == 0
     assert large.summary == small.summary
     assert cached.summary == small.summary
+    assert spark.conf.get(churn.ADAPTIVE) == "true"  # held rows turned it off for their run
     assert large.summary["lines"] == large.summary["events"] + 3 * bad
 
 
@@ -97,10 +99,10 @@ def test_events_held_as_rows_keep_their_partitioning(spark: Any, tmp_path: Path)
     inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
     held = churn._Held(spark)
     parsed = churn.read_parsed(spark, inputs, source=False)
-    events, n = churn._cached(spark, churn._for_jobs(jobs.valid_events(parsed), False), held)
+    events, known = churn._cached(spark, churn._for_jobs(jobs.valid_events(parsed), False), held)
     ids = set(held._rdds)
     try:
-        assert n == inputs.rows
+        assert known["events"] == inputs.rows
         plan = events.groupBy("uri").count()._jdf.queryExecution().executedPlan().toString()
         assert "Exchange" not in plan, plan
         assert ids
@@ -117,7 +119,7 @@ def test_frames_cached_for_several_tables_keep_their_partitioning(
     need no shuffle: planned adaptively, the cache reported no partitioning at all."""
     inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
     parsed = churn.read_parsed(spark, inputs, source=False)
-    events, _n = churn._cached(spark, churn._for_jobs(jobs.valid_events(parsed), False))
+    events, _known = churn._cached(spark, churn._for_jobs(jobs.valid_events(parsed), False))
     sparse = churn._persist(jobs.sparse(events), "sparse events")
     try:
         plan = jobs.flapping(sparse, JobConfig())._jdf.queryExecution().executedPlan().toString()
@@ -126,3 +128,83 @@ def test_frames_cached_for_several_tables_keep_their_partitioning(
     finally:
         sparse.unpersist()
         events.unpersist()
+
+
+def _known(events: Any, window: jobs.TimeWindow) -> dict[str, Any]:
+    """What churn._event_metrics should find, computed here without it."""
+    now = jobs.in_window(events, window)
+    facts = [r["ts_ms"] for r in jobs.facts(now).select("ts_ms").collect()]
+    return {
+        "events": events.count(),
+        "last_ms": events.agg(F.max("ts_ms")).first()[0],
+        "a": min(facts),
+        "b": max(facts),
+        "copies": now.count() - len(facts),
+    }
+
+
+@pytest.mark.parametrize("rows", [True, False], ids=["held-rows", "columnar-cache"])
+def test_the_events_job_also_finds_what_the_summary_and_episodes_need(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: bool
+) -> None:
+    """The number of events, the last instant of the log (the end of an open episode)
+    and the summary's first and last fact and other-role copies in the window come from
+    the job that holds or caches the events, not from scans of their own; the cache's
+    de-duplication stays one hash pass although its setting is restored before the
+    aggregate that builds the cache runs."""
+    inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=True)), "parquet")
+    window = jobs.TimeWindow(since_ms=1_709_510_400_000 + 3_600_000)  # an hour in
+    held = churn._Held(spark) if rows else None
+    ran: list[Any] = []
+    first = churn._first
+
+    def spy(df: Any) -> Any:
+        ran.append(df)
+        return first(df)
+
+    monkeypatch.setattr(churn, "_first", spy)
+    parsed = churn.read_parsed(spark, inputs, source=False)
+    valid = churn._for_jobs(jobs.valid_events(parsed), False)
+    events, known = churn._cached(spark, valid, held, window)
+    try:
+        assert known == _known(events, window)
+        assert known["copies"] > 0 and known["a"] >= window.since_ms
+        if not rows:
+            assert len(ran) == 1  # one job: the cache's build and the metrics
+            # The cache's plan as it ran (an adaptive plan also prints its initial one).
+            cache = events._jdf.queryExecution().executedPlan().toString()
+            assert cache.split("== Initial Plan ==")[0].count("HashAggregate") == 1, cache
+        assert spark.conf.get(churn.BYPASS_PARTIAL, "false") != "true"
+    finally:
+        if held is not None:
+            held.release()
+        events.unpersist()
+
+
+def test_tables_start_as_soon_as_what_they_read_is_held(spark: Any, tmp_path: Path) -> None:
+    """With held frames computed as they are held, the six tables of the sparse events
+    and the summary's percentiles are handed to the writers before the episode starts
+    are held, the networks before the episodes, and no table before what it reads."""
+    inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
+    events = churn._for_jobs(jobs.valid_events(churn.read_parsed(spark, inputs)), False)
+    log: list[tuple[str, str]] = []
+
+    def hold(df: Any, name: str) -> Any:
+        log.append(("hold", name))
+        return df
+
+    def ready(name: str, _df: Any) -> None:
+        log.append(("ready", name))
+
+    tables, _cached = churn._tables(events, JobConfig(), hold, ready=ready)
+    at = {entry: n for n, entry in enumerate(log)}
+    assert {name for kind, name in log if kind == "ready"} == {*tables, "_stats"}
+    assert set(tables) == set(TABLES) - {"summary"}
+    sparse_only = ["_stats", "transitions", "restore_latency", "flapping", "storms"]
+    sparse_only += ["handover_matrix", "sms_spend"]
+    for name in sparse_only:
+        assert at[("hold", "sparse events")] < at[("ready", name)] < at[("hold", "episode starts")]
+    assert at[("ready", "networks")] < at[("hold", "episodes")]
+    for name in ("episodes", "per_hour", "recommendations"):
+        assert at[("hold", "episodes")] < at[("ready", name)] < at[("hold", "per_user")]
+    assert at[("hold", "per_user")] < at[("ready", "per_user")]
