@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from pyspark.sql import functions as F
 from analytics import churn, jobs
 from analytics.churn import TABLES, run_churn
 from analytics.generate import GeneratorConfig, generate
-from analytics.jobs import JobConfig
+from analytics.jobs import JobConfig, TimeWindow
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -57,13 +58,47 @@ def _log(folder: Path, *, bad: bool) -> Path:
     return parquet
 
 
-def _all_paths(spark: Any, log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    small = run_churn(spark, str(log), str(tmp_path / "small"), JobConfig(), fmt="parquet")
+def _all_paths(
+    spark: Any,
+    log: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    config: JobConfig | None = None,
+) -> Any:
+    config = config or JobConfig()
+    small = run_churn(spark, str(log), str(tmp_path / "small"), config, fmt="parquet")
     monkeypatch.setattr(churn, "SMALL_INPUT_ROWS", 0)  # the large path, job per table
-    large = run_churn(spark, str(log), str(tmp_path / "large"), JobConfig(), fmt="parquet")
+    large = run_churn(spark, str(log), str(tmp_path / "large"), config, fmt="parquet")
     monkeypatch.setattr(churn, "QUICK_JIT_ROWS", 0)  # ... with the columnar cache
-    cached = run_churn(spark, str(log), str(tmp_path / "cached"), JobConfig(), fmt="parquet")
+    cached = run_churn(spark, str(log), str(tmp_path / "cached"), config, fmt="parquet")
     return small, large, cached
+
+
+def test_the_three_paths_agree_within_a_window(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's first and last fact, its other-role copies and its restore
+    percentiles are found by the events job and the sparse events on the large paths,
+    by one aggregate on the small one: the same tables and summary in a window that cuts
+    the log's day in the middle (episodes clipped at both ends)."""
+    import pyarrow.parquet as pq
+
+    log = _log(tmp_path / "log", bad=True)
+    stamps = sorted(
+        datetime.fromisoformat(ts)
+        for ts in pq.read_table(log).column("ts").to_pylist()
+        if ts and ts[0].isdigit()
+    )
+    first, last = stamps[0].timestamp() * 1000, stamps[-1].timestamp() * 1000
+    window = TimeWindow(
+        since_ms=int(first + (last - first) / 4), until_ms=int(first + 3 * (last - first) / 4)
+    )
+    small, large, cached = _all_paths(spark, log, tmp_path, monkeypatch, JobConfig(window=window))
+    assert 0 < small.summary["events"] < len(stamps) - 1
+    assert large.summary == small.summary
+    assert cached.summary == small.summary
+    assert _sorted_tables(tmp_path / "large") == _sorted_tables(tmp_path / "small")
+    assert _sorted_tables(tmp_path / "cached") == _sorted_tables(tmp_path / "small")
 
 
 @pytest.mark.parametrize("bad", [True, False], ids=["bad-rows", "clean"])
