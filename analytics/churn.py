@@ -13,8 +13,9 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -363,20 +364,29 @@ SUM_COLUMNS = (
 )
 
 
+@contextmanager
+def _settings(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """The session's ``settings`` for the block (read when a plan is made), then what
+    they were before, or unset again."""
+    saved = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
+
+
 def _persist(df: DataFrame, _name: str) -> DataFrame:
     # Planned without adaptive execution (the cached plan is made here): an adaptive plan
     # not yet run reports no partitioning, and every per-user window over the cache would
     # shuffle its rows by user again; see _Held.
-    spark = df.sparkSession
-    before = spark.conf.get(ADAPTIVE, None)
-    spark.conf.set(ADAPTIVE, "false")
-    try:
+    with _settings(df.sparkSession, {ADAPTIVE: "false"}):
         return df.persist(StorageLevel.MEMORY_AND_DISK)
-    finally:
-        if before is None:
-            spark.conf.unset(ADAPTIVE)
-        else:
-            spark.conf.set(ADAPTIVE, before)
 
 
 def _tables(
@@ -564,16 +574,9 @@ def _run_large(
     # Held rows: adaptive execution off for the whole run, not only while each frame is
     # held (see _Held): the table jobs now start while later frames are being held, and
     # a setting of the session flipped for one of those would reach them half-way.
-    before = spark.conf.get(ADAPTIVE, None)
-    spark.conf.set(ADAPTIVE, "false")
-    try:
+    with _settings(spark, {ADAPTIVE: "false"}):
         held = _Held(spark)
         return _run_tables(spark, parsed, out, cfg, csv, keep_extra, local, say, reparse, held)
-    finally:
-        if before is None:
-            spark.conf.unset(ADAPTIVE)
-        else:
-            spark.conf.set(ADAPTIVE, before)
 
 
 def _run_tables(
@@ -720,18 +723,9 @@ class _Held:
         jsc = spark.sparkContext._jsc
         before = set(jsc.getPersistentRDDs().keySet())
         settings = {ADAPTIVE: "false", **({BYPASS_PARTIAL: "true"} if one_pass else {})}
-        saved = {key: spark.conf.get(key, None) for key in settings}
         spark.sparkContext.setJobDescription(name)
-        for key, value in settings.items():
-            spark.conf.set(key, value)
-        try:
+        with _settings(spark, settings):
             rows = df.localCheckpoint(eager=True)
-        finally:
-            for key, old in saved.items():
-                if old is None:
-                    spark.conf.unset(key)
-                else:
-                    spark.conf.set(key, old)
         self._rdds |= set(jsc.getPersistentRDDs().keySet()) - before
         return rows
 
@@ -768,15 +762,8 @@ def _cached(
         counted = Observation("events")
         rows = held(events.observe(counted, *metrics), "events", True)
         return rows, dict(counted.get)
-    before = spark.conf.get(BYPASS_PARTIAL, None)
-    spark.conf.set(BYPASS_PARTIAL, "true")
-    try:
+    with _settings(spark, {BYPASS_PARTIAL: "true"}):
         cached = events.persist(StorageLevel.MEMORY_AND_DISK)
-    finally:
-        if before is None:
-            spark.conf.unset(BYPASS_PARTIAL)
-        else:
-            spark.conf.set(BYPASS_PARTIAL, before)
     return cached, _first(cached.agg(*metrics)).asDict()
 
 
