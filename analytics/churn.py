@@ -569,13 +569,11 @@ def _run_large(
     at a time. With ``rows`` (a local run of a few million lines) the events and what
     several tables share are held as rows (:class:`_Held`), else in Spark's columnar
     cache."""
-    if not rows:
-        return _run_tables(spark, parsed, out, cfg, csv, keep_extra, local, say, reparse, None)
+    held = _Held(spark) if rows else None
     # Held rows: adaptive execution off for the whole run, not only while each frame is
     # held (see _Held): the table jobs now start while later frames are being held, and
     # a setting of the session flipped for one of those would reach them half-way.
-    with _settings(spark, {ADAPTIVE: "false"}):
-        held = _Held(spark)
+    with _settings(spark, {ADAPTIVE: "false"} if rows else {}):
         return _run_tables(spark, parsed, out, cfg, csv, keep_extra, local, say, reparse, held)
 
 
