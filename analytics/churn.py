@@ -6,31 +6,22 @@ jobs themselves stay pure functions of DataFrames.
 
 from __future__ import annotations
 
-import bz2
-import csv as csvlib
-import gzip
 import json
-import math
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 from pyspark.storagelevel import StorageLevel
 
-from analytics import jobs
+from analytics import figures, jobs, output, parse, recommend
 from analytics import schema as S
 from analytics.errors import InputError, JobError
-
-FORMATS = ("auto", "jsonl", "parquet")
+from analytics.inputs import Inputs, find_inputs, is_remote, read_parsed
 
 # Table name -> what it holds; the report and docs/analytics.md follow these names.
 TABLES: dict[str, str] = {
@@ -45,42 +36,14 @@ TABLES: dict[str, str] = {
     "handover_matrix": "subnet to subnet: handovers, users, restore p50/p95 after the move",
     "networks": "per subnet: disconnections that began there, restores and their p50/p95",
     "sms_spend": "SMS count and spend per user per UTC day",
+    "per_move": "every move: old and new network, restore time, notifications lost and duplicated",
+    "per_device": "per user and channel: deliveries, bytes and money",
+    "latency_by_network": "end-to-end delivery latency (publish to device) per network type",
+    "per_broker": "per broker node: users, sessions, handoffs, failovers",
     "summary": "headline numbers (metric, value)",
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Inputs:
-    """What will be read: the format and the paths (files, or one URL for remote storage)."""
-
-    fmt: str
-    paths: list[str]
-    skipped: list[str] = field(default_factory=list)  # files that are not churn logs
-    size: int | None = None  # bytes of the local inputs (None for a URL)
-
-    rows: int | None = None  # rows of the local Parquet inputs (from their footers)
-
-    @property
-    def small(self) -> bool:
-        """A log small enough that start-up, not data, is the cost (see spark.session):
-        at most ~100,000 lines. Parquet is compressed ~10x, so its row count decides."""
-        if self.fmt == "parquet":
-            return self.rows is not None and self.rows <= SMALL_INPUT_ROWS
-        return self.size is not None and self.size <= SMALL_INPUT_BYTES
-
-    @property
-    def moderate(self) -> bool:
-        """A log of at most a few million lines: the run lasts tens of seconds."""
-        if self.fmt == "parquet":
-            return self.rows is not None and self.rows <= QUICK_JIT_ROWS
-        return self.size is not None and self.size <= QUICK_JIT_BYTES
-
-
-SMALL_INPUT_BYTES = 16 << 20
-SMALL_INPUT_ROWS = 100_000
-# Up to here the quick JIT alone is cheaper than the optimising one (see spark.session).
-QUICK_JIT_BYTES = 1 << 30
-QUICK_JIT_ROWS = 4_000_000
 # Table jobs of the regular path run this many at a time (see _run_large).
 TABLE_THREADS = 3
 # The order in which they start when what they share is in the columnar cache (built
@@ -97,150 +60,12 @@ CACHED_ORDER: tuple[str, ...] = (
     "handover_matrix",
     "networks",
     "sms_spend",
+    "per_move",
+    "per_broker",
+    "per_device",
+    "latency_by_network",
     "_stats",
 )
-
-# How much of a file is read to tell a churn log from anything else.
-SNIFF_BYTES = 64 * 1024
-SNIFF_LINES = 50
-
-
-def _head(path: Path) -> bytes:
-    """The first bytes of ``path``, decompressed when it is gzip or bzip2 (as Spark reads it)."""
-    with path.open("rb") as raw:
-        magic = raw.read(3)
-    opener = gzip.open if magic[:2] == b"\x1f\x8b" else bz2.open if magic == b"BZh" else open
-    try:
-        with opener(path, "rb") as f:
-            return bytes(f.read(SNIFF_BYTES))
-    except (OSError, EOFError):  # a corrupt archive is not a log either
-        return b""
-
-
-def looks_like_log(path: Path) -> bool:
-    """Whether ``path`` holds churn-log lines: one of its first lines is a JSON object with
-    ``ts`` and ``event``. Parquet must have the magic bytes (and ``ts``/``event`` columns).
-
-    Only a sample is read, so that a folder of other files (a README, images, a
-    pretty-printed JSON config) is refused before the JVM starts, with one error line
-    instead of a Spark job that quarantines every line. A log whose first lines are all
-    damaged is the price; its later lines would be counted anyway if any file is a log.
-    """
-    try:
-        if path.suffix == ".parquet":
-            with path.open("rb") as f:
-                if f.read(4) != b"PAR1":
-                    return False
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:  # pragma: no cover - pyarrow comes with the analytics extra
-                return True
-            try:
-                names = set(pq.read_schema(path).names)
-            except Exception:  # pyarrow raises several types for a bad footer
-                return False
-            return {"ts", "event"} <= names
-        head = _head(path)
-    except OSError:
-        return False
-    for n, raw in enumerate(head.splitlines()):
-        if n >= SNIFF_LINES:
-            break
-        try:
-            record = json.loads(raw)
-        except ValueError:  # includes UnicodeDecodeError: binary files
-            continue
-        if isinstance(record, dict) and "ts" in record and "event" in record:
-            return True
-    return False
-
-
-def _is_remote(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def find_inputs(path: str, fmt: str = "auto") -> Inputs:
-    """The churn-log files under ``path``.
-
-    A local directory is walked recursively: ``*.parquet`` files are Parquet copies, any
-    other regular file (``churn.log``, ``churn.log.1``, ``x.jsonl``, ``x.jsonl.gz``) is
-    JSON lines; names starting with ``.`` or ``_`` are skipped. With ``auto`` and both
-    kinds present, JSON lines win: they are the log itself, the Parquet files a copy.
-    Files that do not look like churn logs (:func:`looks_like_log`) are skipped and
-    listed in ``skipped``. A URL of remote storage (``hdfs://``, ``s3a://``) is handed
-    to Spark as it is.
-
-    Raises:
-        InputError: if the path does not exist or holds no log files.
-    """
-    if fmt not in FORMATS:
-        raise InputError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
-    if _is_remote(path):
-        guessed = "parquet" if path.rstrip("/").endswith(".parquet") else "jsonl"
-        return Inputs(guessed if fmt == "auto" else fmt, [path])
-    local = Path(path.removeprefix("file://"))
-    if not local.exists():
-        raise InputError(f"input {path} does not exist")
-    if local.is_file():
-        files = [local]
-    else:
-        files = sorted(
-            Path(root) / name
-            for root, dirs, names in os.walk(local)
-            for name in names
-            if not name.startswith((".", "_"))
-            and not any(part.startswith((".", "_")) for part in Path(root).relative_to(local).parts)
-        )
-    files = [f for f in files if f.suffix != ".crc"]
-    if not files:
-        raise InputError(f"no churn-log files (JSON lines or Parquet) under {path}: it is empty")
-    logs = [f for f in files if looks_like_log(f)]
-    skipped = [str(f) for f in files if f not in logs]
-    parquet = [f for f in logs if f.suffix == ".parquet"]
-    text = [f for f in logs if f.suffix != ".parquet"]
-    if not logs:
-        examples = ", ".join(Path(f).name for f in skipped[:3])
-        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
-        raise InputError(
-            f"no churn-log files (JSON lines or Parquet) under {path}: {len(skipped)} "
-            f"file(s) that are not churn logs ({examples}{more})"
-        )
-    if fmt == "auto":
-        fmt = "jsonl" if text else "parquet"
-    chosen = text if fmt == "jsonl" else parquet
-    if not chosen:
-        raise InputError(f"no {fmt} churn-log files under {path}")
-    size = sum(f.stat().st_size for f in chosen)
-    rows = None
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in chosen)
-        except Exception:  # a footer pyarrow cannot read: Spark will say what is wrong
-            rows = None
-    return Inputs(fmt, [str(f.resolve()) for f in chosen], skipped, size, rows)
-
-
-def read_parsed(
-    spark: SparkSession, inputs: Inputs, *, keep_extra: bool = False, source: bool = True
-) -> DataFrame:
-    """The parsed lines of ``inputs`` (see :func:`analytics.jobs.parse_lines`).
-
-    Without ``source`` (Parquet only) the ``source`` column is null: a read whose invalid
-    lines are not written needs no file name, and Spark then builds no file-metadata
-    struct for every row (its path, size, block and row index).
-    """
-    if inputs.fmt == "parquet":
-        df = spark.read.option("recursiveFileLookup", "true").parquet(*inputs.paths)
-        if not source:
-            return jobs.parse_records(df)
-        return jobs.parse_records(df.select("*", F.col("_metadata.file_path").alias("source")))
-    source_col = F.col("_metadata.file_path").alias("source")
-    reader = spark.read.option("recursiveFileLookup", "true")
-    return jobs.parse_lines(
-        reader.text(inputs.paths).select("value", source_col), keep_extra=keep_extra
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,61 +117,6 @@ def _first(df: DataFrame) -> Row:
     if row is None:  # an aggregate without grouping always has one row
         raise JobError("an aggregate returned no row")
     return row
-
-
-def _csv_cell(value: object) -> str:
-    # Integers stay integers: a count kept in a double column (``summary.value``) is
-    # written ``215``, not ``215.0``, and an epoch in milliseconds not ``1.79E12``.
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if value.is_integer() and abs(value) < 2**53:
-            return str(int(value))
-        return repr(value)
-    if isinstance(value, datetime):
-        moment = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    return str(value)
-
-
-def write_local_csv(parquet_dir: Path, csv_dir: Path) -> None:
-    """``parquet_dir`` (a table just written) as one CSV file with a header, in Python.
-
-    Reading back the few KB to MB of a table with pyarrow costs milliseconds, where a
-    Spark job per CSV copy costs a scheduling round each, and it formats the numbers as
-    a person reads them (see :func:`_csv_cell`).
-    """
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(parquet_dir)
-    if csv_dir.exists():
-        shutil.rmtree(csv_dir)
-    csv_dir.mkdir(parents=True)
-    with (csv_dir / "part-00000.csv").open("w", encoding="utf-8", newline="") as f:
-        out = csvlib.writer(f)
-        out.writerow(table.column_names)
-        for batch in table.to_batches():
-            for row in batch.to_pylist():
-                out.writerow([_csv_cell(v) for v in row.values()])
-    (csv_dir / "_SUCCESS").touch()
-
-
-def _spark_csv(df: DataFrame, path: str) -> None:
-    # Remote output: Spark writes it (the driver may not reach that storage directly).
-    # Integral doubles are written without ".0", as in the local writer.
-    cols = []
-    for f in df.schema.fields:
-        c = F.col(f.name)
-        if isinstance(f.dataType, T.DoubleType):
-            c = F.when(
-                (c == F.floor(c)) & (F.abs(c) < F.lit(2.0**53)), c.cast("long").cast("string")
-            ).otherwise(c.cast("string"))
-        cols.append(c.alias(f.name))
-    df.select(*cols).coalesce(1).write.mode("overwrite").option("header", "true").csv(path)
 
 
 SUM_COLUMNS = (
@@ -428,12 +198,16 @@ def _tables(
     add("storms", jobs.storms(sparse_now, cfg))
     add("handover_matrix", jobs.handover_matrix(sparse_now))
     add("sms_spend", jobs.sms_spend(sparse_now))
+    add("per_move", figures.per_move(sparse_now))
+    add("per_broker", figures.per_broker(sparse_now))
     starts = hold(jobs.episode_starts(sparse), "episode starts")
     add("networks", jobs.networks(sparse, window, starts))
     eps = hold(jobs.episodes(events, window, starts, last_ms), "episodes")
     add("episodes", eps)
     add("per_hour", jobs.per_hour(current, eps, window))
-    add("recommendations", jobs.recommendations(current, eps, cfg))
+    add("recommendations", recommend.recommendations(current, eps, cfg))
+    add("per_device", figures.per_device(current, cfg))
+    add("latency_by_network", figures.latency_by_network(current))
     user = hold(jobs.per_user(current, eps), "per_user")
     add("per_user", user)
     return tables, [sparse, starts, eps, user]
@@ -474,7 +248,11 @@ def _stats(current: DataFrame) -> DataFrame:
 
 
 @dataclass(frozen=True, slots=True)
-class _Counts:
+class Counts:
+    """What a run knows when its tables are written, for the summary (:func:`summarise`):
+    lines read, invalid, events kept, rows per table, the per-user totals of
+    :data:`SUM_COLUMNS` and the figures of :func:`_stats`."""
+
     lines: int
     invalid: int
     events: int
@@ -496,7 +274,7 @@ def _run(
     # only for invalid lines) for the two things read from them, the quarantine and the
     # de-duplicated events, which are cached in turn, partitioned by user, for every job.
     say(f"parsing {len(inputs.paths)} {inputs.fmt} input(s), quarantining invalid lines")
-    local = not _is_remote(out)
+    local = not is_remote(out)
     if inputs.small and local and not keep_extra:
         parsed = read_parsed(spark, inputs, keep_extra=keep_extra)
         counts = _run_small(spark, parsed, out, cfg, csv, say)
@@ -516,7 +294,14 @@ def _run(
         # checkpoint lives in the executors' memory, which a cluster may take back).
         rows = inputs.moderate and (spark.sparkContext.master or "").startswith("local")
         counts = _run_large(spark, parsed, out, cfg, csv, keep_extra, local, say, again, rows=rows)
-    window = cfg.window
+    summary = summarise(counts, cfg.window)
+    output.write_summary(spark, summary, out, csv=csv, local=local)
+    output.write_provenance(spark, inputs, out, local=local)
+    return ChurnResult(summary=summary, output=out)
+
+
+def summarise(counts: Counts, window: jobs.TimeWindow) -> dict[str, float]:
+    """The ``summary`` table of a run, in its order (either engine)."""
     summary: dict[str, float] = {
         "lines": float(counts.lines),
         "invalid_lines": float(counts.invalid),
@@ -540,12 +325,10 @@ def _run(
         summary["since_ms"] = float(window.since_ms)
     if window.until_ms is not None:
         summary["until_ms"] = float(window.until_ms)
-    _write_summary(spark, summary, out, csv=csv, local=local)
-    _write_provenance(spark, inputs, out, local=local)
-    return ChurnResult(summary=summary, output=out)
+    return summary
 
 
-def _no_events(lines: int, invalid: int, out: str) -> InputError:
+def no_events(lines: int, invalid: int, out: str) -> InputError:
     # Nothing to analyse: empty tables would look like a quiet week, not a bad input.
     return InputError(
         f"no valid churn-log lines in the input ({lines} line(s), {invalid} invalid; "
@@ -564,7 +347,7 @@ def _run_large(
     say: Callable[[str], None],
     reparse: Callable[[], DataFrame] | None = None,
     rows: bool = False,
-) -> _Counts:
+) -> Counts:
     """The tables of a log too large for :func:`_run_small`, a job or more each, a few
     at a time. With ``rows`` (a local run of a few million lines) the events and what
     several tables share are held as rows (:class:`_Held`), else in Spark's columnar
@@ -588,7 +371,7 @@ def _run_tables(
     say: Callable[[str], None],
     reparse: Callable[[], DataFrame] | None,
     held: _Held | None,
-) -> _Counts:
+) -> Counts:
     spark.sparkContext.setJobDescription("events")
     observed = Observation("lines")
     metrics = (F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid"))
@@ -597,28 +380,28 @@ def _run_tables(
         # to the de-duplication of 10M lines they overran a 3 GB driver) for the two
         # readers, the de-duplicated events and the quarantine.
         parsed = parsed.observe(observed, *metrics).persist(StorageLevel.DISK_ONLY)
-        valid = jobs.valid_events(parsed)
+        valid = parse.valid_events(parsed)
         events, known = _cached(spark, _for_jobs(valid, keep_extra), held, cfg.window)
-        jobs.quarantine(parsed).write.mode("overwrite").json(f"{out}/quarantine")
+        parse.quarantine(parsed).write.mode("overwrite").json(f"{out}/quarantine")
         parsed.unpersist()
     else:
         # Parquet: one read when every line is valid (the usual case): the lines are
         # counted on the way to the cached events, and the quarantine pass, a second
         # read of every column, runs only when there is something to set aside.
-        valid = jobs.valid_events(parsed.observe(observed, *metrics))
+        valid = parse.valid_events(parsed.observe(observed, *metrics))
         events, known = _cached(spark, _for_jobs(valid, keep_extra), held, cfg.window)
         spark.sparkContext.setJobDescription("quarantine")
         if int(observed.get["invalid"]) > 0:
-            jobs.quarantine(reparse()).write.mode("overwrite").json(f"{out}/quarantine")
+            parse.quarantine(reparse()).write.mode("overwrite").json(f"{out}/quarantine")
         elif local:
-            _write_json_lines(Path(f"{out}/quarantine"), [])
+            output.write_json_lines(Path(f"{out}/quarantine"), [])
         else:
             empty = spark.createDataFrame([], S.QUARANTINE_SCHEMA)
             empty.coalesce(1).write.mode("overwrite").json(f"{out}/quarantine")
     lines, invalid = int(observed.get["lines"]), int(observed.get["invalid"])
     n_events = int(known["events"])
     if n_events == 0:
-        raise _no_events(lines, invalid, out)
+        raise no_events(lines, invalid, out)
     say(f"{lines} lines, {invalid} invalid, {n_events} events after de-duplication")
     if keep_extra:
         say("writing events")
@@ -644,9 +427,9 @@ def _run_tables(
         df.write.mode("overwrite").parquet(f"{out}/{name}")
         if csv:
             if local:
-                write_local_csv(Path(f"{out}/{name}"), Path(f"{out}/csv/{name}"))
+                output.write_local_csv(Path(f"{out}/{name}"), Path(f"{out}/csv/{name}"))
             else:
-                _spark_csv(spark.read.parquet(f"{out}/{name}"), f"{out}/csv/{name}")
+                output.spark_csv(spark.read.parquet(f"{out}/{name}"), f"{out}/csv/{name}")
 
     # A few tables at a time: one job's driver-side planning, code generation and
     # single-task stages leave a core idle much of the time, which the next job's tasks
@@ -679,7 +462,7 @@ def _run_tables(
         df.unpersist()
     if held is not None:
         held.release()
-    return _Counts(
+    return Counts(
         lines=lines,
         invalid=invalid,
         events=n_events,
@@ -743,7 +526,7 @@ def _cached(
     held: _Held | None = None,
     window: jobs.TimeWindow | None = None,
 ) -> tuple[DataFrame, dict[str, Any]]:
-    """``events`` (:func:`analytics.jobs.valid_events`) cached, or ``held`` as rows, and
+    """``events`` (:func:`analytics.parse.valid_events`) cached, or ``held`` as rows, and
     what :func:`_event_metrics` knows of them for ``window``: their number first.
 
     Their de-duplication runs on rows already partitioned by user, so Spark's usual
@@ -772,20 +555,17 @@ def _run_small(
     cfg: jobs.JobConfig,
     csv: bool,
     say: Callable[[str], None],
-) -> _Counts:
+) -> Counts:
     """A log of a few MB: every table in *one* Spark job, written here with pyarrow.
 
     Each table becomes rows of (table, JSON text) in one union that the driver collects:
     the JVM start and one job's scheduling are the whole cost, not a job per table.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-    events = jobs.valid_events(parsed).persist(StorageLevel.MEMORY_AND_DISK)
+    events = parse.valid_events(parsed).persist(StorageLevel.MEMORY_AND_DISK)
     tables, cached = _tables(events, cfg)
     parts: dict[str, DataFrame] = {
-        "_quarantine": jobs.quarantine(parsed),
+        "_quarantine": parse.quarantine(parsed),
         "_lines": parsed.agg(F.count(F.lit(1)).alias("lines"), F.count("error").alias("invalid")),
         "_events": events.agg(F.count(F.lit(1)).alias("events")),
         "_stats": _stats(jobs.in_window(events, cfg.window)),
@@ -810,22 +590,20 @@ def _run_small(
     lines = int(rows["_lines"][0]["lines"])
     invalid = int(rows["_lines"][0]["invalid"])
     n_events = int(rows["_events"][0]["events"])
-    _write_json_lines(Path(f"{out}/quarantine"), rows["_quarantine"])
+    output.write_json_lines(Path(f"{out}/quarantine"), rows["_quarantine"])
     if n_events == 0:
-        raise _no_events(lines, invalid, out)
+        raise no_events(lines, invalid, out)
     say(f"{lines} lines, {invalid} invalid, {n_events} events after de-duplication")
     for name, df in tables.items():
-        target = Path(f"{out}/{name}")
-        _fresh(target)
-        schema = _arrow_schema(df.schema)
-        columns = {f.name: [_from_json(r.get(f.name), f.type) for r in rows[name]] for f in schema}
-        pq.write_table(pa.table(columns, schema=schema), target / "part-00000.parquet")
-        (target / "_SUCCESS").touch()
-        if csv:
-            write_local_csv(target, Path(f"{out}/csv/{name}"))
+        schema = output.arrow_schema(df.schema)
+        values = [
+            {f.name: output.from_json(r.get(f.name), f.type) for f in schema} for r in rows[name]
+        ]
+        csv_dir = Path(f"{out}/csv/{name}") if csv else None
+        output.write_rows(Path(f"{out}/{name}"), df.schema, values, csv_dir=csv_dir)
     users = rows["per_user"]
     totals = {c: sum(float(r[c] or 0) for r in users) for c in SUM_COLUMNS}
-    return _Counts(
+    return Counts(
         lines=lines,
         invalid=invalid,
         events=n_events,
@@ -840,92 +618,3 @@ def _for_jobs(events: DataFrame, keep_extra: bool) -> DataFrame:
     writes the events): the cache of 10M events is then a third smaller, and cheaper to
     build."""
     return events if keep_extra else events.select(*jobs.JOB_COLUMNS)
-
-
-def _write_json_lines(target: Path, rows: list[dict[str, Any]]) -> None:
-    _fresh(target)
-    with (target / "part-00000.json").open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    (target / "_SUCCESS").touch()
-
-
-def _fresh(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-
-
-def _arrow_schema(schema: T.StructType) -> Any:
-    import pyarrow as pa
-
-    kinds = {
-        T.StringType: pa.string(),
-        T.LongType: pa.int64(),
-        T.DoubleType: pa.float64(),
-        T.BooleanType: pa.bool_(),
-        T.TimestampType: pa.timestamp("us", tz="UTC"),
-        T.DateType: pa.date32(),
-    }
-    return pa.schema([pa.field(f.name, kinds[type(f.dataType)]) for f in schema.fields])
-
-
-def _from_json(value: object, kind: Any) -> object:
-    import pyarrow as pa
-
-    if value is None:
-        return None
-    if pa.types.is_timestamp(kind):
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    if pa.types.is_date32(kind):
-        return datetime.fromisoformat(str(value)).date()
-    if pa.types.is_floating(kind):
-        return float(value)  # type: ignore[arg-type]
-    return value
-
-
-def _write_summary(
-    spark: SparkSession, summary: dict[str, float], out: str, *, csv: bool, local: bool
-) -> None:
-    if local:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        target = Path(f"{out}/summary")
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        table = pa.table(
-            {
-                "metric": pa.array(list(summary), pa.string()),
-                "value": pa.array(list(summary.values()), pa.float64()),
-            }
-        )
-        pq.write_table(table, target / "part-00000.parquet")
-        (target / "_SUCCESS").touch()
-        if csv:
-            write_local_csv(target, Path(f"{out}/csv/summary"))
-        return
-    rows = spark.createDataFrame(list(summary.items()), S.SUMMARY_SCHEMA)
-    rows.coalesce(1).write.mode("overwrite").parquet(f"{out}/summary")
-    if csv:
-        _spark_csv(rows, f"{out}/csv/summary")
-
-
-def _write_provenance(spark: SparkSession, inputs: Inputs, out: str, *, local: bool) -> None:
-    """``<out>/provenance.json``: what was read, and when and by what the tables were made."""
-    record = {
-        "generated_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "input_format": inputs.fmt,
-        "inputs": inputs.paths,
-        "skipped": inputs.skipped,
-        "spark": spark.version,
-        "master": spark.sparkContext.master,
-    }
-    text = json.dumps(record, indent=2) + "\n"
-    if local:
-        Path(f"{out}/provenance.json").write_text(text, encoding="utf-8")
-    else:
-        spark.createDataFrame([(text,)], "value string").coalesce(1).write.mode("overwrite").text(
-            f"{out}/provenance"
-        )

@@ -12,10 +12,17 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from analytics.errors import AnalyticsError, JobError, OptionError
+
+if TYPE_CHECKING:
+    from analytics.churn import ChurnResult
+    from analytics.inputs import Inputs
+    from analytics.jobs import JobConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,9 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gen.add_argument("--users", type=int, required=True, help="number of users")
     gen.add_argument("--days", type=int, required=True, help="length of the log in days")
-    from analytics.generate import MODELS
+    from analytics.generate import ALIASES, MODELS
 
-    gen.add_argument("--model", choices=MODELS, default="commute", help="mobility model")
+    gen.add_argument(
+        "--model",
+        choices=(*MODELS, *ALIASES),
+        default="walkabout-commute",
+        help="mobility model, named after its paper (docs/analytics.md)",
+    )
     gen.add_argument("--seed", type=int, default=1, help="random seed (same seed, same log)")
     gen.add_argument("--out", type=Path, required=True, help="output directory")
     gen.add_argument(
@@ -45,15 +57,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--notify-rate", type=float, default=4.0, help="notifications per user per hour"
     )
     gen.add_argument(
+        "--mobility-ratio",
+        type=float,
+        default=None,
+        help="JECho's mobility-to-communication ratio: moves per notification "
+        "(sets the notification rate from the model's move rate)",
+    )
+    gen.add_argument(
+        "--dwell-mean", type=float, default=90.0, help="JECho models: mean stay, minutes"
+    )
+    gen.add_argument(
+        "--remote-share", type=float, default=0.2, help="JECho pop-up: share of remote jumps"
+    )
+    gen.add_argument(
+        "--favourite-share",
+        type=float,
+        default=0.8,
+        help="JECho fixed: share of time at the two favourite locations",
+    )
+    gen.add_argument(
         "--start", default="2024-03-04", help="first day of the log, UTC (default 2024-03-04)"
     )
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
 
     churn = sub.add_parser(
         "churn",
-        help="run the Spark churn jobs over a log",
-        description="Run the Spark churn jobs over churn logs and write Parquet and CSV "
-        "tables; invalid lines are counted and set aside in <output>/quarantine.",
+        help="run the churn jobs over a log",
+        description="Run the churn jobs over churn logs (with Spark, or in this process for a "
+        "small local log) and write Parquet and CSV tables; invalid lines are counted and set "
+        "aside in <output>/quarantine.",
     )
     churn.add_argument("--input", required=True, help="log file or directory (or a URL)")
     churn.add_argument("--output", required=True, help="output directory (or a URL)")
@@ -75,6 +107,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write the events, unknown fields kept, to <output>/events (slower)",
     )
     churn.add_argument(
+        "--engine",
+        choices=("auto", "spark", "local"),
+        default="auto",
+        help="spark, or local: in this process without Spark, for a small local log of JSON "
+        "lines (default auto: local when the master is local and the input small)",
+    )
+    churn.add_argument(
         "--shuffle-partitions", type=int, default=None, help="Spark shuffle partitions"
     )
     churn.add_argument("--flap-window", type=float, default=300.0, help="flapping window, seconds")
@@ -82,7 +121,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     churn.add_argument("--storm-window", type=float, default=60.0, help="storm bucket, seconds")
     churn.add_argument("--storm-users", type=int, default=8, help="users restoring that storm")
     churn.add_argument(
+        "--ip-cost-per-mb",
+        type=float,
+        default=0.0,
+        help="price of a MB delivered by IP, for the per-device money (default 0: flat rate)",
+    )
+    churn.add_argument(
         "--storm-factor", type=float, default=4.0, help="times the hourly baseline that storm"
+    )
+    churn.add_argument(
+        "--min-tail",
+        type=float,
+        default=10.0,
+        help="observations above a percentile that a recommendation needs (0: any sample)",
     )
     churn.add_argument(
         "--quiet", action="store_true", help="print only the result line (no progress, no bars)"
@@ -165,6 +216,7 @@ def _generate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from analytics.generate import GeneratorConfig, generate
+    from analytics.mobility import MobilityParams
 
     start_ms = parse_time(args.start, "--start")
     cfg = GeneratorConfig(
@@ -173,6 +225,12 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         model=args.model,
         notify_per_hour=args.notify_rate,
+        mobility_ratio=args.mobility_ratio,
+        mobility=MobilityParams(
+            dwell_mean_min=args.dwell_mean,
+            remote_share=args.remote_share,
+            favourite_share=args.favourite_share,
+        ),
         start=datetime.fromtimestamp(start_ms / 1000, UTC),
     )
     begun = time.perf_counter()
@@ -203,14 +261,16 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _churn(args: argparse.Namespace) -> int:
-    from analytics.churn import find_inputs, run_churn
+    from analytics.inputs import find_inputs
     from analytics.jobs import JobConfig, TimeWindow
-    from analytics.spark import finish, session
+    from analytics.local.run import choose_engine, run_local
 
     since = parse_time(args.since, "--since") if args.since else None
     until = parse_time(args.until, "--until") if args.until else None
     if since is not None and until is not None and until <= since:
         raise OptionError("--until must be after --since")
+    if not args.min_tail >= 0:  # NaN too
+        raise OptionError("--min-tail must be 0 or more")
     cfg = JobConfig(
         window=TimeWindow(since_ms=since, until_ms=until),
         flap_window_ms=int(args.flap_window * 1000),
@@ -218,8 +278,13 @@ def _churn(args: argparse.Namespace) -> int:
         storm_window_ms=int(args.storm_window * 1000),
         storm_min_users=args.storm_users,
         storm_factor=args.storm_factor,
+        ip_cost_per_mb=args.ip_cost_per_mb,
+        min_tail_observations=args.min_tail,
     )
     inputs = find_inputs(args.input, args.format)  # fail fast, before the JVM starts
+    engine = choose_engine(
+        args.engine, args.master, inputs, args.output, keep_extra=args.keep_extra
+    )
     begun = time.perf_counter()
 
     def say(message: str) -> None:
@@ -228,6 +293,28 @@ def _churn(args: argparse.Namespace) -> int:
 
     if inputs.skipped:
         say(skipping_line(inputs.skipped, args.input))
+
+    if engine == "local":
+        result = run_local(inputs, args.output, cfg, csv=not args.no_csv, step=say)
+    else:
+        result = _churn_spark(args, inputs, cfg, say)
+    s = result.summary
+    took = time.perf_counter() - begun
+    print(
+        f"{int(s['events'])} events ({int(s['invalid_lines'])} invalid lines quarantined, "
+        f"{int(s['duplicates_dropped'])} duplicates dropped), {int(s['users'])} users, "
+        f"{int(s['disconnections'])} disconnections, {int(s['storms'])} storms in {took:.1f} s "
+        f"-> {result.output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _churn_spark(
+    args: argparse.Namespace, inputs: Inputs, cfg: JobConfig, say: Callable[[str], None]
+) -> ChurnResult:
+    from analytics.churn import run_churn
+    from analytics.spark import finish, session
 
     spark = session(
         args.master,
@@ -252,16 +339,7 @@ def _churn(args: argparse.Namespace) -> int:
         )
     finally:
         finish(spark)
-    s = result.summary
-    took = time.perf_counter() - begun
-    print(
-        f"{int(s['events'])} events ({int(s['invalid_lines'])} invalid lines quarantined, "
-        f"{int(s['duplicates_dropped'])} duplicates dropped), {int(s['users'])} users, "
-        f"{int(s['disconnections'])} disconnections, {int(s['storms'])} storms in {took:.1f} s "
-        f"-> {result.output}",
-        file=sys.stderr,
-    )
-    return 0
+    return result
 
 
 def _watch(args: argparse.Namespace) -> int:

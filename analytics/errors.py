@@ -17,3 +17,8 @@ class OptionError(AnalyticsError):
 
 class JobError(AnalyticsError):
     """A Spark job failed; the message carries Spark's own one-line reason."""
+
+
+class VocabularyError(AnalyticsError):
+    """``mdeci/churnlog.py``, where the churn-log vocabulary is defined, is missing or
+    does not define it as expected."""

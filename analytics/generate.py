@@ -11,19 +11,11 @@ disconnections and restores at the stint edges, and a Poisson stream of notifica
 that are delivered while the user is connected and queued, dropped or sent by SMS while
 not.
 
-Models (the ``--model`` option):
-
-- ``random``: Walkabout's random connection pattern and JECho's random movement: dwell
-  times are exponential and the next subnet is any subnet; half the moves go through a
-  gap.
-- ``commute``: Walkabout's commute pattern: home, cellular on the way with tunnels,
-  office (lunch at a cafe now and then), cellular back, home; phones off some nights.
-- ``pervasive``: Walkabout's pervasive pattern: always on, hopping between the access
-  points of a campus every few minutes, mostly seamless.
-- ``popup``: JECho's pop-up movement: offline most of the time, popping up at hot-spots
-  for minutes at a time.
-- ``salesman``: JECho's travelling-salesman movement: a fixed tour of client sites each
-  weekday, on cellular between them.
+Models (the ``--model`` option): the seven of :mod:`analytics.mobility`, each named
+after its paper, JECho's four (``jecho-random``, ``jecho-salesman``, ``jecho-popup``,
+``jecho-fixed``) and Walkabout's three (``walkabout-commute``, ``walkabout-pervasive``,
+``walkabout-random``). ``commute``, ``pervasive``, ``popup`` and ``salesman`` name the
+one model of that name; ``random`` is refused, as it names two.
 
 Lines are JSON objects formatted by hand (the generator's strings need no escaping, and
 ``json.dumps`` would be most of the run time). A small, seeded share of lines is
@@ -42,12 +34,30 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from analytics.errors import OptionError
+from analytics.mobility import (
+    DAY,
+    HOUR,
+    KINDS,
+    MINUTE,
+    MODEL_FUNCS,
+    MobilityParams,
+    Outage,
+    Stint,
+    Subnet,
+    World,
+    build_topology,
+    moves_per_hour,
+    walkabout_commute,
+)
 
-MODELS: tuple[str, ...] = ("random", "commute", "pervasive", "popup", "salesman")
-
-MINUTE = 60_000
-HOUR = 60 * MINUTE
-DAY = 24 * HOUR
+MODELS: tuple[str, ...] = tuple(MODEL_FUNCS)
+# The short names of earlier logs' models, each naming one paper's model.
+ALIASES: dict[str, str] = {
+    "commute": "walkabout-commute",
+    "pervasive": "walkabout-pervasive",
+    "popup": "jecho-popup",
+    "salesman": "jecho-salesman",
+}
 
 SUBSCRIPTION_TTL = 8 * HOUR  # of the simulated apps' subscriptions
 DEFAULT_START = datetime(2024, 3, 4, tzinfo=UTC)  # a Monday, so commutes start on day one
@@ -63,14 +73,21 @@ class GeneratorConfig:
     """Length of the log in days, starting at ``start``."""
     seed: int
     """Everything is a function of the seed: the same seed gives the same bytes."""
-    model: str = "commute"
-    """One of :data:`MODELS`."""
+    model: str = "walkabout-commute"
+    """One of :data:`MODELS` (or of :data:`ALIASES`, read as the model it names)."""
     start: datetime = DEFAULT_START
     """First instant of the log (UTC)."""
     domain: str = "example.net"
     """Domain of the users' AORs."""
     notify_per_hour: float = 4.0
-    """Mean rate of notifications published to each user."""
+    """Mean rate of notifications published to each user (unless ``mobility_ratio``)."""
+    mobility_ratio: float | None = None
+    """JECho's mobility-to-communication ratio: the model's moves per notification; when
+    set, the notification rate is the model's move rate divided by it."""
+    mobility: MobilityParams = field(default_factory=MobilityParams)
+    """The models' figures (:class:`analytics.mobility.MobilityParams`)."""
+    outages: bool = True
+    """Whether access networks fail now and then (off for the models' own statistics)."""
     urgent_fraction: float = 0.1
     """Share of notifications marked urgent (sent by SMS while disconnected)."""
     queue_limit: int = 40
@@ -83,6 +100,14 @@ class GeneratorConfig:
     """Share of lines swapped with the next one (concurrent writers)."""
     malformed_fraction: float = 0.0002
     """Share of lines truncated mid-object (a crash while writing)."""
+    resend_fraction: float = 0.3
+    """Share of moves that lose the ack of the last delivery before them: the broker sends
+    it again after the move and the agent's gate refuses it (a duplicate per move)."""
+    brokers: int = 1
+    """Brokers of the deployment (``node`` of the broker's lines); users are spread."""
+    failover_fraction: float = 0.05
+    """With several brokers: share of reattaches that land on another broker (a new
+    session there, the old one never ended: a failover)."""
     users_per_shard: int = 250
     """Users per output file; files are the unit of Spark's parallelism."""
 
@@ -91,64 +116,45 @@ class GeneratorConfig:
             raise OptionError("--users must be at least 1")
         if self.days < 1:
             raise OptionError("--days must be at least 1")
+        if self.model in ALIASES:
+            object.__setattr__(self, "model", ALIASES[self.model])
         if self.model not in MODELS:
             raise OptionError(f"--model must be one of {', '.join(MODELS)}, not {self.model!r}")
+        if self.mobility_ratio is not None and not self.mobility_ratio > 0:
+            raise OptionError("--mobility-ratio must be positive")
+        share = (self.mobility.remote_share, self.mobility.favourite_share)
+        if not all(0.0 <= x <= 1.0 for x in share):
+            raise OptionError("--remote-share and --favourite-share must be within [0, 1]")
+        if self.brokers < 1:
+            raise OptionError("--brokers must be at least 1")
         if self.users_per_shard < 1:
             raise OptionError("users per shard must be at least 1")
         if self.start.tzinfo is None:
             raise OptionError("the start time must be timezone-aware")
 
-
-@dataclass(frozen=True, slots=True)
-class Subnet:
-    """A /24 the users can attach to; ``kind`` is home, office, cafe, campus or cellular."""
-
-    kind: str
-    prefix: str  # "10.1.7", the first three octets
-
     @property
-    def cidr(self) -> str:
-        return f"{self.prefix}.0/24"
-
-
-@dataclass(frozen=True, slots=True)
-class Outage:
-    """Every user on ``subnet`` loses connectivity at ``at_ms`` for about ``duration_ms``."""
-
-    subnet: int
-    at_ms: int
-    duration_ms: int
-
-
-@dataclass(slots=True)
-class World:
-    """The subnets and the outages shared by all users of one run."""
-
-    subnets: list[Subnet]
-    by_kind: dict[str, list[int]]
-    outages: list[Outage] = field(default_factory=list)
-
-
-_KINDS: tuple[tuple[str, str, int], ...] = (
-    # kind, first two octets, how many /24s
-    ("home", "10.1", 14),
-    ("office", "10.20", 6),
-    ("cafe", "10.30", 8),
-    ("campus", "10.40", 16),
-    ("cellular", "100.64", 4),
-)
+    def notify_rate(self) -> float:
+        """Notifications per user per hour: ``notify_per_hour``, or the model's moves per
+        hour over ``mobility_ratio``."""
+        if self.mobility_ratio is None:
+            return self.notify_per_hour
+        return moves_per_hour(self.model, self.mobility) / self.mobility_ratio
 
 
 def build_world(cfg: GeneratorConfig) -> World:
-    """The subnets and the outage schedule for a run (a function of the seed only)."""
+    """The subnets, their topology and the outage schedule of a run (a function of the
+    seed only; the topology has its own stream, so the outages do not depend on it)."""
     rng = random.Random(f"mdeci-gen:{cfg.seed}:world")
     subnets: list[Subnet] = []
     by_kind: dict[str, list[int]] = {}
-    for kind, first, count in _KINDS:
+    for kind, first, count in KINDS:
         for i in range(count):
             by_kind.setdefault(kind, []).append(len(subnets))
             subnets.append(Subnet(kind, f"{first}.{i + 1}"))
-    world = World(subnets, by_kind)
+    topology = random.Random(f"mdeci-gen:{cfg.seed}:topology")
+    world = World(subnets, by_kind, build_topology(len(subnets), topology, len(subnets) // 2))
+    if not cfg.outages:
+        return world
     span = cfg.days * DAY
     for index, subnet in enumerate(subnets):
         # Access networks fail now and then; a failure that hits many users at once is
@@ -166,152 +172,12 @@ def build_world(cfg: GeneratorConfig) -> World:
     return world
 
 
-# A stint: online on one subnet from start to end (ms since the log's start).
-Stint = tuple[int, int, int]
-
-
-def _commute(rng: random.Random, world: World, days: int, weekday0: int) -> list[Stint]:
-    home = rng.choice(world.by_kind["home"])
-    office = rng.choice(world.by_kind["office"])
-    cafe = rng.choice(world.by_kind["cafe"])
-    cell = world.by_kind["cellular"]
-    out: list[Stint] = []
-    t = 0  # when the user is next online
-    for d in range(days):
-        day0 = d * DAY
-        if (weekday0 + d) % 7 < 5:
-            leave = max(t + MINUTE, day0 + int(rng.uniform(7.2, 9.0) * HOUR))
-            out.append((t, leave, home))
-            t = _ride(rng, out, leave, int(rng.uniform(25, 60) * MINUTE), cell)
-            if rng.random() < 0.3:
-                lunch = max(t + MINUTE, day0 + int(rng.uniform(12.0, 13.0) * HOUR))
-                out.append((t, lunch, office))
-                t = lunch + int(rng.uniform(1, 4) * MINUTE)
-                out.append((t, t + int(rng.uniform(25, 50) * MINUTE), cafe))
-                t = out[-1][1] + int(rng.uniform(1, 4) * MINUTE)
-            back = max(t + MINUTE, day0 + int(rng.uniform(16.5, 19.0) * HOUR))
-            out.append((t, back, office))
-            t = _ride(rng, out, back, int(rng.uniform(25, 60) * MINUTE), cell)
-        else:
-            outing = max(t + MINUTE, day0 + int(rng.uniform(10, 15) * HOUR))
-            out.append((t, outing, home))
-            t = outing + int(rng.uniform(1, 10) * MINUTE)
-            out.append((t, t + int(rng.uniform(0.5, 3) * HOUR), rng.choice([cafe, *cell])))
-            t = out[-1][1] + int(rng.uniform(1, 10) * MINUTE)
-        if rng.random() < 0.4:
-            # The phone is switched off for the night: a graceful gap, not a disconnection.
-            bed = max(t + MINUTE, day0 + int(rng.uniform(22.5, 25.0) * HOUR))
-            out.append((t, bed, home))
-            t = day0 + DAY + int(rng.uniform(6.0, 7.5) * HOUR)
-        # Otherwise it stays online at home; tomorrow's first stint continues this one.
-    out.append((t, days * DAY, home))
-    return out
-
-
-def _ride(rng: random.Random, out: list[Stint], t: int, length: int, cell: list[int]) -> int:
-    """Cellular stints on the way, broken by tunnels; returns the arrival time."""
-    end = t + length
-    t += int(rng.uniform(0.5, 3) * MINUTE)  # walk to the station: no coverage
-    while t < end:
-        stint = int(rng.uniform(4, 15) * MINUTE)
-        out.append((t, min(end, t + stint), rng.choice(cell)))
-        t = min(end, t + stint) + int(rng.lognormvariate(math.log(40_000), 0.8))
-    return t + int(rng.uniform(0.5, 3) * MINUTE)
-
-
-def _random(rng: random.Random, world: World, days: int, weekday0: int) -> list[Stint]:
-    n = len(world.subnets)
-    out: list[Stint] = []
-    t = int(rng.uniform(0, 2) * HOUR)
-    span = days * DAY
-    while t < span:
-        dwell = int(rng.expovariate(1 / (90 * MINUTE))) + MINUTE
-        out.append((t, t + dwell, rng.randrange(n)))
-        t += dwell
-        if rng.random() < 0.5:
-            t += int(rng.lognormvariate(math.log(2 * MINUTE), 1.2))
-    return out
-
-
-def _pervasive(rng: random.Random, world: World, days: int, weekday0: int) -> list[Stint]:
-    campus = world.by_kind["campus"]
-    home = rng.choice(world.by_kind["home"])
-    flappy = rng.random() < 0.15  # some devices sit at the edge of two access points
-    out: list[Stint] = []
-    t = 0
-    for d in range(days):
-        day0 = d * DAY
-        arrive = day0 + int(rng.uniform(7.5, 9.5) * HOUR)
-        out.append((t, max(t + MINUTE, arrive), home))
-        t = max(t + MINUTE, arrive) + int(rng.uniform(2, 20) * MINUTE)
-        leave = day0 + int(rng.uniform(17, 21) * HOUR)
-        ap = rng.choice(campus)
-        while t < leave:
-            if flappy and rng.random() < 0.08:
-                # Flapping: two access points, a few tens of seconds on each.
-                other = rng.choice(campus)
-                for _ in range(rng.randint(6, 14)):
-                    step = int(rng.uniform(15, 60) * 1000)
-                    out.append((t, t + step, ap))
-                    t += step
-                    ap, other = other, ap
-                continue
-            dwell = int(rng.expovariate(1 / (12 * MINUTE))) + 20_000
-            out.append((t, min(leave, t + dwell), ap))
-            t = min(leave, t + dwell)
-            if rng.random() < 0.1:
-                t += int(rng.uniform(5, 30) * 1000)
-            ap = rng.choice(campus)
-        t += int(rng.uniform(5, 30) * MINUTE)
-    out.append((t, max(t + MINUTE, days * DAY), home))
-    return out
-
-
-def _popup(rng: random.Random, world: World, days: int, weekday0: int) -> list[Stint]:
-    spots = world.by_kind["cafe"] + world.by_kind["cellular"] + world.by_kind["campus"]
-    out: list[Stint] = []
-    for d in range(days):
-        times = sorted(rng.uniform(7, 23) * HOUR for _ in range(rng.randint(3, 8)))
-        for x in times:
-            start = d * DAY + int(x)
-            if out and start <= out[-1][1]:
-                continue
-            out.append((start, start + int(rng.uniform(5, 40) * MINUTE), rng.choice(spots)))
-    return out
-
-
-def _salesman(rng: random.Random, world: World, days: int, weekday0: int) -> list[Stint]:
-    sites = world.by_kind["office"] + world.by_kind["cafe"]
-    tour = rng.sample(sites, rng.randint(4, 7))  # the salesman's fixed route
-    home = rng.choice(world.by_kind["home"])
-    cell = world.by_kind["cellular"]
-    out: list[Stint] = []
-    t = 0
-    for d in range(days):
-        day0 = d * DAY
-        leave = day0 + int(rng.uniform(7.5, 9.0) * HOUR)
-        out.append((t, max(t + MINUTE, leave), home))
-        t = max(t + MINUTE, leave)
-        if (weekday0 + d) % 7 < 5:
-            for site in tour:
-                t = _ride(rng, out, t, int(rng.uniform(15, 45) * MINUTE), cell)
-                stay = int(rng.uniform(45, 120) * MINUTE)
-                out.append((t, t + stay, site))
-                t += stay
-            t = _ride(rng, out, t, int(rng.uniform(15, 45) * MINUTE), cell)
-        end = day0 + DAY + int(rng.uniform(6, 7) * HOUR)
-        out.append((t, max(t + MINUTE, end), home))
-        t = max(t + MINUTE, end)
-    return out
-
-
-_MODEL_FUNCS: dict[str, Callable[[random.Random, World, int, int], list[Stint]]] = {
-    "random": _random,
-    "commute": _commute,
-    "pervasive": _pervasive,
-    "popup": _popup,
-    "salesman": _salesman,
-}
+def timeline(cfg: GeneratorConfig, world: World, rng: random.Random) -> list[Stint]:
+    """One user's stints under ``cfg.model``, before the world's outages cut them."""
+    params = cfg.mobility
+    if cfg.model == "walkabout-commute":
+        return walkabout_commute(rng, world, cfg.days, params, cfg.start.weekday())
+    return MODEL_FUNCS[cfg.model](rng, world, cfg.days, params)
 
 
 def _clean(stints: list[Stint], span: int) -> list[Stint]:
@@ -375,7 +241,7 @@ class _UserLog:
         self.rng = random.Random(f"mdeci-gen:{cfg.seed}:user:{index}")
         self.uri = f"sip:u{index:06d}@{cfg.domain}"
         self.agent = f"agent-u{index:06d}"
-        self.broker = "broker-1"
+        self.broker = f"broker-{index % cfg.brokers + 1}"
         self.index = index
         self.events: list[tuple[int, str]] = []
         self.call_id = ""
@@ -383,6 +249,8 @@ class _UserLog:
         self.addr = ""
         self.nseq = 0
         self.queue: list[tuple[int, int]] = []  # (nseq, queued at)
+        self.dropped = 0  # dropped since the last delivery: the next one says so
+        self.last_ip = 0  # nseq of the last delivery by IP (0: none yet)
 
     # -- line writers: one per event shape; the strings need no JSON escaping --
     def _head(self, t: int, node: str, event: str) -> str:
@@ -404,7 +272,7 @@ class _UserLog:
         """All events of this user, roughly in time order (flushes may overlap)."""
         rng = self.rng
         cfg = self.cfg
-        rate = cfg.notify_per_hour / HOUR
+        rate = cfg.notify_rate / HOUR
         arrivals: list[int] = []
         t = rng.expovariate(rate) if rate > 0 else span
         while t < span:
@@ -460,13 +328,30 @@ class _UserLog:
                 )
                 prev = self.addr
                 self.addr = new
+                failover = cfg.brokers > 1 and gap > 0 and rng.random() < cfg.failover_fraction
+                if failover:
+                    # Its broker went silent under the device (which notices and says so),
+                    # and the device comes back through another broker: a new session there.
+                    self.simple(start - 1, self.agent, "broker_lost", f',"addr":"{prev}"')
+                    self.broker = f"broker-{(int(self.broker[7:]) % cfg.brokers) + 1}"
+                    self.calls += 1
+                    self.call_id = f"{self.index:x}-{self.calls:x}@{self.uri[4:]}"
                 self.simple(start + 2, self.broker, "registered", f',"addr":"{new}"')
                 self.simple(
                     start + 4,
                     self.broker,
-                    "session_reinvited",
-                    f',"call_id":"{self.call_id}","addr":"{new}","prev_addr":"{prev}"',
+                    "session_started" if failover else "session_reinvited",
+                    f',"call_id":"{self.call_id}","addr":"{new}"'
+                    + ("" if failover else f',"prev_addr":"{prev}"'),
                 )
+                if self.last_ip and rng.random() < cfg.resend_fraction:
+                    # The ack of the last delivery was lost in the move: sent again.
+                    self.simple(
+                        up + 1,
+                        self.agent,
+                        "notify_duplicate",
+                        f',"channel":"ip","nseq":{self.last_ip}',
+                    )
             # Both ends see the media come up: the broker's line is the connection state,
             # the agent's carries the restore latency the device measured.
             self.simple(
@@ -521,7 +406,12 @@ class _UserLog:
     def _queued(self, t: int, nseq: int, depth: int) -> None:
         self.simple(t, self.broker, "notify_queued", f',"nseq":{nseq},"queue_depth":{depth}')
 
-    def _delivered(self, t: int, nseq: int, lat: float, depth: int, channel: str) -> None:
+    def _delivered(
+        self, t: int, nseq: int, lat: float, depth: int, channel: str, size: int = 0
+    ) -> None:
+        """The broker's delivery (the fact) and the device's: its bytes, its publish
+        instant and the end-to-end latency; a gap line first if notifications were
+        dropped since the last delivery."""
         self.simple(
             t,
             self.broker,
@@ -529,6 +419,25 @@ class _UserLog:
             f',"channel":"{channel}","nseq":{nseq},"queue_depth":{depth},'
             f'"latency_ms":{round(lat, 1)}',
         )
+        if self.dropped:
+            self.simple(
+                t,
+                self.agent,
+                "notify_gap",
+                f',"channel":"{channel}","nseq":{nseq},"missed":{self.dropped}',
+            )
+            self.dropped = 0
+        size = size or 200 + nseq * 7919 % 1800
+        published = t - max(1, int(lat))
+        self.simple(
+            t,
+            self.agent,
+            "notify_delivered",
+            f',"channel":"{channel}","nseq":{nseq},"latency_ms":{float(t - published)},'
+            f'"bytes":{size},"published":"{self.fmt.ts(published)}"',
+        )
+        if channel == "ip":
+            self.last_ip = nseq
 
     def _offline_arrivals(self, arrivals: list[int], ai: int, until: int) -> int:
         rng = self.rng
@@ -543,6 +452,7 @@ class _UserLog:
                     "notify_dropped",
                     f',"queue_depth":{len(self.queue)},"reason":"queue_full"',
                 )
+                self.dropped += 1
                 continue
             self.nseq += 1
             self.queue.append((self.nseq, at))
@@ -561,7 +471,8 @@ class _UserLog:
                     lag = int(rng.uniform(2, 30) * 1000)
                     self.simple(at + lag, self.agent, "sms_received", ',"channel":"sms"')
                     self.queue.pop()
-                    self._delivered(at + lag + 3, self.nseq, float(lag + 3), len(self.queue), "sms")
+                    depth = len(self.queue)
+                    self._delivered(at + lag + 3, self.nseq, float(lag + 3), depth, "sms", size)
         return ai
 
 
@@ -569,13 +480,17 @@ def user_lines(cfg: GeneratorConfig, world: World, fmt: _Fmt, index: int) -> lis
     """The log lines of one user, sorted by time (a pure function of seed and index)."""
     log = _UserLog(cfg, world, fmt, index)
     span = cfg.days * DAY
-    stints = _MODEL_FUNCS[cfg.model](log.rng, world, cfg.days, cfg.start.weekday())
+    stints = timeline(cfg, world, log.rng)
     stints = _clean(_apply_outages(_clean(stints, span), world, log.rng), span)
     if stints and stints[0][0] == 0:
         # Users already online when the log begins: their first lines are spread out, or
         # every log would open with a "storm" of all users registering at midnight.
+        # A first stay shorter than that keeps its start: its lines and the next stay's
+        # would otherwise share a millisecond.
         first = stints[0]
-        stints[0] = (min(first[1] - 1, int(log.rng.uniform(0, 20) * MINUTE)), first[1], first[2])
+        spread = int(log.rng.uniform(0, 20) * MINUTE)
+        if spread < first[1] - MINUTE:
+            stints[0] = (spread, first[1], first[2])
     events = log.play(stints, span)
     events.sort(key=lambda e: e[0])
     return [line for _, line in events]
@@ -677,6 +592,7 @@ def _write_parquet(lines: list[str], path: Path) -> None:
         "nseq": pa.int64(),
         "bytes": pa.int64(),
         "latency_ms": pa.float64(),
+        "missed": pa.int64(),
         "cost": pa.float64(),
     }
     from analytics.schema import FIELD_NAMES

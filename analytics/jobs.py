@@ -24,13 +24,15 @@ can follow them:
 
 - address change: an ``ip_changed`` event; handover: a ``session_reinvited`` event
   (the dialog survived the move);
-- episode: starts at a ``media_disconnected`` that follows a connected state (or no
-  media event at all), ends at the next ``media_connected``, or at a ``session_ended``
-  (the session it broke is gone; what follows is no session, not an outage); further
-  disconnects inside an episode belong to it, and neither a disconnect after a session
-  ended nor the broker's tear-down of an ended session (reason ``session ended``, which
-  may be logged just before its ``session_ended``) starts one. At the same millisecond a
-  session end sorts first, then a disconnect, then a connect;
+- episode: starts at a ``media_disconnected`` (the broker's) or a ``broker_lost`` (the
+  agent's: its broker went silent, which a killed broker cannot log) that follows a
+  connected state (or no media event at all), ends at the next ``media_connected``, or
+  at a ``session_ended`` (the session it broke is gone; what follows is no session, not
+  an outage); further disconnects inside an episode belong to it, and neither a
+  disconnect after a session ended nor the broker's tear-down of an ended session
+  (reason ``session ended``, which may be logged just before its ``session_ended``)
+  starts one. At the same millisecond a session end sorts first, then a disconnect,
+  then a connect;
 - restore latency: ``latency_ms`` of ``media_connected`` events; percentiles are exact
   with linear interpolation between closest ranks (``numpy.percentile``'s default);
 - churn score: ``address_changes + 2 * disconnections + disconnected minutes / 10 +
@@ -44,9 +46,9 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from analytics import schema as S
+from analytics.parse import conform
 
 HOUR_MS = 3_600_000
 
@@ -95,159 +97,19 @@ class JobConfig:
     """A delivery slower than this was held in a queue, so it says nothing about RTT."""
     short_disconnection_ms: int = 60_000
     """Disconnections shorter than this are blips the RUDP retries should ride out."""
+    min_tail_observations: float = 10.0
+    """A recommendation from a percentile q needs this many observations above q, so at
+    least ``min_tail_observations / (1 - q)`` in all (p99: 1,000, p90: 100); with fewer it
+    says "not enough data" instead of a value. 0 takes any sample."""
+    ip_cost_per_mb: float = 0.0
+    """Price of a megabyte delivered by IP, for the per-device money (0: a flat rate)."""
 
 
-def conform(df: DataFrame, schema: T.StructType) -> DataFrame:
-    """``df`` with exactly the columns of ``schema``, in its order and of its types.
-
-    A column that already has its type is selected as it is, not cast and renamed: the
-    new name would hide that it is the same column from what Spark knows of the
-    partitioning (see :func:`valid_events`).
-    """
-    have = {f.name: f.dataType for f in df.schema.fields}
-    return df.select(
-        [
-            F.col(f.name)
-            if have.get(f.name) == f.dataType
-            else F.col(f.name).cast(f.dataType).alias(f.name)
-            for f in schema.fields
-        ]
-    )
-
-
-def _ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
+def ordered(df: DataFrame, *cols: str | Column) -> DataFrame:
     """``df`` (an aggregate: a few rows to tens of thousands) sorted by ``cols``, in one
     partition: a global ``orderBy`` would first sample its input in a job of its own to
     split it into ranges, which for a table this size costs more than the sort."""
     return df.repartition(1).sortWithinPartitions(*cols)
-
-
-# ---------------------------------------------------------------------------- parsing
-
-
-def parse_lines(lines: DataFrame, *, keep_extra: bool = False) -> DataFrame:
-    """Parse raw lines (columns ``value`` and ``source``) into records or errors.
-
-    Blank lines are skipped (a trailing newline is not a record). The result has the
-    churn-log fields, ``ts_ms``, ``extra``, ``error`` (null for a valid record), ``line``
-    (the raw text, kept for invalid lines only, so that caching the result does not hold
-    a second copy of the log) and ``source``.
-
-    Unknown fields never make a line invalid. With ``keep_extra`` they are collected in
-    ``extra``, a JSON object as text; that parses every line a second time, which costs
-    about 40 % of the parse, so it is off unless asked for; ``extra`` is then null.
-    """
-    text = F.col("value")
-    rec = F.from_json(
-        text,
-        S.CHURN_PARSE_SCHEMA,
-        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT_COLUMN},
-    )
-    map_type = T.MapType(T.StringType(), T.StringType())
-    known = list(S.FIELD_NAMES)
-    extra = (
-        F.to_json(F.map_filter(F.from_json(text, map_type), lambda k, _v: ~k.isin(*known)))
-        if keep_extra
-        else F.lit(None).cast("string")
-    )
-    parsed = lines.where(F.trim(text) != "").select(
-        text.alias("_line"), F.col("source"), rec.alias("r"), extra.alias("extra")
-    )
-    corrupt = F.col("r").isNull() | F.col(f"r.{S.CORRUPT_COLUMN}").isNotNull() | _barrier()
-    fields = [F.col(f"r.{name}").alias(name) for name in S.FIELD_NAMES]
-    return _validate(
-        parsed.select(
-            *fields, _ts_ms(F.col("r.ts")), "extra", "_line", "source", corrupt.alias("_bad")
-        )
-    )
-
-
-def parse_records(records: DataFrame) -> DataFrame:
-    """Parse typed records (a Parquet copy of the log) into the shape of :func:`parse_lines`.
-
-    Missing churn-log columns are read as null; other columns become ``extra``.
-    """
-    present = {f.name: f.dataType for f in records.schema.fields}
-    fields = [
-        F.col(name)
-        if present.get(name) == dtype
-        else (F.col(name) if name in present else F.lit(None)).cast(dtype).alias(name)
-        for name, dtype in S.CHURN_FIELDS
-    ]
-    others = [c for c in records.columns if c not in S.FIELD_NAMES and c != "source"]
-    extra = (
-        F.to_json(F.struct(*[F.col(c) for c in others])) if others else F.lit(None).cast("string")
-    )
-    source = F.col("source") if "source" in present else F.lit(None).cast("string")
-    line = F.to_json(F.struct(*[F.col(c) for c in records.columns if c != "source"]))
-    return _validate(
-        records.select(
-            *fields,
-            extra.alias("extra"),
-            line.alias("_line"),
-            source.alias("source"),
-            _ts_ms((F.col("ts") if "ts" in present else F.lit(None)).cast("string")),
-            _barrier().alias("_bad"),
-        )
-    )
-
-
-def _barrier() -> Column:
-    """False, but non-deterministic: a projection holding it stops the optimizer from
-    pushing the later filters on ``error`` below it, where each reference to a parsed
-    field (a ``from_json`` of the line) or to ``ts_ms`` (a timestamp parse) would be
-    computed once more per line."""
-    return F.spark_partition_id() < 0
-
-
-def _ts_ms(ts: Column) -> Column:
-    """Epoch milliseconds of the RFC 3339 text ``ts``; null if it is not one."""
-    return F.unix_millis(F.try_to_timestamp(ts)).alias("ts_ms")
-
-
-def _validate(df: DataFrame) -> DataFrame:
-    error = (
-        F.when(F.col("_bad"), F.lit("not a JSON object with the churn-log field types"))
-        .when(F.col("ts").isNull(), F.lit("missing ts"))
-        .when(F.col("ts_ms").isNull(), F.lit("ts is not an RFC 3339 time"))
-        .when(F.col("event").isNull(), F.lit("missing event"))
-        .when(~F.col("event").isin(*S.EVENTS), F.lit("unknown event"))
-        .when(F.col("uri").isNull() | (F.trim(F.col("uri")) == ""), F.lit("missing uri"))
-    )
-    return df.select(
-        *S.FIELD_NAMES,
-        "ts_ms",
-        "extra",
-        error.alias("error"),
-        F.when(error.isNotNull(), F.col("_line")).alias("line"),
-        "source",
-    )
-
-
-def quarantine(parsed: DataFrame) -> DataFrame:
-    """The lines of ``parsed`` that are not valid records, with why and where from."""
-    bad = parsed.where(F.col("error").isNotNull())
-    return conform(
-        bad.select("line", F.col("error").alias("_reason"), "source").withColumnRenamed(
-            "_reason", "reason"
-        ),
-        S.QUARANTINE_SCHEMA,
-    )
-
-
-def valid_events(parsed: DataFrame) -> DataFrame:
-    """The valid records of ``parsed``; exact duplicates (every field, unknown ones too)
-    are kept once."""
-    ok = conform(parsed.where(F.col("error").isNull()), S.EVENT_SCHEMA)
-    # Partitioned by user first: that one shuffle also serves the de-duplication (whose
-    # keys begin with the same user) and every later per-user window and aggregate,
-    # which then need no shuffle of their own when the result is cached. Every column is
-    # a key (``extra`` is JSON text, not a map, for that reason): with no aggregate
-    # buffer left, Spark de-duplicates in a hash table instead of sorting every row.
-    # The columns keep their identity through ``conform`` and the parse (no cast and
-    # alias of a column that has its type already): a result held as rows
-    # (churn._Held) then still says it is partitioned by this ``uri``.
-    return ok.repartition("uri").dropDuplicates(ok.columns)
 
 
 # The columns of the events that the jobs read (the cached events hold only these).
@@ -263,6 +125,9 @@ JOB_COLUMNS: tuple[str, ...] = (
     "latency_ms",
     "cost",
     "reason",
+    "node",
+    "bytes",
+    "missed",
 )
 
 
@@ -272,8 +137,13 @@ SPARSE_EVENTS: tuple[str, ...] = (
     "ip_changed",
     "media_connected",
     "media_disconnected",
+    "broker_lost",
     "session_ended",
     "sms_sent",
+    "session_started",
+    "session_reinvited",
+    "notify_gap",
+    "notify_duplicate",
 )
 
 
@@ -299,7 +169,7 @@ def in_window(events: DataFrame, window: TimeWindow) -> DataFrame:
     return events.where(within(window))
 
 
-def _is(event: str) -> Column:
+def is_event(event: str) -> Column:
     return F.col("event") == F.lit(event)
 
 
@@ -322,19 +192,24 @@ def facts(events: DataFrame) -> DataFrame:
 def restore_ms() -> Column:
     """``latency_ms`` of a restore (an agent's or role-less ``media_connected``), else null."""
     device = F.col("role").isNull() | (F.col("role") == F.lit("agent"))
-    return F.when(_is("media_connected") & device, F.col("latency_ms"))
+    return F.when(is_event("media_connected") & device, F.col("latency_ms"))
 
 
 def _count_of(event: str) -> Column:
-    return F.sum(F.when(_is(event) & is_fact(), 1).otherwise(0)).cast("long")
+    return F.sum(F.when(is_event(event) & is_fact(), 1).otherwise(0)).cast("long")
+
+
+# The lines that say a user's media went down: the broker's, and the agent's when its
+# broker went silent.
+DISCONNECTS: tuple[str, ...] = ("media_disconnected", "broker_lost")
 
 
 # Ties at the same millisecond: a session end first, then a disconnect, then a connect.
-def _rank() -> Column:
+def tie_rank() -> Column:
     return (
-        F.when(_is("session_ended"), 0)
-        .when(_is("media_disconnected"), 1)
-        .when(_is("media_connected"), 2)
+        F.when(is_event("session_ended"), 0)
+        .when(F.col("event").isin(*DISCONNECTS), 1)
+        .when(is_event("media_connected"), 2)
         .otherwise(3)
     )
 
@@ -343,30 +218,32 @@ def _rank() -> Column:
 
 
 def episode_starts(events: DataFrame) -> DataFrame:
-    """The ``media_disconnected`` lines that open an episode, with ``_next_ts`` (the
-    instant of the edge that closes it, null while open) and their ``addr``; what
-    :func:`episodes` and :func:`networks` are built from (pass it to both, cached, to
-    sort the media events of each user once)."""
-    state = ("media_disconnected", "media_connected", "session_ended")
+    """The ``media_disconnected`` (or ``broker_lost``) lines that open an episode, with
+    ``_next_ts`` (the instant of the edge that closes it, null while open) and their
+    ``addr``; what :func:`episodes` and :func:`networks` are built from (pass it to both,
+    cached, to sort the media events of each user once)."""
+    state = (*DISCONNECTS, "media_connected", "session_ended")
     # The broker's tear-down of an ended session (reason "session ended") is no outage,
     # whichever of it and session_ended was logged first (as the streaming query and
     # the broker's disconnections metric count it).
-    teardown = _is("media_disconnected") & (
+    teardown = is_event("media_disconnected") & (
         F.coalesce(F.col("reason"), F.lit("")) == F.lit("session ended")
     )
+    # A broker_lost is a disconnect like the broker's own (one episode when both log it).
+    down = F.when(is_event("broker_lost"), F.lit("media_disconnected")).otherwise(F.col("event"))
     media = (
         facts(events)
         .where(F.col("event").isin(*state) & ~teardown)
-        .select("uri", "ts_ms", "event", "addr", _rank().alias("_rank"))
+        .select("uri", "ts_ms", down.alias("event"), "addr", tie_rank().alias("_rank"))
     )
     by_user = Window.partitionBy("uri").orderBy("ts_ms", "_rank")
     prev = F.lag("event").over(by_user)
     edges = media.select("*", prev.alias("_prev")).where(
         (
-            _is("media_disconnected")
+            is_event("media_disconnected")
             & (F.col("_prev").isNull() | (F.col("_prev") == "media_connected"))
         )
-        | (~_is("media_disconnected") & (F.col("_prev") == "media_disconnected"))
+        | (~is_event("media_disconnected") & (F.col("_prev") == "media_disconnected"))
     )
     # Edges alternate start, end, start, end ... per user, so an end is the next edge.
     return edges.select(
@@ -375,7 +252,7 @@ def episode_starts(events: DataFrame) -> DataFrame:
         "event",
         "addr",
         F.lead("ts_ms").over(by_user).alias("_next_ts"),
-    ).where(_is("media_disconnected"))
+    ).where(is_event("media_disconnected"))
 
 
 def episodes(
@@ -460,7 +337,7 @@ def per_user(events: DataFrame, eps: DataFrame) -> DataFrame:
         _count_of("notify_delivered").alias("notify_delivered"),
         _count_of("notify_dropped").alias("notify_dropped"),
         _count_of("sms_sent").alias("sms_count"),
-        F.sum(F.when(_is("sms_sent") & is_fact(), F.col("cost"))).alias("_sms_cost"),
+        F.sum(F.when(is_event("sms_sent") & is_fact(), F.col("cost"))).alias("_sms_cost"),
     )
     # The percentiles in an aggregate of their own, over the restores only: an exact
     # percentile is an object aggregate, which Spark neither compiles nor keeps in a hash
@@ -542,7 +419,7 @@ def per_hour(events: DataFrame, eps: DataFrame, window: TimeWindow) -> DataFrame
             _count_of("session_reinvited").alias("_handovers"),
             _count_of("notify_dropped").alias("_notify_dropped"),
             _count_of("sms_sent").alias("_sms_count"),
-            F.sum(F.when(_is("sms_sent"), F.col("cost"))).alias("_sms_cost"),
+            F.sum(F.when(is_event("sms_sent"), F.col("cost"))).alias("_sms_cost"),
         )
     )
     hourly = user_hours.groupBy("_hour").agg(
@@ -564,7 +441,7 @@ def per_hour(events: DataFrame, eps: DataFrame, window: TimeWindow) -> DataFrame
         *[c for c in hourly.columns if c != "_hour"],
         F.coalesce(F.col("disconnections"), F.lit(0)).alias("disconnections"),
     )
-    return _ordered(conform(out, S.PER_HOUR_SCHEMA), "hour")
+    return ordered(conform(out, S.PER_HOUR_SCHEMA), "hour")
 
 
 # ----------------------------------------------------------------- mobility graph etc.
@@ -581,7 +458,7 @@ def transitions(events: DataFrame) -> DataFrame:
     """Subnet-to-subnet moves (the mobility graph) from ``ip_changed``; TRANSITION_SCHEMA."""
     moves = (
         facts(events)
-        .where(_is("ip_changed") & F.col("addr").isNotNull() & F.col("prev_addr").isNotNull())
+        .where(is_event("ip_changed") & F.col("addr").isNotNull() & F.col("prev_addr").isNotNull())
         .select(
             subnet_of(F.col("prev_addr")).alias("from_subnet"),
             subnet_of(F.col("addr")).alias("to_subnet"),
@@ -591,7 +468,7 @@ def transitions(events: DataFrame) -> DataFrame:
     out = moves.groupBy("from_subnet", "to_subnet").agg(
         F.count(F.lit(1)).alias("transitions"), F.countDistinct("uri").alias("users")
     )
-    return _ordered(
+    return ordered(
         conform(out, S.TRANSITION_SCHEMA), F.desc("transitions"), "from_subnet", "to_subnet"
     )
 
@@ -623,7 +500,7 @@ def restore_latency(events: DataFrame, cfg: JobConfig) -> DataFrame:
     out = buckets.crossJoin(F.broadcast(total)).select(
         "*", (F.sum("restores").over(upto) / F.col("_total")).alias("cumulative_fraction")
     )
-    return _ordered(conform(out, S.LATENCY_SCHEMA), "bucket_lo_ms")
+    return ordered(conform(out, S.LATENCY_SCHEMA), "bucket_lo_ms")
 
 
 def flapping(events: DataFrame, cfg: JobConfig) -> DataFrame:
@@ -634,18 +511,18 @@ def flapping(events: DataFrame, cfg: JobConfig) -> DataFrame:
     to a flap, and flap changes less than a window apart are one row.
     """
     w = cfg.flap_window_ms
-    changes = facts(events).where(_is("ip_changed")).select("uri", "ts_ms")
-    ordered = Window.partitionBy("uri").orderBy("ts_ms")
-    back = ordered.rangeBetween(-w, 0)
-    ahead = ordered.rangeBetween(0, w)
+    changes = facts(events).where(is_event("ip_changed")).select("uri", "ts_ms")
+    by_time = Window.partitionBy("uri").orderBy("ts_ms")
+    back = by_time.rangeBetween(-w, 0)
+    ahead = by_time.rangeBetween(0, w)
     counted = changes.select("*", F.count(F.lit(1)).over(back).alias("_n"))
     flagged = counted.select("*", (F.col("_n") >= cfg.flap_min_changes).cast("int").alias("_flag"))
     inside = flagged.select("*", F.max("_flag").over(ahead).alias("_in")).where(F.col("_in") == 1)
-    gap = F.col("ts_ms") - F.lag("ts_ms").over(ordered)
+    gap = F.col("ts_ms") - F.lag("ts_ms").over(by_time)
     bursts = inside.select(
         "*", F.when(gap.isNull() | (gap > w), 1).otherwise(0).alias("_new")
     ).select(
-        "*", F.sum("_new").over(ordered.rowsBetween(Window.unboundedPreceding, 0)).alias("_burst")
+        "*", F.sum("_new").over(by_time.rowsBetween(Window.unboundedPreceding, 0)).alias("_burst")
     )
     out = bursts.groupBy("uri", "_burst").agg(
         F.min("ts_ms").alias("start_ms"),
@@ -653,7 +530,7 @@ def flapping(events: DataFrame, cfg: JobConfig) -> DataFrame:
         F.count(F.lit(1)).alias("changes"),
         F.max("_n").alias("peak_changes_in_window"),
     )
-    return _ordered(conform(out, S.FLAPPING_SCHEMA), "uri", "start_ms")
+    return ordered(conform(out, S.FLAPPING_SCHEMA), "uri", "start_ms")
 
 
 def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
@@ -669,7 +546,7 @@ def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
     ts = F.col("ts_ms")
     restores = (
         facts(events)
-        .where(_is("media_connected"))
+        .where(is_event("media_connected"))
         .select("uri", (ts - F.pmod(ts, F.lit(w))).alias("_bucket"), hour_of(ts).alias("_hour"))
     )
     per_bucket = restores.groupBy("_bucket", "_hour").agg(F.countDistinct("uri").alias("_users"))
@@ -692,118 +569,7 @@ def storms(events: DataFrame, cfg: JobConfig) -> DataFrame:
         F.countDistinct("uri").alias("users"),
         F.count(F.lit(1)).alias("reconnects"),
     )
-    return _ordered(conform(out, S.STORM_SCHEMA), "start_ms")
-
-
-# ----------------------------------------------------------------- recommendations
-
-
-def recommendations(events: DataFrame, eps: DataFrame, cfg: JobConfig) -> DataFrame:
-    """Settings the data argues for; schema RECOMMENDATION_SCHEMA (one row per setting).
-
-    - ``rudp_initial_rto_ms``: twice the p99 of live IP delivery latency (a delivery is
-      live if faster than ``live_delivery_ms``; slower ones sat in a queue), at least
-      200 ms, rounded up to 50 ms, so that a healthy path never retransmits;
-    - ``rudp_max_retries``: the fewest retries whose back-off (x2) adds up to the p90 of
-      the short disconnections (< ``short_disconnection_ms``), so that blips are ridden
-      out instead of declaring the peer DISCONNECTED; between 1 and 15;
-    - ``subscription_ttl_s``: 1.5 x the p99 of closed disconnection durations, rounded up
-      to 5 minutes, at least 600 s, so subscriptions outlive the breaks users return from;
-    - ``queue_max_per_uri``: the deepest backlog a lossless queue would have held: per
-      user and per stretch between two restores, the highest ``queue_depth`` queued plus
-      the notifications dropped, maximised.
-    """
-    events = facts(events)
-    live = events.where(
-        _is("notify_delivered")
-        & (F.coalesce(F.col("channel"), F.lit("ip")) == "ip")
-        & (F.col("latency_ms") < cfg.live_delivery_ms)
-    )
-    rtt = live.agg(F.percentile("latency_ms", 0.99).alias("_rtt_p99"))
-    closed = eps.where(~F.col("open"))
-    short = closed.where(F.col("duration_ms") < cfg.short_disconnection_ms).agg(
-        F.percentile("duration_ms", 0.9).alias("_blip_p90")
-    )
-    long = closed.agg(F.percentile("duration_ms", 0.99).alias("_dur_p99"))
-    ordered = (
-        Window.partitionBy("uri")
-        .orderBy("ts_ms", _rank())
-        .rowsBetween(Window.unboundedPreceding, 0)
-    )
-    stretch = events.where(
-        _is("media_connected") | _is("notify_queued") | _is("notify_dropped")
-    ).select(
-        "uri",
-        "event",
-        "queue_depth",
-        F.sum(F.when(_is("media_connected"), 1).otherwise(0)).over(ordered).alias("_stretch"),
-    )
-    backlog = (
-        stretch.groupBy("uri", "_stretch")
-        .agg(
-            (
-                F.coalesce(F.max(F.when(_is("notify_queued"), F.col("queue_depth"))), F.lit(0))
-                + F.sum(F.when(_is("notify_dropped"), 1).otherwise(0))
-            ).alias("_need")
-        )
-        .agg(F.max("_need").alias("_queue"))
-    )
-    one = rtt.crossJoin(short).crossJoin(long).crossJoin(backlog)
-    rto = F.greatest(
-        F.lit(200.0), F.ceil(F.coalesce(F.col("_rtt_p99"), F.lit(100.0)) * 2 / 50) * 50
-    )
-    blip = F.col("_blip_p90")
-    retries = F.when(blip.isNull(), F.lit(4.0)).otherwise(
-        F.least(F.lit(15.0), F.greatest(F.lit(1.0), F.ceil(F.log2(blip / rto + 1))))
-    )
-    ttl = F.greatest(
-        F.lit(600.0), F.ceil(F.coalesce(F.col("_dur_p99"), F.lit(0.0)) * 1.5 / 300_000) * 300
-    )
-    rows = F.array(
-        F.struct(
-            F.lit("rudp_initial_rto_ms").alias("setting"),
-            rto.cast("double").alias("value"),
-            F.lit("ms").alias("unit"),
-            F.concat(
-                F.lit("2 x p99 of live delivery latency ("),
-                F.coalesce(F.round(F.col("_rtt_p99"), 1).cast("string"), F.lit("no data")),
-                F.lit(" ms), at least 200"),
-            ).alias("basis"),
-        ),
-        F.struct(
-            F.lit("rudp_max_retries").alias("setting"),
-            retries.cast("double").alias("value"),
-            F.lit("retries").alias("unit"),
-            F.concat(
-                F.lit("back-off covers p90 of short disconnections ("),
-                F.coalesce(F.round(blip, 0).cast("string"), F.lit("none")),
-                F.lit(" ms)"),
-            ).alias("basis"),
-        ),
-        F.struct(
-            F.lit("rudp_give_up_after_ms").alias("setting"),
-            (rto * (F.pow(F.lit(2.0), retries) - 1)).cast("double").alias("value"),
-            F.lit("ms").alias("unit"),
-            F.lit("initial RTO x (2^retries - 1)").alias("basis"),
-        ),
-        F.struct(
-            F.lit("subscription_ttl_s").alias("setting"),
-            ttl.cast("double").alias("value"),
-            F.lit("s").alias("unit"),
-            F.concat(
-                F.lit("1.5 x p99 of disconnection durations ("),
-                F.coalesce(F.round(F.col("_dur_p99") / 1000, 1).cast("string"), F.lit("none")),
-                F.lit(" s), at least 600"),
-            ).alias("basis"),
-        ),
-        F.struct(
-            F.lit("queue_max_per_uri").alias("setting"),
-            F.coalesce(F.col("_queue"), F.lit(0)).cast("double").alias("value"),
-            F.lit("notifications").alias("unit"),
-            F.lit("deepest backlog plus drops between two restores").alias("basis"),
-        ),
-    )
-    return conform(one.select(F.inline(rows)), S.RECOMMENDATION_SCHEMA)
+    return ordered(conform(out, S.STORM_SCHEMA), "start_ms")
 
 
 # ------------------------------------------------------------------- per network
@@ -818,14 +584,14 @@ def handover_matrix(events: DataFrame) -> DataFrame:
     row say how long sessions took to come back after that kind of move.
     """
     moves = facts(events).where(
-        _is("ip_changed") & F.col("addr").isNotNull() & F.col("prev_addr").isNotNull()
+        is_event("ip_changed") & F.col("addr").isNotNull() & F.col("prev_addr").isNotNull()
     )
-    lines = events.where((_is("ip_changed") & is_fact()) | restore_ms().isNotNull()).select(
+    lines = events.where((is_event("ip_changed") & is_fact()) | restore_ms().isNotNull()).select(
         "uri",
         "ts_ms",
-        F.when(_is("ip_changed"), 0).otherwise(1).alias("_rank"),
+        F.when(is_event("ip_changed"), 0).otherwise(1).alias("_rank"),
         F.when(
-            _is("ip_changed"),
+            is_event("ip_changed"),
             F.struct(subnet_of(F.col("prev_addr")).alias("f"), subnet_of(F.col("addr")).alias("t")),
         ).alias("_move"),
         restore_ms().alias("_restore"),
@@ -857,7 +623,7 @@ def handover_matrix(events: DataFrame) -> DataFrame:
         F.col("_pct")[0].alias("restore_p50_ms"),
         F.col("_pct")[1].alias("restore_p95_ms"),
     )
-    return _ordered(
+    return ordered(
         conform(out, S.HANDOVER_MATRIX_SCHEMA), F.desc("handovers"), "from_subnet", "to_subnet"
     )
 
@@ -893,14 +659,14 @@ def networks(events: DataFrame, window: TimeWindow, starts: DataFrame | None = N
         F.col("_pct")[0].alias("restore_p50_ms"),
         F.col("_pct")[1].alias("restore_p95_ms"),
     )
-    return _ordered(conform(out, S.NETWORK_SCHEMA), F.desc("disconnections"), "subnet")
+    return ordered(conform(out, S.NETWORK_SCHEMA), F.desc("disconnections"), "subnet")
 
 
 def sms_spend(events: DataFrame) -> DataFrame:
     """SMS sent and their cost per user per UTC day; SMS_SPEND_SCHEMA."""
-    sent = facts(events).where(_is("sms_sent"))
+    sent = facts(events).where(is_event("sms_sent"))
     out = sent.groupBy("uri", F.to_date(F.timestamp_millis(F.col("ts_ms"))).alias("day")).agg(
         F.count(F.lit(1)).alias("sms_count"),
         F.round(F.coalesce(F.sum("cost"), F.lit(0.0)), 4).alias("sms_cost"),
     )
-    return _ordered(conform(out, S.SMS_SPEND_SCHEMA), "day", "uri")
+    return ordered(conform(out, S.SMS_SPEND_SCHEMA), "day", "uri")

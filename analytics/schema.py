@@ -9,35 +9,26 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
-# The churn-log vocabulary, in the order of docs/protocol.md §8.
-EVENTS: tuple[str, ...] = (
-    "registered",
-    "unregistered",
-    "registration_expired",
-    "session_started",
-    "session_reinvited",
-    "session_ended",
-    "ip_changed",
-    "media_connected",
-    "media_disconnected",
-    "notify_queued",
-    "notify_delivered",
-    "notify_dropped",
-    "sms_sent",
-    "sms_received",
-    "subscription_added",
-    "subscription_removed",
-    "subscription_expired",
-)
+from analytics.vocabulary import VOCABULARY
 
-# Which role's line is the fact for each event (docs/protocol.md §8; the writer's copy is
-# ``mdeci.churnlog.AUTHORITY``, and a test holds the two equal). The broker holds the
-# registrar, the dialogs, the queues and the acks; only a device sees its address change.
-# A line of the other role is the same fact seen from the other end and is not counted;
-# a line with no role (a log from before the field) is counted as it is.
-AGENT_EVENTS: tuple[str, ...] = ("ip_changed",)
+# The churn-log vocabulary, in the order of docs/protocol.md §8, as mdeci/churnlog.py
+# defines it (read from there: analytics/vocabulary.py).
+EVENTS: tuple[str, ...] = VOCABULARY.events
+
+# Which role's line is the fact for each event (docs/protocol.md §8). The broker holds the
+# registrar, the dialogs, the queues and the acks; only a device sees its address change
+# and knows what its gate refused or missed. A line of the other role is the same fact
+# seen from the other end and is not counted; a line with no role (a log from before the
+# field) is counted as it is.
+AGENT_EVENTS: tuple[str, ...] = VOCABULARY.agent_events
 AUTHORITY: dict[str, str] = {e: ("agent" if e in AGENT_EVENTS else "broker") for e in EVENTS}
 ROLES: tuple[str, ...] = ("broker", "agent")
+
+_TYPES: dict[str, T.DataType] = {
+    "text": T.StringType(),
+    "count": T.LongType(),
+    "number": T.DoubleType(),
+}
 
 # Fields of one churn-log line, exactly as docs/protocol.md §8 names and types them.
 CHURN_FIELDS: tuple[tuple[str, T.DataType], ...] = (
@@ -46,16 +37,7 @@ CHURN_FIELDS: tuple[tuple[str, T.DataType], ...] = (
     ("role", T.StringType()),
     ("event", T.StringType()),
     ("uri", T.StringType()),
-    ("call_id", T.StringType()),
-    ("addr", T.StringType()),
-    ("prev_addr", T.StringType()),
-    ("channel", T.StringType()),
-    ("queue_depth", T.LongType()),
-    ("nseq", T.LongType()),
-    ("latency_ms", T.DoubleType()),
-    ("bytes", T.LongType()),
-    ("cost", T.DoubleType()),
-    ("reason", T.StringType()),
+    *((name, _TYPES[kind]) for name, kind in VOCABULARY.fields),
 )
 
 FIELD_NAMES: tuple[str, ...] = tuple(name for name, _ in CHURN_FIELDS)
@@ -203,4 +185,42 @@ SMS_SPEND_SCHEMA = _schema(
     ("day", T.DateType()),
     ("sms_count", _L),
     ("sms_cost", _D),
+)
+
+# One row per move (Siena's Table 3): what followed it, charged to it (analytics/figures.py).
+PER_MOVE_SCHEMA = _schema(
+    ("uri", _S),
+    ("ts_ms", _L),
+    ("old_network", _S),
+    ("new_network", _S),
+    ("reason", _S),
+    ("restore_ms", _D),
+    ("lost", _L),
+    ("duplicated", _L),
+)
+
+PER_DEVICE_SCHEMA = _schema(
+    ("uri", _S),
+    ("channel", _S),
+    ("deliveries", _L),
+    ("bytes", _L),
+    ("cost", _D),
+)
+
+LATENCY_BY_NETWORK_SCHEMA = _schema(
+    ("channel", _S),
+    ("network", _S),
+    ("deliveries", _L),
+    ("p50_ms", _D),
+    ("p95_ms", _D),
+    ("p99_ms", _D),
+    ("mean_ms", _D),
+)
+
+PER_BROKER_SCHEMA = _schema(
+    ("broker", _S),
+    ("users", _L),
+    ("sessions", _L),
+    ("handoffs", _L),
+    ("failovers", _L),
 )

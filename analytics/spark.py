@@ -88,7 +88,7 @@ def session(
         # The throughput collector: G1's concurrent marking and its write barriers buy
         # short pauses, which a batch job does not need; on 2 cores the parallel collector
         # took the 10M-event run's JVM from 164-167 to 142 s of CPU, and the 1M run's from
-        # 35 to 32 s (issue 16).
+        # 35 to 32 s.
         java.append("-XX:+UseParallelGC")
     if (small_input or quick_jit) and is_local:
         java.append("-XX:TieredStopAtLevel=1")
@@ -112,7 +112,7 @@ def session(
         spark_conf.set("spark.sql.codegen.wholeStage", "false")
         # Nor the per-expression code (janino, then the JIT, for each projection and
         # predicate of a plan that sees a few thousand rows): interpreted expressions
-        # took the 1,036-event run's JVM from 10.8-11.1 to 9.4 s of CPU (issue 16).
+        # took the 1,036-event run's JVM from 10.8-11.1 to 9.4 s of CPU.
         spark_conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
         # With one shuffle partition adaptive execution has nothing to merge, and it
         # plans and submits every shuffle stage as a job of its own (32 jobs for the

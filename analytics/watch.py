@@ -4,7 +4,7 @@ Theory of operation. The query reads the churn-log directory as a stream of file
 (Spark's file source: each *new* file is read once, whole; the broker's rotated
 ``churn.log.N`` files, or the files a log shipper drops there). Every line goes through
 the same parser and the same one-source-of-truth rule as the batch jobs
-(:func:`analytics.jobs.parse_lines`, :func:`analytics.jobs.is_fact`,
+(:func:`analytics.parse.parse_lines`, :func:`analytics.jobs.is_fact`,
 :func:`analytics.jobs.restore_ms`), then:
 
 1. an event-time watermark (``--watermark``, default 2 minutes) on the line's ``ts``:
@@ -43,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from analytics import jobs
+from analytics import jobs, parse
 from analytics.errors import InputError
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class WatchConfig:
 def minutes(lines: DataFrame, cfg: WatchConfig) -> DataFrame:
     """Per-minute churn of a stream (or a batch) of raw lines (``value``, ``source``);
     schema :data:`MINUTE_SCHEMA`. A pure function: the tests run it on a batch too."""
-    parsed = jobs.parse_lines(lines)
+    parsed = parse.parse_lines(lines)
     valid = parsed.where(F.col("error").isNull()).select(
         "role", "event", "uri", "addr", "latency_ms", "reason", "ts_ms", "node", "call_id"
     )
@@ -114,7 +114,7 @@ def minutes(lines: DataFrame, cfg: WatchConfig) -> DataFrame:
         F.col("_pct")[1].alias("restore_p95_ms"),
         (F.col("users_restored") >= F.lit(cfg.storm_users)).alias("storm"),
     )
-    return jobs.conform(out, MINUTE_SCHEMA)
+    return parse.conform(out, MINUTE_SCHEMA)
 
 
 def console_line(row: dict[str, Any]) -> str:

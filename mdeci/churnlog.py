@@ -16,8 +16,8 @@ Two encoders write the same bytes: the general one (:func:`record_of`, then the 
 encoder; :meth:`ChurnLog.write` and :meth:`ChurnLog.append`, which return the record)
 and a fast one for the broker (:meth:`ChurnLog.add`, :meth:`ChurnLog.add_rows`), which
 builds the text of a record whose values have exactly their §8 types without a dict,
-and hands anything else to the general one, which decides (issue 14: two lines per
-notification were a fifth of the broker's CPU). tests/mdeci/test_churnlog.py checks
+and hands anything else to the general one, which decides (two lines per notification
+would otherwise be a fifth of the broker's CPU). tests/mdeci/test_churnlog.py checks
 that they agree, byte for byte and refusal for refusal, for any values.
 
 The clock is injected (epoch seconds), so tests and replays control ``ts``.
@@ -25,6 +25,7 @@ The clock is injected (epoch seconds), so tests and replays control ``ts``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -42,7 +43,12 @@ from mdeci.errors import ChurnLogError
 
 
 class Event(StrEnum):
-    """The event names of docs/protocol.md §8, exactly."""
+    """The event names of docs/protocol.md §8, exactly: the one list of them.
+
+    The analytics read this class, :data:`AGENT_EVENTS` and :class:`ChurnFields` from
+    this file's text (analytics/vocabulary.py; they import nothing of mdeci), so these
+    three stay plain literals.
+    """
 
     REGISTERED = "registered"
     UNREGISTERED = "unregistered"
@@ -53,6 +59,7 @@ class Event(StrEnum):
     IP_CHANGED = "ip_changed"
     MEDIA_CONNECTED = "media_connected"
     MEDIA_DISCONNECTED = "media_disconnected"
+    BROKER_LOST = "broker_lost"
     NOTIFY_QUEUED = "notify_queued"
     NOTIFY_DELIVERED = "notify_delivered"
     NOTIFY_DROPPED = "notify_dropped"
@@ -61,6 +68,8 @@ class Event(StrEnum):
     SUBSCRIPTION_ADDED = "subscription_added"
     SUBSCRIPTION_REMOVED = "subscription_removed"
     SUBSCRIPTION_EXPIRED = "subscription_expired"
+    NOTIFY_DUPLICATE = "notify_duplicate"
+    NOTIFY_GAP = "notify_gap"
 
 
 class Role(StrEnum):
@@ -72,12 +81,19 @@ class Role(StrEnum):
 
 # Which role's line is the fact for each event. The broker holds the registrar, the
 # dialogs, the queues and the acks, so it is authoritative for everything it sees; only a
-# device knows its own address changed. The agent's media_connected also carries the
-# restore latency it measured (move or outage start -> media up): the jobs take that
-# figure from the agent's line and the connection state from the broker's.
+# device knows its own address changed, that its broker went silent (a killed broker
+# logs nothing), and which notifications its gate refused as duplicates or found
+# missing. The agent's media_connected also carries the restore latency it measured
+# (move or outage start -> media up): the jobs take that figure from the agent's line
+# and the connection state from the broker's.
+AGENT_EVENTS: Final = (
+    Event.IP_CHANGED,
+    Event.BROKER_LOST,
+    Event.NOTIFY_DUPLICATE,
+    Event.NOTIFY_GAP,
+)
 AUTHORITY: Final[dict[Event, Role]] = {
-    **{event: Role.BROKER for event in Event},
-    Event.IP_CHANGED: Role.AGENT,
+    event: Role.AGENT if event in AGENT_EVENTS else Role.BROKER for event in Event
 }
 
 CHANNELS: Final = frozenset({"ip", "sms"})
@@ -134,6 +150,8 @@ class ChurnFields(TypedDict, total=False):
     bytes: int | None
     cost: float | None
     reason: str | None
+    missed: int | None
+    published: str | None
 
 
 # Field order of a record (§8); the writer emits them in this order, omitting None.
@@ -143,10 +161,10 @@ _OPTIONAL: Final = frozenset(OPTIONAL_FIELDS)
 
 
 _EVENTS: Final[dict[str, Event]] = {event.value: event for event in Event}
-_COUNTS: Final = frozenset({"queue_depth", "nseq", "bytes"})
+_COUNTS: Final = frozenset({"queue_depth", "nseq", "bytes", "missed"})
 _NUMBERS: Final = frozenset({"latency_ms", "cost"})
-# One encoder for every line: json.dumps with options builds a new one per call, which was
-# a visible share of a broker's CPU per notification (two lines each; issue 14).
+# One encoder for every line: json.dumps with options builds a new one per call, a visible
+# share of a broker's CPU per notification (two lines each).
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
@@ -197,8 +215,8 @@ RowEncoder = Callable[
 def _row_encoder(keys: tuple[str, ...]) -> RowEncoder | None:
     """The fast encoder of rows ``(uri, *values of keys)`` (:meth:`ChurnLog.add_rows`):
     a function written for this set of fields, so that a row costs one unpacking, one
-    type test per value and one f-string, not a loop over its fields (issue 14: the
-    broker logs two lines per notification). It appends the lines of rows whose values
+    type test per value and one f-string, not a loop over its fields (the broker logs
+    two lines per notification). It appends the lines of rows whose values
     all have exactly their §8 types (no None) to ``lines`` and hands any other row to
     ``slow`` (the general path, which omits None fields and refuses what is invalid), in
     row order; returns what ``slow`` counted as refused. None unless ``keys`` are
@@ -338,14 +356,15 @@ class ChurnLog:
     A file is rotated before a line that would take it past ``max_bytes`` (a single line
     larger than that still goes, alone, into a fresh file). ``backups == 0`` keeps no old
     files. The parent folder is created if needed. ``role`` (who writes: broker or agent)
-    goes into every line.
+    goes into every line. ``private``: each file is 0600 whatever the umask (an agent's
+    log holds its user's addresses and moves).
 
     ``defer`` (e.g. an event loop's ``call_soon``): lines are kept and written together
     by :meth:`flush`, which the first line of a burst schedules with it; one ``write``
-    per burst instead of one per line (issue 14: a broker logs two lines per
-    notification). A ``kill -9`` then loses the lines of the burst being logged (one
-    loop turn), not only the line being written; a failed deferred write is reported
-    once (``churnlog_error``) and counted in :attr:`write_failures`.
+    per burst instead of one per line (a broker logs two lines per notification). A
+    ``kill -9`` then loses the lines of the burst being logged (one loop turn), not only
+    the line being written; a failed deferred write is reported once
+    (``churnlog_error``) and counted in :attr:`write_failures`.
 
     Raises :class:`ChurnLogError` if the file cannot be opened or written.
     """
@@ -360,6 +379,7 @@ class ChurnLog:
         *,
         role: Role | None = None,
         defer: Callable[[Callable[[], None]], object] | None = None,
+        private: bool = False,
     ) -> None:
         if not isinstance(node, str) or not node:
             raise ChurnLogError("churn log node name must be non-empty text")
@@ -377,6 +397,7 @@ class ChurnLog:
         self._failing = False  # a rotation or reopen failed; logged once until it works
         self.rotation_failures = 0
         self._defer = defer
+        self._private = private  # files 0600 whatever the umask (an agent's log)
         self._unwritten: list[bytes] = []  # lines kept for flush (only with ``defer``)
         self.write_failures = 0  # deferred writes that failed (their lines are lost)
         # The fast encoder's constant text per event: what comes between ts and uri.
@@ -394,10 +415,16 @@ class ChurnLog:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # buffering=0: every write() goes straight to the OS (one syscall per line).
-            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
+            self._file = open(self.path, "ab", buffering=0, opener=self._opener)  # noqa: SIM115
             self._size = os.fstat(self._file.fileno()).st_size
         except OSError as exc:
             raise ChurnLogError(f"cannot open churn log {self.path}: {exc.strerror}") from exc
+
+    def _opener(self, path: str, flags: int) -> int:
+        fd = os.open(path, flags, 0o600 if self._private else 0o666)
+        if self._private:
+            os.fchmod(fd, 0o600)
+        return fd
 
     def _rotate(self) -> None:
         """Shift ``path`` -> ``path.1`` -> ... and start a fresh file.
@@ -454,7 +481,7 @@ class ChurnLog:
 
     def add(self, event: Event | str, uri: str, fields: Mapping[str, object]) -> None:
         """:meth:`append` without the record: the line is built as text by the fast
-        encoder (no record dict; the broker logs two lines per notification, issue 14),
+        encoder (no record dict; the broker logs two lines per notification),
         the very bytes :meth:`append` would write. Raises as :meth:`append` does."""
         self._ready()
         self._log([self._line(self._clock(), event, uri, fields)])
@@ -631,6 +658,10 @@ class ChurnLog:
                     raise OSError(0, "no progress writing")
                 view = view[written:]
         except OSError as exc:
+            # A write cut short (a full disk) leaves part of a line; the next line would be
+            # glued to it. Cut the file back to its last whole line.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._file.fileno(), self._size)
             raise ChurnLogError(f"cannot write churn log {self.path}: {exc.strerror}") from exc
         self._size += len(data)
         if self._failing and self._size <= self.max_bytes:

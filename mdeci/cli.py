@@ -13,6 +13,7 @@ their help line alone.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ REGISTRY: dict[str, Entry] = {
     "analytics": Entry(
         "mdeci.commands.analytics", "Spark jobs over churn logs (generate, churn, report)"
     ),
+    "init": Entry("mdeci.commands.init", "write the sample configs and units into a folder"),
+    "completion": Entry("mdeci.commands.completion", "print a shell completion script"),
 }
 
 
@@ -91,6 +94,16 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup (roles, double back-quotes, ``**``): help
+    output is read on a terminal, not rendered."""
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1], text)
+    return text.replace("``", "").replace("**", "")
+
+
 def _chosen(argv: Sequence[str]) -> str | None:
     """The subcommand named on the command line (the top level takes no option values)."""
     for arg in argv:
@@ -101,7 +114,7 @@ def _chosen(argv: Sequence[str]) -> str | None:
 
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command | None]:
     """The parser, with the full arguments of the command ``argv`` names (if any)."""
-    parser = argparse.ArgumentParser(prog="mdeci", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mdeci", description=plain(__doc__.splitlines()[0]))
     parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = _chosen(argv)
@@ -114,9 +127,30 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, Command 
     return parser, command
 
 
+_OWN = frozenset({"mdeci", "sip", "rudp", "analytics"})
+
+
+def _not_installed(exc: ModuleNotFoundError, name: str | None) -> int:
+    """One line for a dependency this interpreter lacks (mdeci run by a Python outside
+    its environment, such as the system's); a module of mdeci's own that is missing is a
+    packaging bug, and is raised again."""
+    if (exc.name or "").split(".")[0] in _OWN:
+        raise exc
+    print(
+        f"mdeci{f' {name}' if name else ''}: error: module {exc.name!r} is not installed for "
+        f"{sys.executable}; run mdeci from the environment it is installed in "
+        "(.venv/bin/mdeci after make demo)",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser, command = build_parser(args_list)
+    try:
+        parser, command = build_parser(args_list)
+    except ModuleNotFoundError as exc:
+        return _not_installed(exc, _chosen(args_list))
     args = parser.parse_args(args_list)
     assert command is not None  # parse_args exits unless a registered command was named
     try:
@@ -124,5 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MdeciError as exc:
         print(f"mdeci {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        return _not_installed(exc, args.command)
     except KeyboardInterrupt:
         return 130

@@ -49,4 +49,24 @@ class ChurnLogError(MdeciError):
 
 
 class StoreError(MdeciError):
-    """The database could not be reached, migrated or used."""
+    """The database could not be reached, migrated or used.
+
+    The message carries the driver's details, for the operator log only; :attr:`public`
+    is what a peer may be told (an ``error`` frame, a SIP reason phrase): the cause, and
+    nothing of the driver's exception, the SQL or its parameters.
+    """
+
+    public: str = "broker storage unavailable; retry later"
+
+
+class StoreUnavailable(StoreError):
+    """The database server refused or dropped the connection (a restart, a failover, a
+    network fault): the same call succeeds once the server is back."""
+
+
+class StorageFull(StoreError):
+    """The database has no space for a write (SQLite ``SQLITE_FULL``, PostgreSQL class 53
+    ``insufficient resources``): writes succeed again once space is freed; reads and
+    deletes may go on meanwhile."""
+
+    public = "broker storage full; retry later"

@@ -603,7 +603,8 @@ def format_filter(expr: Expr) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def _kind(value: object) -> str:
+def value_kind(value: object) -> str:
+    """``bool``, ``number``, ``string`` (the filter language's kinds) or ``other``."""
     # bool before int: bool is a subclass of int in Python but a distinct kind here.
     if isinstance(value, bool):
         return "bool"
@@ -615,13 +616,13 @@ def _kind(value: object) -> str:
 
 
 def _compare_pred(name: str, op: CmpOp, literal: Literal) -> Predicate:
-    want = _kind(literal)
+    want = value_kind(literal)
 
     def pred(attrs: Attrs) -> bool:
         if name not in attrs:
             return False
         value = attrs[name]
-        if _kind(value) != want:
+        if value_kind(value) != want:
             return op is CmpOp.NE
         if op is CmpOp.EQ:
             return value == literal

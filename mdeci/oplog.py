@@ -165,8 +165,8 @@ class OperatorSink:
     def __init__(self, inner: _ChurnSink) -> None:
         self.inner = inner
         fast = getattr(inner, "emit_fields", None)
-        # The inner sink's mapping entry point when it has one (the broker's own sinks:
-        # no keyword re-packing per event, issue 14), else its ``emit``.
+        # The inner sink's mapping entry point when it has one (the broker's own sinks),
+        # so no event's fields are re-packed as keywords; else its ``emit``.
         self._inner_fields: Callable[[str, str, Mapping[str, FieldValue]], None] = (
             fast if callable(fast) else self._inner_emit
         )

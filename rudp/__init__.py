@@ -11,27 +11,27 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rudp.config import RudpConfig
-    from rudp.connection import (
-        ConnectionState,
+    from rudp.connection import ConnectionState, RudpConnection, derive_connection_id
+    from rudp.errors import MessageTooLarge, PacketError, PeerUnreachable, RudpError
+    from rudp.events import (
         MessageAcked,
         MessageFailed,
         MessageReceived,
         PeerDisconnected,
-        RudpConnection,
+        PeerRestarted,
         RudpStats,
-        derive_connection_id,
     )
-    from rudp.errors import MessageTooLarge, PacketError, PeerUnreachable, RudpError
 
 _WHERE = {
     "RudpConfig": "config",
     "ConnectionState": "connection",
-    "MessageAcked": "connection",
-    "MessageFailed": "connection",
-    "MessageReceived": "connection",
-    "PeerDisconnected": "connection",
+    "MessageAcked": "events",
+    "MessageFailed": "events",
+    "MessageReceived": "events",
+    "PeerDisconnected": "events",
+    "PeerRestarted": "events",
     "RudpConnection": "connection",
-    "RudpStats": "connection",
+    "RudpStats": "events",
     "derive_connection_id": "connection",
     "MessageTooLarge": "errors",
     "PacketError": "errors",
@@ -47,6 +47,7 @@ __all__ = [
     "MessageTooLarge",
     "PacketError",
     "PeerDisconnected",
+    "PeerRestarted",
     "PeerUnreachable",
     "RudpConfig",
     "RudpConnection",

@@ -27,6 +27,10 @@ class RudpConfig:
     reorder_threshold: int = 3  # packets sent later and acked before a packet is lost
     reorder_time: float = 1.25  # ...and its age must exceed this many RTTs (RFC 9002 §6.1.2)
     keepalive_interval: float = 15.0  # idle time before a PING (0 disables)
+    # Seconds a sent PING or DATA may wait with nothing authentic heard from the peer
+    # before the connection fails, whatever the RTO back-off would still allow (0: the
+    # back-off and max_retries alone decide). Bounds how long a dead peer looks alive.
+    dead_after: float = 0.0
     replay_window: int = 1024  # packet numbers remembered below the highest seen
     max_sack_blocks: int = 32  # selective-ACK ranges per ACK
     tail_probe: bool = True  # tail-loss probe after 2 SRTT without ACK progress (RFC 8985 §7)
@@ -42,6 +46,8 @@ class RudpConfig:
             raise ValueError("mtu must be within 128..65000")
         if self.max_message_size < 0 or self.max_sack_blocks < 1 or self.replay_window < 1:
             raise ValueError("max_message_size >= 0, max_sack_blocks >= 1, replay_window >= 1")
+        if self.keepalive_interval < 0 or self.dead_after < 0:
+            raise ValueError("keepalive_interval >= 0, dead_after >= 0")
         if self.max_buffer_bytes < self.max_message_size + self.mtu:
             # Reassembly of the largest message must always fit (see RudpConnection).
             raise ValueError("max_buffer_bytes must be >= max_message_size + mtu")

@@ -20,7 +20,7 @@ comes from one ``random.Random(seed)`` per direction, so a given packet
 sequence meets the same fate on every run. The relay must cost less per datagram than
 what it measures: it reads every datagram waiting per wake, keeps its departures in one
 heap behind one loop timer, and sends those due together to one place in one GSO write
-(``rudp.aio.gso``; ~3 µs a datagram on loopback, against ~40-65 µs before).
+(``rudp.gso``; ~3 µs a datagram on loopback, against ~40-65 µs before).
 
 TCP (``protocol="tcp"``): a byte stream cannot lose, duplicate or reorder
 bytes, so the proxy imposes what TCP would suffer from the same link: every
@@ -43,7 +43,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from rudp.aio import gso
+from rudp import gso
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -315,7 +315,7 @@ class ImpairmentProxy:
 
     def _depart(self) -> None:
         """Send every datagram due by now, in departure order; consecutive ones to the same
-        place leave in one GSO write where the kernel takes it (``rudp.aio.gso``)."""
+        place leave in one GSO write where the kernel takes it (``rudp.gso``)."""
         assert self._loop is not None
         self._timer = None
         now = self._loop.time()

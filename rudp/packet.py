@@ -202,7 +202,7 @@ def pull_frames(payload: bytes) -> list[Frame]:
 
 
 # An AES-GCM context costs ~2.5 kB of OpenSSL memory; a broker holds two per session
-# (issue 14: 10,000 sessions). The contexts of the keys in use are kept here, the least
+# (10,000 sessions and more). The contexts of the keys in use are kept here, the least
 # recently used dropped past AEAD_CONTEXTS, and an evicted key builds its context again on
 # its next packet (~1 µs).
 AEAD_CONTEXTS = 1024

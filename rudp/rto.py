@@ -21,7 +21,7 @@ K = 4
 class RtoEstimator:
     """SRTT/RTTVAR/RTO state of one connection."""
 
-    __slots__ = ("_config", "rto", "rttvar", "srtt")  # one per session in a broker (issue 14)
+    __slots__ = ("_config", "rto", "rttvar", "srtt")  # one per session in a broker
 
     def __init__(self, config: RudpConfig) -> None:
         self._config = config

@@ -9,7 +9,18 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from sip.tools import bindings, registrar, uas
+    try:
+        from sip.tools import bindings, registrar, uas
+    except ModuleNotFoundError as exc:
+        # A Python without the project's dependencies (the system's, say): one line that
+        # names the interpreter to use instead of a traceback.
+        print(
+            f"python -m sip: error: module {exc.name!r} is not installed for {sys.executable};"
+            " run the Python of the environment mdeci is installed in"
+            " (.venv/bin/python after make demo)",
+            file=sys.stderr,
+        )
+        return 2
 
     parser = argparse.ArgumentParser(prog="python -m sip", description=__doc__)
     sub = parser.add_subparsers(dest="tool", required=True, metavar="TOOL")

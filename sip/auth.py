@@ -28,6 +28,8 @@ order of preference, RFC 8760 §2.4) and build the ``Authorization`` value for
 the retry; later requests may reuse the nonce pre-emptively with the next
 nonce-count (RFC 7616 §3.4.5: ``nc`` counts requests per nonce).
 
+The hashes and the header grammar are :mod:`sip.digest`'s (re-exported here).
+
 Time comes in as ``now`` (float seconds, any clock, the same one on every
 call); random bytes from an injected ``Callable[[int], bytes]``.
 """
@@ -38,17 +40,33 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from sip.digest import (
+    ALGORITHMS,
+    CHALLENGE_HEADER,
+    CHALLENGE_TOKENS,
+    CREDENTIAL_TOKENS,
+    CREDENTIALS_HEADER,
+    STATUS,
+    Challenge,
+    Credentials,
+    RandomSource,
+    canonical_algorithm,
+    compute_ha1,
+    compute_response,
+    format_auth_params,
+    parse_auth_header,
+    parse_challenge,
+    parse_credentials,
+)
 from sip.errors import (
     AuthHeaderError,
     AuthRejectedError,
     AuthUnsupportedError,
     SipParseError,
 )
-from sip.headers import TOKEN_CHARS, quote, read_quoted
 from sip.message import Request, Response
 from sip.uri import parse_uri
 
@@ -65,6 +83,7 @@ __all__ = [
     "DigestConfig",
     "DigestServer",
     "MemoryCredentialStore",
+    "Verifier",
     "compute_ha1",
     "compute_response",
     "format_auth_params",
@@ -72,270 +91,6 @@ __all__ = [
     "parse_challenge",
     "parse_credentials",
 ]
-
-RandomSource = Callable[[int], bytes]
-
-# RFC 8760 §2 / RFC 7616 §3.2: algorithm name -> hashlib name. The "-sess"
-# variants and SHA-512-256 are not offered (see docs/sip-auth-registrar-sdp.md).
-ALGORITHMS: Mapping[str, str] = {"MD5": "md5", "SHA-256": "sha256"}
-_HEX_LEN = {"MD5": 32, "SHA-256": 64}
-_HEX = frozenset("0123456789abcdefABCDEF")
-
-# Header names by role (RFC 3261 §22.2 for UAS/registrar, §22.3 for proxies).
-_CHALLENGE_HEADER = {False: "WWW-Authenticate", True: "Proxy-Authenticate"}
-_CREDENTIALS_HEADER = {False: "Authorization", True: "Proxy-Authorization"}
-_STATUS = {False: 401, True: 407}
-
-
-def _canonical_algorithm(name: str) -> str | None:
-    """Our spelling of an algorithm name (names are case-insensitive, RFC 7616 §3.3)."""
-    for known in ALGORITHMS:
-        if known.lower() == name.lower():
-            return known
-    return None
-
-
-def _hash(algorithm: str, text: str) -> str:
-    return hashlib.new(ALGORITHMS[algorithm], text.encode("utf-8")).hexdigest()
-
-
-def compute_ha1(username: str, realm: str, password: str, algorithm: str = "MD5") -> str:
-    """``H(username ":" realm ":" password)`` in lower-case hex (RFC 7616 §3.4.2).
-
-    Raises :class:`KeyError` for an algorithm not in :data:`ALGORITHMS`.
-    """
-    return _hash(algorithm, f"{username}:{realm}:{password}")
-
-
-def compute_response(
-    *,
-    algorithm: str,
-    ha1: str,
-    nonce: str,
-    method: str,
-    uri: str,
-    qop: str | None = None,
-    nc: str = "",
-    cnonce: str = "",
-) -> str:
-    """The ``response`` value (RFC 7616 §3.4.1; RFC 2069 form when ``qop`` is None).
-
-    ``HA2 = H(method ":" uri)`` (qop=auth, so the body is not needed) and
-    ``response = KD(HA1, nonce ":" nc ":" cnonce ":" qop ":" HA2)`` with
-    ``KD(s, d) = H(s ":" d)``. Raises :class:`KeyError` for an unknown algorithm.
-    """
-    ha2 = _hash(algorithm, f"{method}:{uri}")
-    if qop is None:
-        return _hash(algorithm, f"{ha1.lower()}:{nonce}:{ha2}")
-    return _hash(algorithm, f"{ha1.lower()}:{nonce}:{nc}:{cnonce}:{qop}:{ha2}")
-
-
-# ------------------------------------------------------------------ grammar
-
-
-def _skip_lws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t":
-        i += 1
-    return i
-
-
-def _read_token(text: str, i: int) -> tuple[str, int]:
-    j = i
-    while j < len(text) and text[j] in TOKEN_CHARS:
-        j += 1
-    return text[i:j], j
-
-
-def parse_auth_header(value: str) -> tuple[str, dict[str, str]]:
-    """Split a challenge or credentials value into (scheme, params).
-
-    Grammar (RFC 3261 §25.1, RFC 7235 §2.1): ``scheme LWS auth-param *(COMMA
-    auth-param)`` with ``auth-param = token EQUAL (token / quoted-string)``.
-    Parameter names are lower-cased; quoted values are unescaped; empty list
-    elements are skipped (RFC 7230 §7). The scheme keeps its spelling.
-    Raises :class:`AuthHeaderError` on anything else (also on a repeated
-    parameter, which RFC 7616 §3.3 forbids).
-    """
-    if not isinstance(value, str):
-        raise AuthHeaderError(0, "not text")
-    i = _skip_lws(value, 0)
-    scheme, i = _read_token(value, i)
-    if not scheme:
-        raise AuthHeaderError(i, "missing auth scheme")
-    params: dict[str, str] = {}
-    if i < len(value) and value[i] not in " \t":
-        raise AuthHeaderError(i, "expected whitespace after the auth scheme")
-    expect_param = True
-    while True:
-        i = _skip_lws(value, i)
-        if i >= len(value):
-            break
-        if value[i] == ",":
-            i += 1
-            expect_param = True
-            continue
-        if not expect_param:
-            raise AuthHeaderError(i, "expected ',' between parameters")
-        name, i = _read_token(value, i)
-        if not name:
-            raise AuthHeaderError(i, "expected a parameter name")
-        i = _skip_lws(value, i)
-        if i >= len(value) or value[i] != "=":
-            raise AuthHeaderError(i, f"expected '=' after {name[:20]!r}")
-        i = _skip_lws(value, i + 1)
-        if i < len(value) and value[i] == '"':
-            try:
-                param, i = read_quoted(value, i)
-            except SipParseError as exc:
-                raise AuthHeaderError(exc.position, exc.reason) from None
-        else:
-            param, i = _read_token(value, i)
-            if not param:
-                raise AuthHeaderError(i, f"empty value for {name[:20]!r}")
-        key = name.lower()
-        if key in params:
-            raise AuthHeaderError(i, f"repeated parameter {key[:20]!r}")
-        params[key] = param
-        expect_param = False
-    return scheme, params
-
-
-# Parameters RFC 7616 sends as tokens, never quoted: in challenges (§3.3)
-# and in credentials (§3.4, where ``qop`` is a token too; in a challenge it
-# is a quoted list).
-CHALLENGE_TOKENS = frozenset({"algorithm", "stale"})
-CREDENTIAL_TOKENS = frozenset({"algorithm", "nc", "qop"})
-
-
-def format_auth_params(
-    scheme: str,
-    params: Iterable[tuple[str, str]],
-    *,
-    tokens: frozenset[str] = CREDENTIAL_TOKENS,
-) -> str:
-    """Write ``scheme name="value", ...``: every value quoted except the names in ``tokens``.
-
-    Raises :class:`ValueError` if a token value is not a token (it could not
-    be read back).
-    """
-    parts: list[str] = []
-    for name, value in params:
-        if name in tokens:
-            if not value or any(c not in TOKEN_CHARS for c in value):
-                raise ValueError(f"{name} value {value!r} is not a token")
-            parts.append(f"{name}={value}")
-        else:
-            parts.append(f"{name}={quote(value)}")
-    return f"{scheme} " + ", ".join(parts)
-
-
-# ------------------------------------------------------------------ views
-
-
-@dataclass(frozen=True, slots=True)
-class Challenge:
-    """One parsed Digest challenge (RFC 7616 §3.3). ``proxy`` is True for 407."""
-
-    realm: str
-    nonce: str
-    algorithm: str = "MD5"
-    qop: tuple[str, ...] = ()
-    opaque: str | None = None
-    stale: bool = False
-    proxy: bool = False
-
-
-def parse_challenge(value: str, *, proxy: bool = False) -> Challenge:
-    """Parse a ``WWW-Authenticate``/``Proxy-Authenticate`` value.
-
-    Raises :class:`AuthHeaderError` if it does not parse or lacks realm or
-    nonce, and :class:`AuthUnsupportedError` if it is not a Digest challenge
-    or names an algorithm we do not implement.
-    """
-    scheme, params = parse_auth_header(value)
-    if scheme.lower() != "digest":
-        raise AuthUnsupportedError(f"auth scheme {scheme[:20]!r} not supported")
-    if "realm" not in params or "nonce" not in params:
-        raise AuthHeaderError(0, "challenge without realm or nonce")
-    algorithm = _canonical_algorithm(params.get("algorithm", "MD5"))
-    if algorithm is None:
-        raise AuthUnsupportedError(f"algorithm {params['algorithm'][:20]!r} not supported")
-    qop = tuple(q.strip().lower() for q in params.get("qop", "").split(",") if q.strip())
-    return Challenge(
-        realm=params["realm"],
-        nonce=params["nonce"],
-        algorithm=algorithm,
-        qop=qop,
-        opaque=params.get("opaque"),
-        stale=params.get("stale", "").lower() == "true",
-        proxy=proxy,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    """One parsed Digest answer (RFC 7616 §3.4). ``qop`` None means RFC 2069 style."""
-
-    username: str
-    realm: str
-    nonce: str
-    uri: str
-    response: str
-    algorithm: str = "MD5"
-    qop: str | None = None
-    nc: str = ""
-    cnonce: str = ""
-    opaque: str | None = None
-
-    @property
-    def nc_value(self) -> int:
-        """The nonce-count as a number (0 when absent)."""
-        return int(self.nc, 16) if self.nc else 0
-
-
-def parse_credentials(value: str) -> Credentials:
-    """Parse an ``Authorization``/``Proxy-Authorization`` value.
-
-    Checks the shape RFC 7616 §3.4 requires: username, realm, nonce, uri and
-    response present; ``response`` is hex of the algorithm's length; with
-    ``qop`` also ``nc`` (8 hex digits) and ``cnonce``. Raises
-    :class:`AuthHeaderError` (also for a non-Digest scheme or an unknown
-    algorithm: we never challenged for those).
-    """
-    scheme, params = parse_auth_header(value)
-    if scheme.lower() != "digest":
-        raise AuthHeaderError(0, f"auth scheme {scheme[:20]!r} not supported")
-    for name in ("username", "realm", "nonce", "uri", "response"):
-        if name not in params:
-            raise AuthHeaderError(0, f"credentials without {name}")
-    algorithm = _canonical_algorithm(params.get("algorithm", "MD5"))
-    if algorithm is None:
-        raise AuthHeaderError(0, f"unknown algorithm {params['algorithm'][:20]!r}")
-    response = params["response"]
-    if len(response) != _HEX_LEN[algorithm] or not set(response) <= _HEX:
-        raise AuthHeaderError(0, "response is not a digest of the named algorithm")
-    qop = params.get("qop")
-    nc = params.get("nc", "")
-    cnonce = params.get("cnonce", "")
-    if qop is not None:
-        qop = qop.lower()
-        if len(nc) != 8 or not set(nc) <= _HEX:
-            raise AuthHeaderError(0, "nc must be 8 hex digits (RFC 7616 §3.4)")
-        if not cnonce:
-            raise AuthHeaderError(0, "qop without cnonce")
-    return Credentials(
-        username=params["username"],
-        realm=params["realm"],
-        nonce=params["nonce"],
-        uri=params["uri"],
-        response=response.lower(),
-        algorithm=algorithm,
-        qop=qop,
-        nc=nc,
-        cnonce=cnonce,
-        opaque=params.get("opaque"),
-    )
-
 
 # ------------------------------------------------------------------ server
 
@@ -364,14 +119,14 @@ class MemoryCredentialStore:
 
     def add_ha1(self, username: str, realm: str, algorithm: str, ha1: str) -> None:
         """Store a precomputed HA1. Raises :class:`ValueError` for an unknown algorithm."""
-        canon = _canonical_algorithm(algorithm)
+        canon = canonical_algorithm(algorithm)
         if canon is None:
             raise ValueError(f"unknown algorithm {algorithm!r}")
         self._ha1[(username, realm, canon)] = ha1.lower()
 
     def ha1(self, username: str, realm: str, algorithm: str) -> str | None:
         """HA1 in hex, or None when the user (or that algorithm's hash) is unknown."""
-        canon = _canonical_algorithm(algorithm)
+        canon = canonical_algorithm(algorithm)
         if canon is None:
             return None
         stored = self._ha1.get((username, realm, canon))
@@ -444,6 +199,15 @@ class _NonceUse:
     highest_nc: int
 
 
+class Verifier(Protocol):
+    """What checks a request's Digest credentials: :class:`DigestServer`, or a wrapper
+    bound to one request's context (its source, for a login throttle)."""
+
+    def verify(
+        self, request: Request, now: float, *, proxy: bool = False
+    ) -> AuthOk | AuthChallenge: ...
+
+
 _NONCE_RANDOM = 12
 _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 _NONCE_MAC = 16
@@ -469,9 +233,6 @@ class DigestServer:
         self._store = store
         self._random = random
         self._secret = secret if secret is not None else random(32)
-        # The opaque value is constant per server: it only has to come back
-        # unchanged (RFC 7616 §3.3), and a constant keeps us stateless.
-        self._opaque = hmac.new(self._secret, b"opaque", hashlib.sha256).hexdigest()[:32]
         self._uses: dict[str, _NonceUse] = {}
         # Nonces issued at or before this time that are not in _uses were
         # evicted from the table: treat them as stale, never as fresh.
@@ -515,13 +276,12 @@ class DigestServer:
         nonce; ``qop="auth"`` only (we never need the body, §22.4 allows it).
         """
         nonce = self.make_nonce(now)
-        name = _CHALLENGE_HEADER[proxy]
+        name = CHALLENGE_HEADER[proxy]
         headers: list[tuple[str, str]] = []
         for algorithm in self.config.algorithms:
             params = [
                 ("realm", self.config.realm),
                 ("nonce", nonce),
-                ("opaque", self._opaque),
                 ("algorithm", algorithm),
                 ("qop", "auth"),
             ]
@@ -529,7 +289,7 @@ class DigestServer:
                 params.append(("stale", "true"))
             headers.append((name, format_auth_params("Digest", params, tokens=CHALLENGE_TOKENS)))
         return AuthChallenge(
-            headers=tuple(headers), status=_STATUS[proxy], reason=reason, stale=stale
+            headers=tuple(headers), status=STATUS[proxy], reason=reason, stale=stale
         )
 
     # -------------------------------------------------------------- verify
@@ -544,7 +304,7 @@ class DigestServer:
         another proxy). Raises :class:`AuthHeaderError` if the credentials
         value for our realm (or one whose realm cannot be read) is malformed.
         """
-        name = _CREDENTIALS_HEADER[proxy]
+        name = CREDENTIALS_HEADER[proxy]
         for value in request.headers.get_raw(name):
             scheme, params = parse_auth_header(value)
             if scheme.lower() != "digest" or params.get("realm") != self.config.realm:
@@ -559,7 +319,7 @@ class DigestServer:
 
         The checks, in the order RFC 7616 §3.4 and RFC 3261 §22.4 imply:
         realm is ours; the algorithm is one we offer; the nonce is ours and
-        unexpired (else ``stale=true``); opaque came back; ``uri`` names the
+        unexpired (else ``stale=true``); ``uri`` names the
         Request-URI; qop is ``auth`` (or absent when RFC 2069 answers are
         allowed); the nonce-count grew; the response matches HA1 from the
         store. Raises :class:`AuthHeaderError` if ``value`` is malformed.
@@ -576,8 +336,6 @@ class DigestServer:
         issued = self._nonce_time(creds.nonce)
         if issued is None or issued > now + 1.0:
             return again("nonce not issued by us")
-        if creds.opaque != self._opaque:
-            return again("opaque value not returned unchanged")
         if not self._same_uri(creds.uri, request_uri) and not any(
             self._same_uri(creds.uri, uri) for uri in self.config.retarget_uris
         ):
@@ -697,7 +455,7 @@ class DigestClient:
         password was refused: retrying would loop, §22.2).
         """
         proxy = response.status == 407
-        name = _CHALLENGE_HEADER[proxy]
+        name = CHALLENGE_HEADER[proxy]
         chosen: Challenge | None = None
         for value in response.headers.get_raw(name):
             try:
@@ -719,7 +477,7 @@ class DigestClient:
         return self.authorize(request.method, request.uri, realm=chosen.realm, proxy=proxy)
 
     def _answered(self, request: Request, challenge: Challenge) -> bool:
-        for value in request.headers.get_raw(_CREDENTIALS_HEADER[challenge.proxy]):
+        for value in request.headers.get_raw(CREDENTIALS_HEADER[challenge.proxy]):
             try:
                 creds = parse_credentials(value)
             except AuthHeaderError:
@@ -776,4 +534,4 @@ class DigestClient:
             params += [("response", digest), ("algorithm", ch.algorithm)]
         if ch.opaque is not None:
             params.append(("opaque", ch.opaque))
-        return _CREDENTIALS_HEADER[proxy], format_auth_params("Digest", params)
+        return CREDENTIALS_HEADER[proxy], format_auth_params("Digest", params)

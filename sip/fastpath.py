@@ -1,4 +1,4 @@
-"""The REGISTER fast path (issue 14), sans-IO: plain REGISTERs over UDP answered without
+"""The REGISTER fast path, sans-IO: plain REGISTERs over UDP answered without
 building a :class:`~sip.message.Request` or a server transaction.
 
 Theory of operation: :func:`scan_register` reads one datagram with a few string
@@ -358,7 +358,8 @@ class FastRegistrar:
             f"CSeq: {reg.cseq}",
         ]
         lines.extend(f"{name}: {value}" for name, value in outcome.headers)
-        lines.append(f"Server: {self.server}")
+        if outcome.status < 300:  # as the full path: lean refusals (sip.ua.is_unproven)
+            lines.append(f"Server: {self.server}")
         lines.append("Content-Length: 0\r\n\r\n")
         response = "\r\n".join(lines).encode("utf-8", errors="surrogateescape")
         dest = (src_host, src_port if reg.rport else (reg.via_port or 5060))

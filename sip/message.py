@@ -85,6 +85,9 @@ class Request(_HeaderViews):
     uri: str
     headers: Headers = field(default_factory=Headers)
     body: bytes = b""
+    # Bytes of the UDP datagram it came in (0: another transport, or built here): what
+    # an answer to an unauthenticated request may not exceed (UaConfig.max_answer_ratio).
+    udp_size: int = field(default=0, compare=False, repr=False)
 
     @property
     def parsed_uri(self) -> Uri:

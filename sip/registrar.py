@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from sip.auth import AuthChallenge, DigestServer
+from sip.auth import AuthChallenge, Verifier
 from sip.errors import AuthHeaderError, SipParseError
 from sip.headers import is_token, quote
 from sip.message import Request, Response, make_response
@@ -281,7 +281,8 @@ class Registrar:
 
     ``random`` gives To tags (§8.2.6.2); ``auth``, when given, makes every
     REGISTER prove its user with Digest (§22) and lets a user touch only its
-    own AOR.
+    own AOR. :meth:`handle` may be given a verifier for that one request (one bound
+    to the request's source, say) in place of ``auth``.
     """
 
     def __init__(
@@ -290,7 +291,7 @@ class Registrar:
         store: BindingStore,
         random: Callable[[int], bytes],
         *,
-        auth: DigestServer | None = None,
+        auth: Verifier | None = None,
     ) -> None:
         self.config = config
         self._store = store
@@ -327,15 +328,23 @@ class Registrar:
 
     # ------------------------------------------------------------ input
 
-    def handle(self, request: Request, now: float, *, source: str | None = None) -> Response:
+    def handle(
+        self,
+        request: Request,
+        now: float,
+        *,
+        source: str | None = None,
+        auth: Verifier | None = None,
+    ) -> Response:
         """Process a REGISTER and return the final response (never raises).
 
         ``source`` is the ``ip:port`` it came from; when None it is taken
         from the top Via's ``received``/``rport`` if the transport stamped
-        them (§18.2.1, RFC 3581). See the module table for every answer.
+        them (§18.2.1, RFC 3581). ``auth`` verifies this request in place of
+        the registrar's own verifier. See the module table for every answer.
         """
         try:
-            outcome = self._handle(request, now, source)
+            outcome = self._handle(request, now, source, auth or self._auth)
         except _Reject as reject:
             outcome = reject.outcome
         resp = make_response(request, outcome.status, to_tag=self.new_tag())
@@ -374,7 +383,9 @@ class Registrar:
             headers = (*headers, ("Warning", f"399 {self.config.warn_agent} {quote(warning)}"))
         return _Reject(Outcome(status, headers))
 
-    def _handle(self, req: Request, now: float, source: str | None) -> Outcome:
+    def _handle(
+        self, req: Request, now: float, source: str | None, auth: Verifier | None
+    ) -> Outcome:
         if req.method != "REGISTER":
             raise self._reject(405, headers=(("Allow", "REGISTER"),))
         try:
@@ -408,9 +419,9 @@ class Registrar:
         aor = aor_uri.aor
         # Steps 3-4: authenticate (§22) and authorize: only the owner of an
         # AOR may change or read its bindings (docs/protocol.md §2).
-        if self._auth is not None:
+        if auth is not None:
             try:
-                result = self._auth.verify(req, now)
+                result = auth.verify(req, now)
             except AuthHeaderError as exc:
                 raise self._reject(400, f"bad credentials: {exc.reason}") from None
             if isinstance(result, AuthChallenge):

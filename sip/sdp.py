@@ -11,6 +11,12 @@ goes in. Our data channel is one media line::
     a=mdeci-msisdn:<E.164>                  (optional; the broker ignores it)
     a=sendrecv
 
+The QUIC data channel (``quicdata``) is the same line with proto ``UDP/MDECI-QUIC``;
+the answer that accepts it adds ``a=fingerprint:sha-256 <AB:CD:...>`` (RFC 8122), the
+broker certificate's. An offer may carry both lines, in the order of its preference;
+the answer accepts the first one of a transport the answerer takes and refuses every
+other with port 0.
+
 No key material travels in SDP: ``a=mdeci-kx`` is an ephemeral public value; the
 RUDP keys come from it through :mod:`rudp.keys` (docs/security.md). An offer
 with the version 1 ``a=mdeci-key`` (a session key in clear) is refused.
@@ -38,6 +44,7 @@ import base64
 import binascii
 import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +55,9 @@ from sip.errors import SdpError
 __all__ = [
     "MDECI_FORMAT",
     "MDECI_PROTO",
+    "MDECI_QUIC_PROTO",
     "MDECI_VERSION",
+    "TRANSPORTS",
     "MdeciMedia",
     "build_answer",
     "build_offer",
@@ -58,6 +67,11 @@ __all__ = [
 ]
 
 MDECI_PROTO = "UDP/MDECI-RUDP"
+MDECI_QUIC_PROTO = "UDP/MDECI-QUIC"
+#: Each data channel's name (configs, ``MdeciMedia.transport``) and its m-line proto.
+TRANSPORTS = {"rudp": MDECI_PROTO, "quic": MDECI_QUIC_PROTO}
+_TRANSPORT_OF = {proto: name for name, proto in TRANSPORTS.items()}
+FINGERPRINT_BYTES = 32  # SHA-256
 MDECI_FORMAT = "mdeci"
 MDECI_VERSION = 2
 KEY_BYTES = 32  # of an X25519 public value
@@ -106,7 +120,9 @@ class MdeciMedia:
     fallback number or None; ``version``: the ``o=``
     sess-version (it grows on every re-INVITE, RFC 3264 §8); ``sess_id`` and
     ``user``: the rest of ``o=``; ``index``: position of our m-line;
-    ``ip_version``: 4 or 6.
+    ``ip_version``: 4 or 6; ``transport``: ``"rudp"`` or ``"quic"`` (the line's proto);
+    ``fingerprint``: the SHA-256 certificate fingerprint of ``a=fingerprint:sha-256``
+    (a QUIC answer's), or None.
     """
 
     addr: str
@@ -119,6 +135,8 @@ class MdeciMedia:
     index: int = 0
     ip_version: int = 4
     mdeci_version: int = MDECI_VERSION
+    transport: str = "rudp"
+    fingerprint: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +261,22 @@ def _direction(session: dict[str, Any], media: dict[str, Any]) -> str:
     return str(value)
 
 
-def _is_usable(mline: _MLine, media: dict[str, Any], session: dict[str, Any]) -> bool:
-    """An mdeci line we can accept: enabled, our proto and format, our version, both ways."""
+def _check_transports(transports: Sequence[str]) -> None:
+    unknown = [t for t in transports if t not in TRANSPORTS]
+    if unknown or not transports:
+        raise ValueError(f"transports are some of {sorted(TRANSPORTS)}, not {list(transports)}")
+
+
+def _is_usable(
+    mline: _MLine, media: dict[str, Any], session: dict[str, Any], transports: Sequence[str]
+) -> bool:
+    """An mdeci line we can accept: enabled, the proto of one of ``transports`` and our
+    format, our version, both ways."""
     if mline.media.lower() != "application" or mline.port == 0:
         return False
-    if mline.proto.upper() != MDECI_PROTO or MDECI_FORMAT not in mline.formats:
+    if _TRANSPORT_OF.get(mline.proto.upper()) not in transports:
+        return False
+    if MDECI_FORMAT not in mline.formats:
         return False
     versions = [v for n, v in _attributes(media) if n == "mdeci-version"]
     if versions and str(MDECI_VERSION) not in versions:
@@ -257,11 +286,30 @@ def _is_usable(mline: _MLine, media: dict[str, Any], session: dict[str, Any]) ->
     return _direction(session, media) == "sendrecv"
 
 
+def _fingerprint(session: dict[str, Any], media: dict[str, Any]) -> bytes | None:
+    """The ``a=fingerprint:sha-256`` value (media level wins, RFC 8122 §5), or None. Raises
+    SdpError when it is malformed."""
+    value = media.get("fingerprint") or session.get("fingerprint")
+    if not isinstance(value, dict) or str(value.get("type", "")).lower() != "sha-256":
+        return None
+    parts = str(value.get("hash", "")).split(":")
+    if len(parts) != FINGERPRINT_BYTES or any(
+        len(p) != 2 or not set(p) <= set("0123456789abcdefABCDEF") for p in parts
+    ):
+        raise SdpError("a=fingerprint:sha-256 is not 32 colon-separated hex bytes")
+    return bytes(int(p, 16) for p in parts)
+
+
 def _mdeci(
-    session: dict[str, Any], mlines: list[_MLine], origin: _Origin, *, require_key: bool
+    session: dict[str, Any],
+    mlines: list[_MLine],
+    origin: _Origin,
+    *,
+    require_key: bool,
+    transports: Sequence[str] = ("rudp",),
 ) -> MdeciMedia:
     for idx, (mline, media) in enumerate(zip(mlines, session["media"], strict=True)):
-        if not _is_usable(mline, media, session):
+        if not _is_usable(mline, media, session, transports):
             continue
         addr, ip_version = _connection(session, media)
         attrs = _attributes(media)
@@ -289,23 +337,29 @@ def _mdeci(
             user=origin.user,
             index=idx,
             ip_version=ip_version,
+            transport=_TRANSPORT_OF[mline.proto.upper()],
+            fingerprint=_fingerprint(session, media),
         )
-    raise SdpError(f"no usable m=application <port> {MDECI_PROTO} {MDECI_FORMAT} line")
+    protos = " or ".join(TRANSPORTS[t] for t in transports)
+    raise SdpError(f"no usable m=application <port> {protos} {MDECI_FORMAT} line")
 
 
 # ------------------------------------------------------------------ public
 
 
-def parse_session(sdp_text: str | bytes, *, require_key: bool = False) -> MdeciMedia:
-    """Read the first usable mdeci line of an offer or answer.
+def parse_session(
+    sdp_text: str | bytes, *, require_key: bool = False, transports: Sequence[str] = ("rudp",)
+) -> MdeciMedia:
+    """Read the first usable mdeci line of one of ``transports`` in an offer or answer.
 
     With ``require_key`` an offer without ``a=mdeci-kx`` is refused. Raises
     :class:`SdpError` (status 488) when the text is not a session
     description, has no usable mdeci line, or carries a malformed key,
     address or MSISDN.
     """
+    _check_transports(transports)
     session, mlines, origin = _read(_as_text(sdp_text))
-    return _mdeci(session, mlines, origin, require_key=require_key)
+    return _mdeci(session, mlines, origin, require_key=require_key, transports=transports)
 
 
 def _session_dict(user: str, sess_id: int | str, version: int, addr: str) -> dict[str, Any]:
@@ -333,7 +387,13 @@ def _session_dict(user: str, sess_id: int | str, version: int, addr: str) -> dic
     }
 
 
-def _mdeci_media(port: int, key: bytes | None, msisdn: str | None) -> dict[str, Any]:
+def _mdeci_media(
+    port: int,
+    key: bytes | None,
+    msisdn: str | None,
+    transport: str = "rudp",
+    fingerprint: bytes | None = None,
+) -> dict[str, Any]:
     attrs = [f"mdeci-version:{MDECI_VERSION}"]
     if key is not None:
         attrs.append(f"mdeci-kx:{encode_key(key)}")
@@ -343,13 +403,21 @@ def _mdeci_media(port: int, key: bytes | None, msisdn: str | None) -> dict[str, 
         attrs.append(f"mdeci-msisdn:{msisdn}")
     # Direction is written as a plain attribute so it comes last, as docs/protocol.md shows.
     attrs.append("sendrecv")
-    return {
+    line: dict[str, Any] = {
         "type": "application",
         "port": port,
-        "protocol": MDECI_PROTO,
+        "protocol": TRANSPORTS[transport],
         "payloads": MDECI_FORMAT,
         "invalid": [{"value": a} for a in attrs],
     }
+    if fingerprint is not None:
+        if len(fingerprint) != FINGERPRINT_BYTES:
+            raise ValueError("a sha-256 fingerprint is 32 bytes")
+        line["fingerprint"] = {
+            "type": "sha-256",
+            "hash": ":".join(f"{b:02X}" for b in fingerprint),
+        }
+    return line
 
 
 def build_offer(
@@ -361,14 +429,25 @@ def build_offer(
     key: bytes,
     msisdn: str | None = None,
     audio_placeholder_port: int | None = None,
+    *,
+    transports: Sequence[str] = ("rudp",),
+    quic_port: int | None = None,
 ) -> str:
-    """Our offer: optional inactive PCMU audio placeholder, then the mdeci line.
+    """Our offer: optional inactive PCMU audio placeholder, then one mdeci line per
+    transport, in the order of ``transports`` (our preference): RUDP's on ``port``,
+    QUIC's on ``quic_port``.
 
     ``version`` is the ``o=`` sess-version (bump it on every re-INVITE,
     RFC 3264 §8); ``addr`` an IPv4 or IPv6 literal. Raises
-    :class:`ValueError` on a bad argument (port, address, key length, MSISDN).
+    :class:`ValueError` on a bad argument (port, address, key length, MSISDN,
+    transports, no ``quic_port`` for QUIC).
     """
     _check_port(port)
+    _check_transports(transports)
+    if "quic" in transports:
+        if quic_port is None:
+            raise ValueError("a QUIC line needs quic_port")
+        _check_port(quic_port)
     session = _session_dict(user, sess_id, version, addr)
     if audio_placeholder_port is not None:
         _check_port(audio_placeholder_port, allow_zero=True)
@@ -382,7 +461,10 @@ def build_offer(
                 "direction": "inactive",
             }
         )
-    session["media"].append(_mdeci_media(port, key, msisdn))
+    for transport in dict.fromkeys(transports):
+        line_port = port if transport == "rudp" else quic_port
+        assert line_port is not None
+        session["media"].append(_mdeci_media(line_port, key, msisdn, transport))
     return str(sdp_transform.write(session))
 
 
@@ -395,29 +477,44 @@ def build_answer(
     port: int,
     msisdn: str | None = None,
     key: bytes | None = None,
+    *,
+    accept: Sequence[str] = ("rudp",),
+    quic_port: int | None = None,
+    fingerprint: bytes | None = None,
 ) -> str:
     """Answer an offer (RFC 3264 §6): every offered m-line, in order.
 
-    The first usable mdeci line gets ``port`` and ``key`` (our X25519 public value,
-    ``a=mdeci-kx``; None keeps the session's keys); an audio line with
+    The first usable mdeci line of a transport in ``accept`` (the offer's order is the
+    offerer's preference) gets ``key`` (our X25519 public value, ``a=mdeci-kx``; None
+    keeps the session's keys) and ``port`` for RUDP, or ``quic_port`` and the
+    certificate ``fingerprint`` (``a=fingerprint:sha-256``) for QUIC; an audio line with
     a non-zero port is accepted ``a=inactive`` (port
     :data:`AUDIO_PLACEHOLDER_ANSWER_PORT`, the offer's first format); every
     other line, including further mdeci lines, is refused with port 0
     (§6: same media type, proto and a format of the offer). Raises
     :class:`SdpError` (488) when the offer is unreadable, has no usable mdeci
-    line or that line has no valid key; :class:`ValueError` on a bad
-    argument of ours.
+    line of an accepted transport or that line has no valid key;
+    :class:`ValueError` on a bad argument of ours (QUIC accepted without
+    ``quic_port`` and ``fingerprint``).
     """
     _check_port(port)
+    _check_transports(accept)
+    if "quic" in accept:
+        if quic_port is None or fingerprint is None:
+            raise ValueError("accepting QUIC needs quic_port and fingerprint")
+        _check_port(quic_port)
     answer = _session_dict(user, sess_id, version, addr)
     offer, mlines, origin = _read(_as_text(offer_text))
-    chosen = _mdeci(offer, mlines, origin, require_key=True)
+    chosen = _mdeci(offer, mlines, origin, require_key=True, transports=accept)
     timing = offer.get("timing")
     if isinstance(timing, dict) and isinstance(timing.get("start"), int):
         # RFC 3264 §6: "The t= line in the answer MUST equal that of the offer."
         answer["timing"] = {"start": timing["start"], "stop": timing.get("stop", 0)}
     for idx, (mline, media) in enumerate(zip(mlines, offer["media"], strict=True)):
-        if idx == chosen.index:
+        if idx == chosen.index and chosen.transport == "quic":
+            assert quic_port is not None
+            answer["media"].append(_mdeci_media(quic_port, key, msisdn, "quic", fingerprint))
+        elif idx == chosen.index:
             answer["media"].append(_mdeci_media(port, key, msisdn))
         elif mline.media.lower() == "audio" and mline.port != 0:
             answer["media"].append(_inactive_audio(mline, media))

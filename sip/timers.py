@@ -1,5 +1,5 @@
 """The RFC 3261 transaction timers, alone in a module so that a configuration load can take
-their defaults without importing the SIP parser (client start-up, issue 15).
+their defaults without importing the SIP parser (a client starts faster).
 ``sip.transaction.TimerConfig`` is the same class."""
 
 from __future__ import annotations

@@ -11,19 +11,23 @@ and decides, for each request the transaction layer delivers, one of:
 - :class:`Cancelled`: a CANCEL matched an INVITE still waiting for the application: the
   CANCEL gets 200 and the INVITE 487 (§9.2); the handler's late answer is discarded.
 
+It also owns the dialog table (:class:`DialogTable`: one :class:`DialogRecord` per
+dialog, with what the UA keeps beside the dialog) and screens requests before a
+transaction exists (:meth:`UasCore.screen`). The client half is :mod:`sip.uac`.
+
 No sockets, no clock, no asyncio (``tests/test_layering.py``): ``sip/aio/ua.py`` feeds it
 and sends what it builds. The RFC answers it gives are listed in docs/sip.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping, ValuesView
 from dataclasses import dataclass, field
 
-from sip.dialog import Dialog, DialogId
+from sip.dialog import Dialog, DialogId, TwoXxRetransmitter
 from sip.errors import DialogError, SipParseError
 from sip.message import Request, Response, make_response
-from sip.transaction import TimerConfig, TransactionKey, transaction_key
+from sip.transaction import Address, TimerConfig, TransactionKey, transaction_key
 from sip.uri import NameAddr, SipUri
 
 # Methods the UA core always handles itself (§8.2, §9.2, §11, §15, §17).
@@ -67,7 +71,15 @@ class UaConfig:
     bounds on accepted TCP/TLS connections; ``tls_cert`` / ``tls_key`` (PEM paths):
     listen for SIP over TLS on ``tls_port`` (0: any free port; 5061 by convention);
     ``tls_ca``: the CA file that outgoing TLS connections verify peers against (None:
-    the system's).
+    the system's). ``trying_delay``: seconds an INVITE waits for the application before
+    its 100 Trying (None: at once); ``max_answer_ratio``: an answer over UDP that does
+    not prove the request was accepted (a challenge, a refusal, OPTIONS's 200) is sent
+    only if it is at most this times the request's datagram, else dropped and counted
+    (None: no bound). Both keep a spoofed source from being sent more than it sent.
+    ``pad_to``: a request we send over UDP without credentials (not ACK or CANCEL) is
+    padded to this many bytes with a ``Padding`` header (unknown to SIP elements, hence
+    ignored), so that such a server's challenge or refusal fits (0: no padding); the
+    retry with credentials, and TCP and TLS, go without it.
     """
 
     aor: str
@@ -87,6 +99,9 @@ class UaConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     tls_port: int = 0
+    trying_delay: float | None = None
+    max_answer_ratio: float | None = None
+    pad_to: int = 1024
 
     @property
     def allow(self) -> str:
@@ -144,8 +159,130 @@ class Cancelled:
 
 Decision = Answer | Dispatch | Cancelled
 # Before a request changes a dialog: None lets it through, a Reply refuses it (e.g. a
-# 401 challenge for an in-dialog request from an unexpected source, issue 12).
-Guard = Callable[[Request, Dialog], Reply | None]
+# 401 challenge for an in-dialog request from an unexpected source). The third argument
+# is the address the request came from (None when the caller does not know it).
+Guard = Callable[[Request, Dialog, Address | None], Reply | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Bytes for the wire outside any transaction (the ACK for a 2xx, §13.2.2.4)."""
+
+    wire: bytes
+    dest: Address
+    transport: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request refused before any transaction exists; ``response`` is None when its
+    own headers cannot make one (it is dropped)."""
+
+    response: Response | None
+
+
+@dataclass(slots=True)
+class UaStats:
+    """Counters for what the UA dropped or refused."""
+
+    malformed: int = 0
+    answered_400: int = 0
+    stray: int = 0
+    over_cap: int = 0
+    too_large: int = 0  # unproven answers dropped: larger than max_answer_ratio allows
+    received: dict[str, int] = field(default_factory=dict)  # messages per transport
+
+
+@dataclass(slots=True)
+class DialogRecord:
+    """One dialog and what the UA keeps beside it, dropped together when it ends.
+
+    ``ack``: the ACK sent for the INVITE's 2xx, sent again for each retransmission of
+    that 2xx (UAC, §13.2.2.4); ``retransmitter``: our 2xx re-sent until its ACK (UAS over
+    UDP, §13.3.1.4; set through :meth:`DialogTable.retransmit`); ``flow``: the
+    (transport, address) of the connection the peer reached us over, which our
+    in-dialog requests reuse (RFC 5626 §5.3).
+    """
+
+    dialog: Dialog
+    ack: Send | None = None
+    retransmitter: TwoXxRetransmitter | None = None
+    flow: tuple[str, Address] | None = None
+
+
+class DialogTable(MutableMapping[DialogId, Dialog]):
+    """The UA's dialogs by id, each in one :class:`DialogRecord`.
+
+    As a mapping it holds dialogs (storing a dialog gives it a fresh record unless it is
+    already the one stored); :meth:`record` gives the rest.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[DialogId, DialogRecord] = {}
+        # The records whose 2xx is being re-sent: the timer looks at these only, not at
+        # every dialog of a broker holding thousands.
+        self._retransmitting: set[DialogId] = set()
+
+    def __getitem__(self, key: DialogId) -> Dialog:
+        return self._records[key].dialog
+
+    def __setitem__(self, key: DialogId, dialog: Dialog) -> None:
+        record = self._records.get(key)
+        if record is None or record.dialog is not dialog:
+            self._records[key] = DialogRecord(dialog)
+            self._retransmitting.discard(key)
+
+    def __delitem__(self, key: DialogId) -> None:
+        del self._records[key]
+        self._retransmitting.discard(key)
+
+    def __iter__(self) -> Iterator[DialogId]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def record(self, key: DialogId) -> DialogRecord | None:
+        """The record of dialog ``key``, if it is held."""
+        return self._records.get(key)
+
+    def add(self, dialog: Dialog) -> DialogRecord:
+        """Hold ``dialog``; returns its record."""
+        self[dialog.id] = dialog
+        return self._records[dialog.id]
+
+    def records(self) -> ValuesView[DialogRecord]:
+        return self._records.values()
+
+    def retransmit(self, key: DialogId, retransmitter: TwoXxRetransmitter | None) -> None:
+        """Set (or with None, clear) the 2xx retransmitter of dialog ``key``'s record."""
+        record = self._records.get(key)
+        if record is None:
+            return
+        record.retransmitter = retransmitter
+        if retransmitter is None:
+            self._retransmitting.discard(key)
+        else:
+            self._retransmitting.add(key)
+
+    def retransmitting(self) -> list[TwoXxRetransmitter]:
+        """The 2xx retransmitters running now."""
+        out = []
+        for key in self._retransmitting:
+            retransmitter = self._records[key].retransmitter
+            if retransmitter is not None:
+                out.append(retransmitter)
+        return out
+
+
+def answer_address(response: Response, source: Address, transport: str) -> Address:
+    """Where a response outside a transaction goes (§18.2.2, RFC 3581): over a stream,
+    or when the top Via asks for ``rport``, back to the packet's source; else to the
+    Via's sent-by (``received``/``maddr``)."""
+    if transport != "udp":
+        return source
+    via = response.top_via
+    return source if via.rport is not None else via.response_address()
 
 
 def warning(text: str, agent: str = "mdeci") -> tuple[str, str]:
@@ -221,7 +358,9 @@ def unsupported_extensions(msg: Request) -> list[str]:
     ]
 
 
-def _invite_key(cancel: Request) -> TransactionKey:
+def invite_key(cancel: Request) -> TransactionKey:
+    """The key of the INVITE server transaction a CANCEL names (§9.2: same branch and
+    sent-by). Raises :class:`SipParseError` for an unreadable Via."""
     branch, sent_by, _ = transaction_key(cancel)
     return (branch, sent_by, "INVITE")
 
@@ -229,23 +368,109 @@ def _invite_key(cancel: Request) -> TransactionKey:
 class UasCore:
     """The UAS decisions of one user agent (see the module docstring).
 
-    ``dialogs`` is shared with the asyncio glue (it adds the dialogs it creates as UAC);
-    ``guard`` checks in-dialog requests before they change state.
+    ``dialogs`` is shared with :class:`sip.uac.UacCore` (which adds the dialogs it
+    creates as UAC); ``guard`` checks in-dialog requests before they change state.
     """
 
-    def __init__(self, config: UaConfig, guard: Guard | None = None) -> None:
+    def __init__(
+        self, config: UaConfig, guard: Guard | None = None, dialogs: DialogTable | None = None
+    ) -> None:
         self.config = config
         self.guard = guard
-        self.dialogs: dict[DialogId, Dialog] = {}
+        self.dialogs = dialogs if dialogs is not None else DialogTable()
+        self.stats = UaStats()
         self._waiting: dict[TransactionKey, Request] = {}
+
+    def screen(
+        self,
+        msg: Request,
+        transport: str,
+        tag: Callable[[], str],
+        *,
+        busy: int = 0,
+        retransmission: Callable[[Request], bool] = lambda _: False,
+    ) -> Refusal | None:
+        """Refuse a request (not ACK) before a transaction exists, or None to let it in:
+        :func:`check_request`'s 400/416, and 503 when its source has ``busy`` requests
+        with the application already (``max_open_per_source``; a retransmission of one
+        of them still reaches its transaction). ``tag`` makes the response's To tag."""
+        problem = check_request(msg, transport)
+        if problem is None:
+            if busy < self.config.max_open_per_source or retransmission(msg):
+                return None
+            self.stats.over_cap += 1
+            problem = (503, "too many open requests")
+        elif problem[0] == 400:
+            self.stats.answered_400 += 1
+        response = stateless_response(msg, problem[0], problem[1], tag())
+        if response is None:
+            self.stats.malformed += 1
+        elif problem[0] == 503:
+            response.headers.add("Retry-After", "5")
+        return Refusal(response)
+
+    def malformed(self, exc: SipParseError, tag: str) -> Response | None:
+        """The 400 for a request that did not parse (:func:`malformed_response`); it goes
+        to the packet's source, never to its Via, so that it cannot be reflected."""
+        response = malformed_response(exc, tag)
+        if response is not None:
+            self.stats.answered_400 += 1
+        return response
+
+    def acked(self, msg: Request) -> Dialog | None:
+        """An ACK (§13.3.1.4): when it is for the 2xx we are re-sending, the re-sending
+        stops and the dialog it confirms is returned."""
+        dialog = self.find_dialog(msg)
+        record = self.dialogs.record(dialog.id) if dialog is not None else None
+        if record is None or record.retransmitter is None:
+            return None
+        record.retransmitter.ack_received()
+        self.dialogs.retransmit(record.dialog.id, None)
+        return record.dialog
+
+    def respond(
+        self, msg: Request, reply: Reply, *, tag: str, contact: Callable[[str], str]
+    ) -> Response | None:
+        """The response for ``reply`` with To tag ``tag`` and ``contact(transport)`` for
+        the transport of the request's Via; None when the Via is unreadable."""
+        try:
+            via_transport = msg.top_via.transport.lower()
+        except SipParseError:
+            return None
+        return self.build_response(msg, reply, tag=tag, contact=contact(via_transport))
+
+    def accepted(
+        self, dialog: Dialog, response: Response, source: Address, transport: str
+    ) -> Address | None:
+        """Our 2xx to an INVITE went out from ``dialog``: over a stream the peer's
+        connection becomes the dialog's flow (RFC 5626 §5.3); over UDP the 2xx is re-sent
+        until the ACK (§13.3.1.4), to the address returned."""
+        record = self.dialogs.record(dialog.id)
+        if record is None:
+            return None
+        record.flow = (transport, source) if transport != "udp" else None
+        return answer_address(response, source, transport) if transport == "udp" else None
+
+    def new_dialog(self, msg: Request, tag: str) -> Dialog | Reply:
+        """The dialog a 2xx to an out-of-dialog INVITE creates, held in :attr:`dialogs`
+        (§12.1.1), or the 400 when the INVITE cannot make one."""
+        try:
+            dialog = Dialog.from_uas(msg, tag)
+        except DialogError as exc:
+            return Reply(exc.status, reason=f"Bad Request ({exc.reason})")
+        self.dialogs.add(dialog)
+        return dialog
 
     def find_dialog(self, msg: Request) -> Dialog | None:
         """The dialog an in-dialog request belongs to (§12.2.2)."""
         return self.dialogs.get((msg.call_id, msg.to.tag or "", msg.from_.tag or ""))
 
-    def decide(self, msg: Request, invite_exists: bool = False) -> Decision:
+    def decide(
+        self, msg: Request, invite_exists: bool = False, source: Address | None = None
+    ) -> Decision:
         """What to do with a new request (not ACK). ``invite_exists``: for a CANCEL,
-        whether the transaction layer still has the matching INVITE server transaction."""
+        whether the transaction layer still has the matching INVITE server transaction;
+        ``source``: where it came from (handed to the guard)."""
         method = msg.method
         if method == "CANCEL":
             return self._cancel(msg, invite_exists)
@@ -265,7 +490,7 @@ class UasCore:
         previous_target = dialog.remote_target if dialog is not None else None
         if dialog is not None:
             if self.guard is not None:
-                refused = self.guard(msg, dialog)
+                refused = self.guard(msg, dialog, source)
                 if refused is not None:
                     return Answer(refused, dialog)
             try:
@@ -294,18 +519,13 @@ class UasCore:
 
     def options_reply(self) -> Reply:
         """200 to OPTIONS in or out of a dialog (§11.2): what we allow and accept."""
-        return Reply(
-            200,
-            headers=(
-                ("Allow", self.config.allow),
-                ("Accept", "application/sdp"),
-                ("Supported", ", ".join(sorted(SUPPORTED_EXTENSIONS))),
-            ),
-        )
+        supported = ", ".join(sorted(SUPPORTED_EXTENSIONS))
+        headers = [("Allow", self.config.allow), ("Accept", "application/sdp")]
+        return Reply(200, headers=(*headers, *([("Supported", supported)] if supported else [])))
 
     def _cancel(self, msg: Request, invite_exists: bool) -> Decision:
         try:
-            key = _invite_key(msg)
+            key = invite_key(msg)
         except SipParseError:
             return Answer(Reply(400))
         invite = self._waiting.pop(key, None)
@@ -360,7 +580,8 @@ class UasCore:
             response.headers.add("Allow", self.config.allow)
         for name, value in reply.headers:
             response.headers.add(name, value)
-        response.headers.add("Server", self.config.user_agent)
+        if not is_unproven(msg, reply.status):  # lean refusals: nothing for a stranger
+            response.headers.add("Server", self.config.user_agent)
         if reply.body:
             response.headers.add("Content-Type", reply.content_type)
             response.body = reply.body
@@ -372,6 +593,17 @@ def is_challenge(reply: Reply) -> bool:
     request, no retransmission; RFC 3261 §26.3.2.4). A lost challenge is recovered by
     the client's own retransmission, which gets a fresh one."""
     return reply.status in (401, 407)
+
+
+def is_unproven(msg: Request, status: int) -> bool:
+    """An answer that does not prove ``msg`` was accepted (a challenge, a refusal, the
+    200 to OPTIONS): what an unauthenticated source, spoofed or not, can draw."""
+    return status >= 300 or msg.method == "OPTIONS"
+
+
+def amplifies(answer: bytes, msg: Request, ratio: float | None) -> bool:
+    """Whether ``answer`` is more than ``ratio`` times the UDP datagram ``msg`` came in."""
+    return ratio is not None and msg.udp_size > 0 and len(answer) > ratio * msg.udp_size
 
 
 def to_tag_of(response: Response) -> str:
@@ -389,13 +621,22 @@ __all__ = [
     "Answer",
     "Cancelled",
     "Decision",
+    "DialogRecord",
+    "DialogTable",
     "Dispatch",
     "Guard",
+    "Refusal",
     "Reply",
+    "Send",
     "UaConfig",
+    "UaStats",
     "UasCore",
+    "amplifies",
+    "answer_address",
     "check_request",
+    "invite_key",
     "is_challenge",
+    "is_unproven",
     "malformed_response",
     "stateless_response",
     "to_tag_of",

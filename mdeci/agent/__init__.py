@@ -11,25 +11,27 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mdeci.agent.aio import Agent, AgentStatus, PubResult
+    from mdeci.agent.aio import Agent
     from mdeci.agent.api import ApiClient, ApiServer
     from mdeci.agent.backoff import Backoff
-    from mdeci.agent.core import AgentCore, State, Status
+    from mdeci.agent.core import AgentCore
     from mdeci.agent.daemon import RunningAgent, run_agent
     from mdeci.agent.errors import AgentError, ApiError, BrokerRefused, NotConnected, StateError
     from mdeci.agent.ipmonitor import PollingIpMonitor, RouteMonitor, make_monitor
+    from mdeci.agent.machine import State, Status
     from mdeci.agent.routes import RouteFollower, RoutingView
+    from mdeci.agent.status import AgentStatus, PubResult
 
 _WHERE = {
     "ApiClient": "api",
     "ApiServer": "api",
     "Backoff": "backoff",
     "Agent": "aio",
-    "AgentStatus": "aio",
-    "PubResult": "aio",
+    "AgentStatus": "status",
+    "PubResult": "status",
     "AgentCore": "core",
-    "State": "core",
-    "Status": "core",
+    "State": "machine",
+    "Status": "machine",
     "RunningAgent": "daemon",
     "run_agent": "daemon",
     "AgentError": "errors",

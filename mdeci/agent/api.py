@@ -21,8 +21,8 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mdeci.agent.errors import ApiError, BrokerRefused
-from mdeci.errors import MdeciError
+from mdeci.agent.errors import ApiError, BrokerRefused, NotConnected
+from mdeci.errors import FilterError, FrameError, MdeciError, SubjectError
 from mdeci.frames import CalendarRule
 
 if TYPE_CHECKING:  # the client side (mdeci status, ...) must not import the daemon
@@ -31,8 +31,11 @@ if TYPE_CHECKING:  # the client side (mdeci status, ...) must not import the dae
 MAX_LINE = 4 << 20  # bytes per request line (a publish payload travels base64 in it)
 
 
-def _error(message: str, code: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"ok": False, "error": message}
+def _error(message: str, code: int | None = None, kind: str = "bad_request") -> dict[str, Any]:
+    """An ``ok: false`` answer; ``kind`` lets a client tell a broker's refusal
+    (``refused``, with ``code``), a session that is down (``not_connected``: retry later)
+    and a request the agent could not take (``bad_request``, ``error``) apart."""
+    out: dict[str, Any] = {"ok": False, "error": message, "kind": kind}
     if code is not None:
         out["code"] = code
     return out
@@ -138,13 +141,22 @@ class ApiServer:
                 return {"ok": True, "status": agent.status().to_json()}
             if op == "sub":
                 ttl = req.get("ttl")
+                lease = req.get("lease", True)
+                if not isinstance(lease, bool):
+                    raise ApiError("'lease' must be true (renewed) or false (a fixed TTL)")
                 ok = await agent.subscribe(
                     str(req.get("subject", "")),
                     str(req.get("filter") or ""),
                     int(ttl) if ttl is not None else None,
                     qclass=str(req.get("qclass") or ""),
+                    lease=lease,
                 )
-                return {"ok": True, "sub_id": ok.sub_id, "expires_at": ok.expires_at}
+                return {
+                    "ok": True,
+                    "sub_id": ok.sub_id,
+                    "expires_at": ok.expires_at,
+                    "lease": lease,
+                }
             if op == "calendar":
                 done = await agent.send_calendar(
                     _calendar_rules(req.get("rules")), int(req.get("utc_offset_minutes", 0))
@@ -155,20 +167,10 @@ class ApiServer:
                 return {"ok": True}
             if op == "subs":
                 stale = not agent.connected
-                items = agent.subscriptions if stale else await agent.list_subscriptions()
-                return {
-                    "ok": True,
-                    "stale": stale,
-                    "items": [
-                        {
-                            "sub_id": s.sub_id,
-                            "subject": s.subject,
-                            "filter": s.filter,
-                            "expires_at": s.expires_at,
-                        }
-                        for s in items
-                    ],
-                }
+                if not stale:
+                    await agent.list_subscriptions()  # the broker's list updates the record
+                items = agent.subscription_states
+                return {"ok": True, "stale": stale, "items": [s.to_json() for s in items]}
             if op == "pub":
                 attrs = req.get("attrs") or {}
                 if not isinstance(attrs, dict):
@@ -192,17 +194,29 @@ class ApiServer:
                     ipaddress.ip_address(address)
                 except ValueError:
                     raise ApiError(f"'address' {address[:60]!r} is not an IP address") from None
+                before = agent.status()
                 try:
                     await agent.move_to(address)
                 except OSError as exc:
                     raise ApiError(f"cannot bind {address}: {exc.strerror or exc}") from None
                 status = agent.status()
+                if status.state == "BACKOFF" or status.failed_attempts > before.failed_attempts:
+                    # The REGISTER or the re-INVITE there was refused or unanswered: bound
+                    # to the new address, but not reachable on it; the agent tries again.
+                    return _error(
+                        f"moved to {status.sip_addr}, but {status.last_error or 'the move failed'}",
+                        kind="move_failed",
+                    )
                 return {"ok": True, "sip_addr": status.sip_addr, "media_addr": status.media_addr}
             return _error(f"unknown op {str(op)[:40]!r}")
         except BrokerRefused as exc:
-            return _error(str(exc), exc.code)
-        except MdeciError as exc:
+            return _error(str(exc), exc.code, "refused")
+        except NotConnected as exc:
+            return _error(str(exc), kind="not_connected")
+        except (ApiError, FrameError, FilterError, SubjectError) as exc:
             return _error(str(exc))
+        except MdeciError as exc:
+            return _error(str(exc), kind="error")
         except (TypeError, ValueError) as exc:
             return _error(f"bad request: {exc}")
 
@@ -304,8 +318,11 @@ class ApiClient:
             raise ApiError(str(answer.get("error", "the agent refused the request")))
         return answer
 
-    async def tail(self, from_nseq: int | None = None) -> AsyncGenerator[dict[str, Any], None]:
-        """Notifications (kept ones from ``from_nseq`` first, then live ones)."""
+    async def tail(
+        self, from_nseq: int | None = None, *, events: bool = False
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Notifications (kept ones from ``from_nseq`` first, then live ones); with
+        ``events``, the stream's ``{"event": {...}}`` lines too, as they are."""
         request: dict[str, Any] = {"op": "tail"}
         if from_nseq is not None:
             request["from"] = from_nseq
@@ -314,5 +331,7 @@ class ApiClient:
             obj = await self._line()
             if "notify" in obj:
                 yield obj["notify"]
+            elif events and "event" in obj:
+                yield obj
             elif obj.get("ok") is False:
                 raise ApiError(str(obj.get("error")))

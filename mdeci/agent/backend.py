@@ -1,7 +1,7 @@
 """SIP backends of the agent: one interface, our ``sip/`` stack (default) or pjsua2.
 
 A backend carries out the core's SIP commands (:mod:`mdeci.agent.core`) and reports a
-:class:`~mdeci.agent.core.SipOutcome` for each; it tells the glue when the broker ends
+:class:`~mdeci.agent.events.SipOutcome` for each; it tells the glue when the broker ends
 the dialog (``on_bye(call_id)``). It never raises for a failed request: every failure is
 an outcome (status None when there was no answer at all). ``[sip] stack`` in agent.toml
 chooses: ``"mdeci"`` (this module's :class:`MdeciSipBackend`) or ``"pjsua2"``
@@ -24,7 +24,8 @@ import ssl
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from mdeci.agent.core import (
+from mdeci.agent.errors import AgentError
+from mdeci.agent.events import (
     Address,
     Bye,
     Invite,
@@ -34,7 +35,6 @@ from mdeci.agent.core import (
     SipCommand,
     SipOutcome,
 )
-from mdeci.agent.errors import AgentError
 from mdeci.config import AgentConfig
 from sip.aio.ua import DialogEnded, IncomingRequest, Reply, UaConfig, UserAgent
 from sip.dialog import Dialog

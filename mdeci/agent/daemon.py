@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mdeci.agent.aio import Agent, AgentStatus
+from mdeci.agent.aio import Agent
 from mdeci.agent.api import ApiServer
+from mdeci.agent.status import AgentStatus
 from mdeci.config import AgentConfig
 
 

@@ -28,3 +28,7 @@ class BrokerRefused(AgentError):
 
 class ApiError(AgentError):
     """The local API could not be reached, or answered with an error."""
+
+
+class TransitionError(AgentError):
+    """The agent core took a step its transition table does not allow (a bug)."""

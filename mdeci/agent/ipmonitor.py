@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -398,3 +399,18 @@ def make_monitor(
         with contextlib.suppress(ImportError, OSError):
             _netlink_events(monitor, asyncio.get_running_loop())
     return monitor
+
+
+async def route_destination(host: str, like: str) -> str | None:
+    """``host`` as an IP address of ``like``'s family (resolved if a name), or None: the
+    IP monitor follows the route to it."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(like).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_UNSPEC
+    try:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, None, family=family, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    return str(infos[0][4][0]) if infos else None

@@ -89,3 +89,60 @@ def read_answer(body: bytes) -> Answer:
     :class:`SdpError`."""
     media = parse_session(body)
     return Answer(media=(media.addr, media.port), store_id=store_id_of(body), public=media.key)
+
+
+class SessionKeys:
+    """Our side of the key exchange across the offers of one agent's life.
+
+    A new session, and a re-INVITE after the media failed, offer a fresh value; a
+    re-INVITE of a move offers the same one and keeps the keys unless the answer
+    carries a new value.
+    """
+
+    def __init__(
+        self,
+        user: str,
+        realm: str,
+        password: str,
+        msisdn: str | None,
+        random_bytes: Callable[[int], bytes],
+    ) -> None:
+        self._user = user
+        self._realm = realm
+        self._password = password
+        self._msisdn = msisdn
+        self._random_bytes = random_bytes
+        self.key: bytes | None = None  # the RUDP session secret (rudp.keys)
+        self._kx: KeyExchange | None = None  # our exchange; its public value is offered
+        self._fresh = False  # the offer in flight carries a new value: the answer must too
+        self.offered = b""  # the offer in flight (the key agreement binds both bodies)
+        self._version = 0
+        self._sess_id = str(int.from_bytes(random_bytes(4), "big"))
+
+    def offer(self, media: tuple[str, int], *, new_keys: bool = False) -> bytes:
+        """Our next offer; ``new_keys``: with a fresh key exchange."""
+        if new_keys or self._kx is None:
+            self._kx = new_key_exchange(self._random_bytes)
+            self._fresh = True
+        else:
+            self._fresh = False
+        self._version += 1
+        self.offered = session_offer(
+            self._user, self._sess_id, self._version, media, self._kx.public, self._msisdn
+        )
+        return self.offered
+
+    def agree(self, answer: Answer, offer: bytes, body: bytes) -> str | None:
+        """Take the keys of the broker's ``answer`` to ``offer``: None, or why it gives
+        none."""
+        if answer.public is None:
+            if self._fresh or self.key is None:
+                return "the broker's answer has no a=mdeci-kx"
+            return None  # a re-INVITE keeping the keys
+        assert self._kx is not None
+        psk = session_psk(self._user, self._realm, self._password)
+        try:
+            self.key = agree(self._kx, answer.public, psk, offer, body)
+        except KeyAgreementError as exc:
+            return str(exc)
+        return None

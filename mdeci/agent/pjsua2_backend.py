@@ -23,7 +23,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mdeci.agent.core import (
+from mdeci.agent.errors import AgentError
+from mdeci.agent.events import (
     Address,
     Bye,
     Invite,
@@ -33,7 +34,6 @@ from mdeci.agent.core import (
     SipCommand,
     SipOutcome,
 )
-from mdeci.agent.errors import AgentError
 from mdeci.config import AgentConfig, HostPort
 from sip.errors import SipParseError
 from sip.uri import SipUri

@@ -8,7 +8,7 @@ catches everything (SWIG would print and swallow it).
 
 Protocol, one JSON object per line. The parent writes the settings first, then commands
 ``{"id": N, "op": "register"|"invite"|"reinvite"|"move"|"bye", ...}``; we answer each with
-``{"id": N, "status": ..., ...}`` (the fields of :class:`~mdeci.agent.core.SipOutcome`,
+``{"id": N, "status": ..., ...}`` (the fields of :class:`~mdeci.agent.events.SipOutcome`,
 bodies as latin-1 text) and report ``{"event": "ready"|"bye"|"error", ...}``. End of stdin
 ends the process at once (the daemon is gone or closing; nothing is left to tidy).
 
@@ -46,6 +46,25 @@ BUSY_FOR = 0.2  # seconds after an answer
 # Transports kept open after a move (the newest is in use): pjsua has eight slots, and a
 # closed one keeps its slot while the transactions that used it linger.
 KEEP_TRANSPORTS = 3
+
+
+def _padding() -> Any:
+    """A ``Padding`` header for requests that go without credentials first: the broker
+    answers an unauthenticated request only with no more bytes than it got
+    (docs/security.md), and its challenge is larger than pjsua's bare REGISTER or INVITE.
+    Smaller than our stack's padding (sip.ua.UaConfig.pad_to), since pjsua keeps it on
+    the retry with credentials, which must stay under the 1300 bytes that move to TCP."""
+    header = pj.SipHeader()
+    header.hName = "Padding"
+    header.hValue = "x" * 400
+    return header
+
+
+def _bye_param() -> Any:
+    """The parameter of a hangup whose BYE the broker challenges: padded (_padding)."""
+    prm = pj.CallOpParam(True)
+    prm.txOption.headers.append(_padding())
+    return prm
 
 
 class _Out:
@@ -212,6 +231,7 @@ class Worker:
         acfg.regConfig.timeoutSec = expires  # pjsua refreshes it before it runs out
         acfg.regConfig.retryIntervalSec = 0  # the daemon's core retries, with backoff
         acfg.regConfig.dropCallsOnFail = False
+        acfg.regConfig.headers.append(_padding())
         acfg.sipConfig.authCreds.append(pj.AuthCredInfo("digest", "*", s["user"], 0, s["password"]))
         acfg.sipConfig.transportId = self.transports[-1]
         if s["transport"] != "udp":
@@ -292,7 +312,7 @@ class Worker:
             # nothing: the pending INVITE is the new call's (on_disconnected).
             old, self.call = self.call, None
             old.replaced = True
-            old.hangup(pj.CallOpParam(True))
+            old.hangup(_bye_param())
         self.offer = str(msg["offer"])
         self.call = Call(self, self.acc)
         prm = pj.CallOpParam(True)
@@ -300,6 +320,7 @@ class Worker:
         prm.opt.videoCount = 0
         # To: the broker's AOR; the request goes to its address.
         prm.txOption.targetUri = self.s["broker_target"]
+        prm.txOption.headers.append(_padding())
         self.call.makeCall(self.s["broker_aor"], prm)
 
     def op_reinvite(self, pending: Pending, msg: dict[str, Any]) -> None:
@@ -312,6 +333,7 @@ class Worker:
         prm.opt.videoCount = 0
         if self.moved:
             prm.opt.flag = pj.PJSUA_CALL_UPDATE_CONTACT | pj.PJSUA_CALL_UPDATE_VIA
+        prm.txOption.headers.append(_padding())
         self.call.reinvite(prm)
 
     def op_bye(self, pending: Pending, msg: dict[str, Any]) -> None:
@@ -320,7 +342,7 @@ class Worker:
             self.reply(pending, 481, "no dialog")
             return
         pending.extra["call_id"] = call.call_id
-        call.hangup(pj.CallOpParam(True))
+        call.hangup(_bye_param())
 
     def op_move(self, pending: Pending, msg: dict[str, Any]) -> None:
         host = str(msg["host"])

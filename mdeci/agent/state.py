@@ -29,27 +29,32 @@ Three files, none of them SQL (only ``mdeci/store`` speaks SQL):
 
 Every ``fsync`` goes through the ``fsync`` callable handed to the classes (``os.fsync``
 by default), so tests count them per burst.
+
+The files hold the user's notifications and publishes: each is 0600 in a 0700
+``state_dir`` (:func:`make_state_dir`), whatever the umask, and a file or folder left
+wider by an earlier run is narrowed when opened.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from mdeci.agent.errors import StateError
-from mdeci.frames import AttrValue
+from mdeci.agent.errors import AgentError, StateError
+from mdeci.agent.files import KnownSub, OutgoingPub
 from mdeci.sms.dedupe import NseqGate
 
 NSEQ_FILE = "nseq.json"
 INBOX_FILE = "inbox.jsonl"
 OUTBOX_FILE = "outbox.jsonl"
 SUBS_FILE = "subs.json"
+LOCK_FILE = "lock"
 
 #: Makes a file descriptor's data durable (``os.fsync``; tests hand in a counting one).
 Fsync = Callable[[int], None]
@@ -64,14 +69,37 @@ def _fsync_dir(folder: Path, fsync: Fsync) -> None:
             os.close(fd)
 
 
+def make_state_dir(folder: Path) -> None:
+    """Create ``folder`` (and its parents) if missing; make it 0700. Raises
+    :class:`StateError`."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)  # mkdir's mode is cut by the umask; an old folder stays
+    except OSError as exc:
+        raise StateError(f"cannot create {folder}: {exc.strerror}") from exc
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """``os.open`` of a file that is 0600 whatever the umask (and an existing one too).
+    Raises :class:`OSError`."""
+    fd = os.open(path, flags | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_atomic(path: Path, data: bytes, fsync: Fsync = os.fsync) -> None:
-    """Replace ``path`` with ``data``: temporary file, fsync, rename, fsync the folder.
+    """Replace ``path`` with ``data`` (0600): temporary file, fsync, rename, fsync the
+    folder.
 
     Raises :class:`StateError` when the file cannot be written.
     """
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb") as fh:
+        with open(_open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
             fh.write(data)
             fh.flush()
             fsync(fh.fileno())
@@ -108,13 +136,15 @@ def _line(obj: Mapping[str, Any]) -> bytes:
 
 class _Appender:
     """An append-only file of JSON lines; :meth:`extend` writes several with one write
-    and (with ``sync``) one fsync before it returns."""
+    and (with ``sync``) one fsync before it returns. Unbuffered: a write the disk refused
+    leaves nothing in a buffer to be written again, ahead of the next, once it has space."""
 
     def __init__(self, path: Path, fsync: Fsync) -> None:
         self.path = path
         self._fsync = fsync
         try:
-            self._fh = open(path, "ab")  # noqa: SIM115 - kept open for the agent's life
+            fd = _open_private(path, os.O_WRONLY | os.O_APPEND)
+            self._fh = open(fd, "ab", buffering=0)  # noqa: SIM115 - kept open for the agent's life
         except OSError as exc:
             raise StateError(f"cannot open {path}: {exc.strerror}") from exc
 
@@ -122,12 +152,13 @@ class _Appender:
         """Raises :class:`StateError`; then the lines are taken back (best effort), so
         that a burst taken again later is not in the file twice."""
         try:
-            end = self._fh.tell()
+            end = os.fstat(self._fh.fileno()).st_size  # where a failed write is cut back to
         except (OSError, ValueError) as exc:
             raise StateError(f"cannot append to {self.path}: {exc}") from exc
         try:
-            self._fh.write(b"".join(_line(o) for o in objs))
-            self._fh.flush()  # in the OS's hands: a crash of this process keeps it
+            data = memoryview(b"".join(_line(o) for o in objs))
+            while data:  # in the OS's hands: a crash of this process keeps it
+                data = data[self._fh.write(data) :]
             if sync:
                 self._fsync(self._fh.fileno())
         except (OSError, ValueError) as exc:
@@ -281,36 +312,6 @@ class Inbox:
 # ------------------------------------------------------------------ outbox
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OutgoingPub:
-    """A publish the broker has not acknowledged yet."""
-
-    msg_id: str
-    subject: str
-    attrs: Mapping[str, AttrValue] = field(default_factory=dict)
-    payload: bytes = b""
-    urgent: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "msg_id": self.msg_id,
-            "subject": self.subject,
-            "attrs": dict(self.attrs),
-            "payload": base64.b64encode(self.payload).decode("ascii"),
-            "urgent": self.urgent,
-        }
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> OutgoingPub:
-        return cls(
-            msg_id=str(obj["msg_id"]),
-            subject=str(obj["subject"]),
-            attrs=dict(obj.get("attrs", {})),
-            payload=base64.b64decode(obj.get("payload", "")),
-            urgent=bool(obj.get("urgent", False)),
-        )
-
-
 class Outbox:
     """Publishes waiting for ``pub-ok``, durable across crashes (``outbox.jsonl``)."""
 
@@ -372,17 +373,6 @@ class Outbox:
 # ------------------------------------------------------------------ subscriptions
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KnownSub:
-    """A subscription as the agent remembers it (to restore it on a new broker store)."""
-
-    sub_id: str
-    subject: str
-    filter: str
-    expires_at: float
-    qclass: str = ""  # the queue class asked for (issue 13); the broker's list omits it
-
-
 class SubsRecord:
     """The agent's own record of its subscriptions (``subs.json``, replaced atomically)."""
 
@@ -400,6 +390,8 @@ class SubsRecord:
                         filter=str(obj.get("filter", "")),
                         expires_at=float(obj["expires_at"]),
                         qclass=str(obj.get("qclass", "")),
+                        ttl=None if obj.get("ttl") is None else int(obj["ttl"]),
+                        lease=bool(obj.get("lease", True)),
                     )
                 )
         except FileNotFoundError:
@@ -419,8 +411,87 @@ class SubsRecord:
                 "filter": s.filter,
                 "expires_at": s.expires_at,
                 "qclass": s.qclass,
+                "ttl": s.ttl,
+                "lease": s.lease,
             }
             for s in items
         ]
         write_atomic(self.path, json.dumps(data).encode(), self._fsync)
         self.items = items
+
+
+# ------------------------------------------------------------------ the folder
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateFiles:
+    """The state files of one ``state_dir`` (an :class:`~mdeci.agent.files.AgentFiles`)."""
+
+    inbox: Inbox
+    nseq: NseqState
+    outbox: Outbox
+    subs: SubsRecord
+
+    def close(self) -> None:
+        self.inbox.close()
+        self.outbox.close()
+
+
+def open_state_files(state_dir: Path, fsync: Fsync = os.fsync) -> StateFiles:
+    """Open (and compact) the state files of ``state_dir``. Raises :class:`StateError`."""
+    inbox = Inbox(state_dir / INBOX_FILE, fsync=fsync)
+    return StateFiles(
+        inbox=inbox,
+        nseq=NseqState(state_dir / NSEQ_FILE, floor=inbox.last_nseq, fsync=fsync),
+        outbox=Outbox(state_dir / OUTBOX_FILE, fsync=fsync),
+        subs=SubsRecord(state_dir / SUBS_FILE, fsync=fsync),
+    )
+
+
+def lock_state_dir(state_dir: Path) -> IO[bytes]:
+    """Take ``state_dir/lock`` (an exclusive flock, released when the process ends).
+
+    Raises :class:`AgentError` when another agent holds it: that agent's socket and files
+    are left alone.
+    """
+    path = state_dir / LOCK_FILE
+    try:
+        fh = open(_open_private(path, os.O_RDWR | os.O_APPEND), "a+b")  # noqa: SIM115 - held for the agent's life
+    except OSError as exc:
+        raise StateError(f"cannot open {path}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        holder = fh.read().decode("ascii", "replace").strip() or "?"
+        fh.close()
+        raise AgentError(
+            f"another agent (pid {holder}) is using {state_dir}: "
+            "stop it first, or give this one its own state_dir"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()).encode())
+    fh.flush()
+    return fh
+
+
+__all__ = [
+    "INBOX_FILE",
+    "LOCK_FILE",
+    "NSEQ_FILE",
+    "OUTBOX_FILE",
+    "SUBS_FILE",
+    "Fsync",
+    "Inbox",
+    "KnownSub",
+    "NseqState",
+    "Outbox",
+    "OutgoingPub",
+    "StateFiles",
+    "SubsRecord",
+    "lock_state_dir",
+    "make_state_dir",
+    "open_state_files",
+    "write_atomic",
+]

@@ -108,6 +108,11 @@ class AdminServer:
         return {"ok": False, "error": f"unknown op {op!r}"}
 
 
+def broker_running(path: Path) -> bool:
+    """Whether a broker listens on the admin socket ``path`` (on this host)."""
+    return _alive(path)
+
+
 def _alive(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:

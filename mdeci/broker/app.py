@@ -20,82 +20,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mdeci.broker.admin import AdminError, AdminServer
-from mdeci.broker.core import Broker
-from mdeci.broker.endpoint import (
-    Address,
-    BrokerSipEndpoint,
-    SipEndpointConfig,
-    UserCredentials,
-)
+from mdeci.broker.endpoint import Address, BrokerSipEndpoint
 from mdeci.broker.errors import BrokerError
+from mdeci.broker.glue import Broker
 from mdeci.broker.metrics import BrokerMetrics, MetricsServer, MetricsSink, MetricsSources
 from mdeci.broker.service import BrokerService
 from mdeci.broker.sink import ChurnLogSink, ChurnSink
-from mdeci.broker.sms import SmsFallback, make_gateway
+from mdeci.broker.sms import SmsFallback
+from mdeci.broker.sms_policy import make_gateway
+from mdeci.broker.ua_config import broker_password
+from mdeci.broker.wakes import WakeListener
 from mdeci.broker.worker import DbWorker
 from mdeci.churnlog import ChurnLog, Role
 from mdeci.config import BrokerConfig
 from mdeci.errors import ConfigError
 from mdeci.oplog import OperatorSink
 from mdeci.oplog import event as oplog_event
+from mdeci.sms.counterfile import COUNTER_FILE, JsonCounters
 from mdeci.sms.gateway import SmsGateway
 from mdeci.store.base import make_engine
 from mdeci.store.migrate import upgrade
 from mdeci.store.repo import BrokerStore
 
 
-def endpoint_config(config: BrokerConfig, *, expire_interval: float = 5.0) -> SipEndpointConfig:
-    """The SIP endpoint's settings from the broker config (credentials resolved here;
-    every default lives in :mod:`mdeci.config`).
-
-    With an external registrar the broker's own password is the ``[[auth.users]]`` entry
-    whose ``user`` is the broker's user. Raises :class:`ConfigError` when it is missing.
-    """
-    users = tuple(
-        UserCredentials(user=u.user, password=u.password, msisdn=u.msisdn)
-        for u in config.auth.users
-    )
-    reg = config.registrar
-    password: str | None = None
-    address: Address | None = None
-    if not reg.embedded:
-        assert reg.address is not None  # checked by RegistrarConfig
-        address = (reg.address.host, reg.address.port)
-        own = [u for u in config.auth.users if u.user == config.user]
-        if not own:
-            raise ConfigError(
-                f"registrar.embedded = false needs an [[auth.users]] entry for "
-                f"{config.user!r} (the broker's password at the external registrar)"
-            )
-        password = own[0].password
-    return SipEndpointConfig(
-        domain=config.domain,
-        user=config.user,
-        realm=config.realm,
-        algorithms=config.auth.algorithms,
-        users=users,
-        embedded_registrar=reg.embedded,
-        registrar_address=address,
-        register_password=password,
-        register_expires=reg.register_expires,
-        registrar_transport=reg.transport,
-        min_expires=reg.min_expires,
-        default_expires=min(max(reg.default_expires, reg.min_expires), reg.max_expires),
-        max_expires=reg.max_expires,
-        expire_interval=expire_interval,
-        timers=config.sip.timers,
-        tcp="tcp" in config.sip.transports,
-        tls_port=config.sip.tls_port,
-        tls_cert=_tls_path(config, config.sip.tls_cert),
-        tls_key=_tls_path(config, config.sip.tls_key),
-        tls_ca=None if config.sip.tls_ca is None else str(config.sip.tls_ca),
-        key_confirm_timeout=config.auth.key_confirm_timeout,
-    )
-
-
-def _tls_path(config: BrokerConfig, path: object) -> str | None:
-    # The TLS listener runs only when "tls" is among sip.transports.
-    return None if path is None or "tls" not in config.sip.transports else str(path)
+def endpoint_config(config: BrokerConfig) -> None:
+    """Check the SIP endpoint's settings of ``config`` as the broker does at start (an
+    external registrar needs the broker's own credentials). Raises :class:`ConfigError`."""
+    broker_password(config)
 
 
 @dataclass(slots=True, eq=False)
@@ -116,6 +67,7 @@ class RunningBroker:
     _admin: AdminServer | None = None
     _owned_log: ChurnLog | None = None
     _owns_store: bool = False
+    _wakes: WakeListener | None = None
     _closed: bool = field(default=False)
 
     async def close(self) -> None:
@@ -133,6 +85,8 @@ class RunningBroker:
         finally:
             if self.sms is not None:
                 await self.sms.close()
+            if self._wakes is not None:
+                await self._wakes.close()
             await self.service.close()
             if self._owned_log is not None:
                 self._owned_log.close()
@@ -152,24 +106,26 @@ async def run_broker(
     migrate: bool = True,
     expire_interval: float = 5.0,
     sms_gateway: SmsGateway | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> RunningBroker:
     """Start a broker from ``config``; returns once both sockets are bound.
 
-    ``sip_listen`` / ``media_listen`` override ``[sip]`` / ``[media]`` host and port (0:
-    any free port). Without ``store`` the database at ``[store] url`` is migrated to the
-    Alembic head (``migrate``) and opened; without ``log`` the churn log file of
-    ``[churnlog]`` is opened. ``clock`` is wall-clock epoch seconds. With ``[sms]
-    enabled``, urgent notifications of DISCONNECTED users go by SMS through
-    ``sms_gateway`` (default: the gateway ``[sms] gateway`` names).
+        ``sip_listen`` / ``media_listen`` override ``[sip]`` / ``[media]`` host and port (0:
+        any free port). Without ``store`` the database at ``[store] url`` is migrated to the
+        Alembic head (``migrate``) and opened; without ``log`` the churn log file of
+        ``[churnlog]`` is opened. ``clock`` is wall-clock epoch seconds; ``monotonic`` times
+    the durations a clock step must not change (login lockouts). With ``[sms]
+        enabled``, urgent notifications of DISCONNECTED users go by SMS through
+        ``sms_gateway`` (default: the gateway ``[sms] gateway`` names).
 
-    Raises:
-        BrokerError: a socket cannot be bound, or the external registrar refuses us.
-        StoreError: the database cannot be migrated or used.
-        ConfigError: settings that do not fit together; ChurnLogError: the log file.
+        Raises:
+            BrokerError: a socket cannot be bound, or the external registrar refuses us.
+            StoreError: the database cannot be migrated or used.
+            ConfigError: settings that do not fit together; ChurnLogError: the log file.
     """
     sip_host, sip_port = sip_listen or (config.sip.host, config.sip.port)
     media_host, media_port = media_listen or (config.media.host, config.media.port)
-    ep_config = endpoint_config(config, expire_interval=expire_interval)
+    endpoint_config(config)
     owns_store = store is None
     if store is None:
         try:
@@ -178,7 +134,7 @@ async def run_broker(
             raise ConfigError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
         if migrate:
             await asyncio.to_thread(upgrade, config.store.url)
-        store = BrokerStore(make_engine(config.store.url))
+        store = BrokerStore(make_engine(config.store.url), config.node)
     owned_log: ChurnLog | None = None
     if log is None:
         owned_log = ChurnLog(
@@ -199,6 +155,7 @@ async def run_broker(
     admin: AdminServer | None = None
     service: BrokerService | None = None
     sms: SmsFallback | None = None
+    wakes: WakeListener | None = None
     # The core and the store run on this thread from the first statement on: even the
     # core's start-up read of the subscriptions keeps off the event loop.
     worker = DbWorker()
@@ -230,16 +187,32 @@ async def run_broker(
                 clock,
                 channels=config.channels,
                 default_msisdns=defaults,
+                counters=JsonCounters(config.data_dir / COUNTER_FILE),
             )
-            service.sms = sms  # before start: start looks at users and may tell them
+            service.attach_sms(sms)  # before start: start looks at users and may tell them
             await sms.start()
-        endpoint = BrokerSipEndpoint(ep_config, store, service, sink, clock=clock, random=random)
+        endpoint = BrokerSipEndpoint(
+            config,
+            store,
+            service,
+            sink,
+            clock=clock,
+            random=random,
+            expire_interval=expire_interval,
+            monotonic=monotonic,
+        )
         try:
             sip_addr = await endpoint.start(sip_host, sip_port)
         except OSError as exc:
             raise BrokerError(
                 f"cannot listen for SIP on {sip_host}:{sip_port}: {exc.strerror or exc}"
             ) from None
+        if service.sms is not None:
+            await service.sms.load_keys()  # the users the endpoint just stored
+        if store.engine.dialect.name == "postgresql":
+            # Publications of other brokers for this one's users (mdeci/store/wake.py).
+            wakes = WakeListener(service)
+            wakes.start()
         if config.metrics.enabled:
             metrics_server = await _start_metrics(config, metrics, store, service, endpoint, clock)
         admin = await _start_admin(config, store, endpoint, clock)
@@ -250,6 +223,8 @@ async def run_broker(
             await metrics_server.close()
         if sms is not None:
             await sms.close()
+        if wakes is not None:
+            await wakes.close()
         if service is not None:
             await service.close()
         else:
@@ -274,6 +249,7 @@ async def run_broker(
         _admin=admin,
         _owned_log=owned_log,
         _owns_store=owns_store,
+        _wakes=wakes,
     )
 
 
@@ -300,6 +276,8 @@ async def _start_metrics(
         published=lambda: service.broker.published,
         sip_bound=lambda: endpoint.bound,
         clock=clock,
+        health=service.broker.health,
+        min_free_bytes=config.store.min_free_bytes,
     )
     server = MetricsServer(metrics, sources)
     host, port = config.metrics.host, config.metrics.port

@@ -6,11 +6,17 @@ never touches the database. A subscription whose ``expires_at`` has passed match
 nothing and is reported back so the broker removes it (docs/protocol.md §6: "removed at
 matching time").
 
-A publish costs a dictionary lookup, not a scan of every subscription (issue 14: with a
-hundred subscribers on other subjects, the scan was a tenth of the broker's time):
+A publish costs a dictionary lookup, not a scan of every subscription (with a
+hundred subscribers on other subjects, a scan takes a tenth of the broker's time):
 patterns without wildcards are indexed by their text, which a subject must equal to
 match; only wildcard patterns are tried one by one. Expiry is found from a heap of
 ``(expires_at, sub_id)``, so a publish looks at expired entries only, not at all of them.
+
+The filters one user's subscriptions evaluate per publish are bounded by their cost
+(:func:`filter_cost`, the nodes a filter evaluates at most): a ``sub`` that would take
+the user's live subscriptions past ``subscriptions.max_filter_cost`` is refused
+(:meth:`SubscriptionMatcher.cost_refusal`), so a hundred subscriptions on ``#`` with
+the longest filters cannot make every publish cost tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -23,14 +29,29 @@ from mdeci.errors import FilterError, SubjectError
 from mdeci.filters import (
     ANY_WORDS,
     ONE_WORD,
+    And,
     Attrs,
+    Expr,
     Filter,
     MatchAll,
+    Not,
+    Or,
     SubjectMatcher,
     compile_filter,
     compile_pattern,
 )
 from mdeci.store.subscriptions import Subscription
+
+
+def filter_cost(expr: Expr) -> int:
+    """The nodes ``expr`` evaluates at most per publish: each comparison, test and
+    operator counts 1 (the empty filter too: it is still called). The parser's depth
+    limit bounds the recursion."""
+    if isinstance(expr, Not):
+        return 1 + filter_cost(expr.operand)
+    if isinstance(expr, And | Or):
+        return 1 + sum(filter_cost(operand) for operand in expr.operands)
+    return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +89,8 @@ class SubscriptionMatcher:
         self._wild: dict[int, CompiledSubscription] = {}
         # The ids of each user's entries, for the per-user cap: a scan of every entry per
         # ``sub`` made setting up N users' subscriptions quadratic. A tuple (48 bytes for
-        # the usual one id) rather than a set, since criterion 7 of issue 14 counts bytes
-        # per session.
+        # the usual one id) rather than a set, since the broker's memory is budgeted
+        # per session (docs/benchmarks.md, "Memory per session").
         self._by_uri: dict[str, tuple[int, ...]] = {}
         # (expires_at, sub_id) of every entry added; stale pairs (discarded or replaced
         # entries) are skipped when popped.
@@ -125,6 +146,23 @@ class SubscriptionMatcher:
         """Live subscriptions of ``uri`` (for the per-user cap)."""
         subs = self._subs
         return sum(1 for sub_id in self._by_uri.get(uri, ()) if subs[sub_id].sub.expires_at > now)
+
+    def cost_refusal(self, uri: str, new: Filter, limit: int, now: float) -> str | None:
+        """Why a subscription of ``uri`` with filter ``new`` is refused: its cost and
+        that of ``uri``'s live subscriptions past ``limit``; None if within it."""
+        cost = filter_cost(new.expr)
+        subs = self._subs
+        spent = sum(
+            filter_cost(subs[i].filter.expr)
+            for i in self._by_uri.get(uri, ())
+            if subs[i].sub.expires_at > now
+        )
+        if spent + cost <= limit:
+            return None
+        return (
+            f"filter cost limit reached: this filter costs {cost}, the live subscriptions "
+            f"{spent}, at most {limit} per user"
+        )
 
     def discard(self, sub_id: int) -> CompiledSubscription | None:
         """Remove ``sub_id``; the removed entry or None."""

@@ -22,12 +22,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from mdeci.broker.db_health import DatabaseHealth
 from mdeci.broker.sink import ChurnSink, FieldValue, Row, fields_emitter, rows_emitter
 from mdeci.oplog import event as oplog_event
 from mdeci.store import ops
@@ -35,7 +36,7 @@ from mdeci.store.errors import StoreError
 
 if TYPE_CHECKING:
     # Imported when the endpoint starts: aiohttp is ~11 MB of a broker's memory, and most
-    # brokers of a test or a small site run without [metrics] (issue 14, criterion 7).
+    # brokers of a test or a small site run without [metrics].
     from aiohttp import web
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class BrokerMetrics:
         for reason in ("overflow", "sms", "other"):
             self.dropped.labels(reason)
         # The labelled children of the per-notification counter, looked up once:
-        # ``labels()`` per event was a measurable share of a delivery (issue 14).
+        # ``labels()`` per event is a measurable share of a delivery.
         self._delivered_ip = self.delivered.labels("ip")
         self._delivered_sms = self.delivered.labels("sms")
         for stat in ("mean", "max"):
@@ -147,7 +148,7 @@ class BrokerMetrics:
     def count_rows(self, event: str, keys: tuple[str, ...], rows: Sequence[Row]) -> None:
         """:meth:`count` for a batch of events (see ``sink.emit_rows``). Queued and
         delivered notifications without a channel (ip) move their counter once, by the
-        batch's count (an ``inc`` takes a lock; issue 14); the others go one by one."""
+        batch's count (an ``inc`` takes a lock); the others go one by one."""
         if "channel" not in keys:
             if event == "notify_queued":
                 self.queued.inc(len(rows))
@@ -223,6 +224,8 @@ class MetricsSources:
     published: Callable[[], int]
     sip_bound: Callable[[], bool]
     clock: Callable[[], float]
+    health: DatabaseHealth = field(default_factory=DatabaseHealth)  # the broker's
+    min_free_bytes: int = 0  # store.min_free_bytes: the readiness probe's free-space floor
 
 
 class MetricsServer:
@@ -285,8 +288,12 @@ class MetricsServer:
         self.metrics.observe_rudp(self.sources.peers())
         try:
             self.metrics.observe_store(await self._read_store())
-        except (StoreError, TimeoutError) as exc:
-            oplog_event("database_error", level=logging.ERROR, where="metrics", error=str(exc))
+        except TimeoutError:
+            oplog_event("database_error", level=logging.ERROR, where="metrics", error="timeout")
+        except StoreError as exc:
+            self.sources.health.failed("metrics", exc)
+        else:
+            self.sources.health.succeeded(wrote=False)
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -304,16 +311,23 @@ class MetricsServer:
         start = time.perf_counter()
         try:
             await asyncio.wait_for(
-                asyncio.to_thread(ops.ping, self.sources.engine),  # type: ignore[arg-type]
+                asyncio.to_thread(
+                    ops.ping,
+                    self.sources.engine,  # type: ignore[arg-type]
+                    self.sources.clock(),
+                    self.sources.min_free_bytes,
+                ),
                 READY_TIMEOUT,
             )
             self.metrics.db_latency.observe(time.perf_counter() - start)
             self.metrics.db_up.set(1)
+            self.sources.health.succeeded()
         except TimeoutError:
             self.metrics.db_up.set(0)
             problems.append(f"database: no answer within {READY_TIMEOUT:g} s")
         except StoreError as exc:
             self.metrics.db_up.set(0)
+            self.sources.health.failed("readyz", exc)
             problems.append(f"database: {str(exc).splitlines()[0][:200]}")
         if problems:
             return web.Response(status=503, text="not ready: " + "; ".join(problems) + "\n")

@@ -1,9 +1,9 @@
-"""The asyncio service around :class:`~mdeci.broker.core.Broker`: RUDP peers and tasks.
+"""The asyncio service around :class:`~mdeci.broker.glue.Broker`: RUDP peers and tasks.
 
 Glue only, as ``rudp/aio`` is for its core. One :class:`~rudp.aio.RudpEndpoint` serves
 every user; per connected user there is one :class:`~rudp.aio.RudpPeer` (keyed by the
 session secret agreed through SDP, docs/security.md), and tasks only while there is
-work (issue 14: an idle session holds no task, event or queue, for memory):
+work (an idle session holds no task, event or queue, for memory):
 
 - inbound: the peer's ``on_message`` callback appends to the inbound list; one pump
   task hands what every peer delivered by then, decoded (once, to admit it), to
@@ -12,7 +12,7 @@ work (issue 14: an idle session holds no task, event or queue, for memory):
   database round trip, not once per frame) -> replies sent on the peer, in the order
   the frames came;
 - one delivery task for every user: the users whose delivery may progress (the core's
-  :class:`~mdeci.broker.core.QueueListener` calls: a publish queued something, an ack
+  :class:`~mdeci.broker.delivery.QueueListener` calls: a publish queued something, an ack
   freed the window; a connection) are marked due, and the task hands all of them to
   ``Broker.take_batches`` in one worker call (a fan-out wakes a hundred users at once:
   one call, one transaction for their held acks, one connection for their reads) -> each
@@ -20,26 +20,29 @@ work (issue 14: an idle session holds no task, event or queue, for memory):
   a batch's last: no task per message, one future per batch); what is marked due during
   the call is the next call's: no polling;
 - sends: the future of each queued message; a :class:`~rudp.aio.PeerUnreachable` (at
-  once, or when its retries run out) marks the user DISCONNECTED (only if it belongs to
-  the current connection: each :meth:`BrokerService.connected` starts a new epoch) and
-  stops its delivery.
+  once, or when its retries run out) is the Session Manager's ``media_failed`` for the
+  epoch the send began in (a send of an earlier connection says nothing now).
+
+Sessions: who is CONNECTED, since which epoch, and whether its path was proved are the
+:class:`~mdeci.broker.sessions.SessionManager`'s (``self.sessions``); this service hands
+it the transport's events (a datagram heard, a send failed, a send acknowledged) and
+carries out its commands (:meth:`BrokerService.apply`): attach or drop a peer, open or
+close the core's delivery window, tell the SMS side, and write rows and statuses through
+the one writer, :class:`~mdeci.broker.session_rows.SessionRows`. :meth:`connected` and
+:meth:`disconnected` are the same for a session made without SIP.
 
 A periodic task runs the subscription sweep every ``BrokerCoreConfig.sweep_interval``
 and marks every user due, which also retries a batch a database error stopped.
 
 Threads: the store is synchronous, and neither it nor the core runs on the event loop.
 Every call into :class:`Broker` goes to one :class:`~mdeci.broker.worker.DbWorker`
-thread, in the order the loop makes them (the SIP endpoint's store calls go to the same
-thread, so a session row is written before its status changes); the core is bound to
-that thread (:meth:`Broker.bind_thread`). Its listener calls and churn events come back
-to the loop through a :class:`~mdeci.broker.worker.LoopQueue`. So a database that hangs
-delays delivery and publishes, never a SIP answer, an RUDP ack or a keepalive.
-
-The loop keeps its own view of who is CONNECTED (:attr:`_UserLink.delivering`, set by
-:meth:`connected`, cleared by :meth:`disconnected` and by a failed send); the core's
-view follows it in the same order, one worker call later. :meth:`is_connected` answers
-from the loop's view. The loop reads no core state: the SMS side asks its ``sub_class``
-from its plans, on the worker (mdeci/broker/sms.py).
+thread, in the order the loop makes them (session rows and statuses go to the same
+thread, so a row is written before its status changes and a status before the churn
+event after it); the core is bound to that thread (:meth:`Broker.bind_thread`). Its
+listener calls and churn events come back to the loop through a
+:class:`~mdeci.broker.worker.LoopQueue`. So a database that hangs delays delivery and
+publishes, never a SIP answer, an RUDP ack or a keepalive. The loop reads no core
+state: the SMS side asks its ``sub_class`` from its plans, on the worker.
 """
 
 from __future__ import annotations
@@ -50,31 +53,40 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import cbor2
-
-from mdeci.broker.core import PRUNE_CHUNK, Broker
+from mdeci.broker.core import PRUNE_CHUNK
 from mdeci.broker.errors import SessionKeyError
+from mdeci.broker.glue import Broker
+from mdeci.broker.session_rows import SessionRows
+from mdeci.broker.sessions import (
+    Attach,
+    Command,
+    Detach,
+    SessionManager,
+    SetStatus,
+    SmsLook,
+    SmsStop,
+    Status,
+    StoreSession,
+    UserSession,
+    addr_text,
+)
 from mdeci.broker.sms import SmsFallback
 from mdeci.broker.worker import DbWorker, LoopQueue, LoopSink
 from mdeci.errors import FrameError
 from mdeci.frames import (
-    MAX_FRAME_BYTES,
-    UINT63,
     UNAVAILABLE,
     Ack,
     CalendarOk,
     Error,
     Frame,
     List,
-    Pub,
-    PubOk,
     Subs,
-    decode,
+    decode_fast,
     encode,
+    encode_reply,
 )
 from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
-from mdeci.store.sessions import SessionStatus
 from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
 from rudp.config import RudpConfig
 
@@ -88,125 +100,47 @@ SMALL_REPLY = 256
 
 @dataclass(slots=True, eq=False)
 class _UserLink:
+    """The transport side of ``uri``'s session: its RUDP peer and what is in flight on
+    it. Whether it is delivered to, and its epoch, are the Session Manager's
+    (``session``, read here, changed only there)."""
+
     uri: str
     key: bytes
     peer: RudpPeer
-    epoch: int = 0
-    delivering: bool = False  # the loop's view of CONNECTED (see the module docstring)
+    session: UserSession
     sends: set[asyncio.Future[None]] | None = None  # only while sends are in flight
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
     listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
     refusing: bool = False  # over the cap: its requests are answered 503, logged once
-    # The SMS side was told IP is back for this connection (see _proved): only once a
-    # datagram sent over it was acknowledged, not when the (re-)INVITE completed.
-    ip_proved: bool = True
+
+    @property
+    def delivering(self) -> bool:
+        """The session is CONNECTED: notifications are sent."""
+        return self.session.status is _CONNECTED
+
+    @property
+    def epoch(self) -> int:
+        """The session's epoch: a send of another one belongs to no current connection."""
+        return self.session.epoch
 
 
-def _nothing() -> None:
-    pass
+_CONNECTED = Status.CONNECTED
 
 
-# An ``ack`` frame as every agent encodes it (``encode``: op first), less its integer.
-_ACK_PREFIX = encode(Ack(upto=0))[:-1]
-_UINT_SIZES = {24: 1, 25: 2, 26: 4, 27: 8}  # CBOR unsigned heads with a following integer
+def _nothing() -> None: ...
 
 
-# A ``pub`` frame as every agent encodes it without attrs, urgent or qclass (``encode``:
-# op, req, msg_id, subject, then payload unless empty): its fixed items.
-_PUB_HEAD = cbor2.dumps("op") + cbor2.dumps(Pub.op) + cbor2.dumps("req")
-_K_MSG_ID = cbor2.dumps("msg_id")
-_K_SUBJECT = cbor2.dumps("subject")
-_K_PAYLOAD = cbor2.dumps("payload")
-_PUB_MAPS = (0xA4, 0xA5)  # CBOR maps of 4 and 5 items
+def check_key(key: bytes) -> None:
+    """Raises :class:`SessionKeyError` for a key RUDP cannot use (under 16 bytes)."""
+    if len(key) < MIN_KEY_BYTES:
+        raise SessionKeyError(f"session key of {len(key)} bytes; need {MIN_KEY_BYTES}")
 
 
-def _head(data: bytes, pos: int, major: int) -> tuple[int, int]:
-    """The argument of the definite-length CBOR head of type ``major`` at ``pos`` and the
-    position after it; ValueError or IndexError for anything else."""
-    byte = data[pos]
-    if byte >> 5 != major:
-        raise ValueError("another type")
-    info = byte & 0x1F
-    if info < 24:
-        return info, pos + 1
-    size = _UINT_SIZES[info]  # KeyError (a LookupError) for indefinite or reserved
-    end = pos + 1 + size
-    if end > len(data):
-        raise IndexError("short")
-    return int.from_bytes(data[pos + 1 : end], "big"), end
-
-
-def _decode_pub(data: bytes) -> Pub | None:
-    """The ``pub`` frame of ``data`` if it has exactly the usual shape (see _PUB_HEAD),
-    built by ``Pub`` itself (so with all its checks); None for anything else, including
-    a frame ``Pub`` refuses: the general decoder then gives the frame or the error."""
-    try:
-        pos = 1 + len(_PUB_HEAD)
-        req, pos = _head(data, pos, 0)
-        if not data.startswith(_K_MSG_ID, pos):
-            return None
-        size, pos = _head(data, pos + len(_K_MSG_ID), 3)
-        msg_id = data[pos : pos + size].decode("utf-8")
-        pos += size
-        if not data.startswith(_K_SUBJECT, pos):
-            return None
-        size, pos = _head(data, pos + len(_K_SUBJECT), 3)
-        subject = data[pos : pos + size].decode("utf-8")
-        pos += size
-        payload = b""
-        if data[0] == 0xA5:
-            if not data.startswith(_K_PAYLOAD, pos):
-                return None
-            size, pos = _head(data, pos + len(_K_PAYLOAD), 2)
-            payload = data[pos : pos + size]
-            pos += size
-        if pos != len(data) or len(data) > MAX_FRAME_BYTES:
-            return None
-        return Pub(req=req, msg_id=msg_id, subject=subject, payload=payload)
-    except (ValueError, LookupError, FrameError):  # UnicodeDecodeError is a ValueError
-        return None
-
-
-def decode_fast(data: bytes) -> Frame:
-    """``decode(data)``, with short cuts for the commonest frames, an ``ack`` (one per
-    notification; the general decoder's checks cost as much as handling it) and a
-    ``pub`` without attrs (one per publish): the same frame or :class:`FrameError` for
-    any input (tests/broker/test_notify_encoding.py)."""
-    if data[:1] and data[0] in _PUB_MAPS and data.startswith(_PUB_HEAD, 1):
-        pub = _decode_pub(data)
-        if pub is not None:
-            return pub
-        return decode(data)
-    start = len(_ACK_PREFIX)
-    if data.startswith(_ACK_PREFIX) and len(data) > start:
-        head = data[start]
-        if head < 24 and len(data) == start + 1:
-            return Ack(upto=head)
-        size = _UINT_SIZES.get(head)
-        if size is not None and len(data) == start + 1 + size:
-            value = int.from_bytes(data[start + 1 :], "big")
-            if value <= UINT63:
-                return Ack(upto=value)
-    return decode(data)
-
-
-def encode_reply(frame: Frame) -> bytes:
-    """``encode(frame)``, with a short cut for the commonest reply, a ``pub-ok`` (one per
-    publish; the general encoder walks the dataclass's fields and defaults): the same
-    bytes (tests/broker/test_notify_encoding.py). A ``pub-ok`` has no field with a
-    default, so ``encode`` writes all three after ``op``, in this order."""
-    if type(frame) is PubOk:
-        # Far below MAX_FRAME_BYTES: msg_id is at most MAX_ID_LENGTH characters.
-        return cbor2.dumps(
-            {"op": "pub-ok", "req": frame.req, "msg_id": frame.msg_id, "matched": frame.matched}
-        )
-    return encode(frame)
-
-
-def _addr_text(addr: tuple[str, int]) -> str:
-    host, port = addr
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _log_path(uri: str, addr: tuple[str, int], prev: tuple[str, int] | None) -> None:
+    # RUDP follows a NAT rebinding by itself; the operator sees it only here.
+    prev_text = None if prev is None else addr_text(prev)
+    oplog_event("path_changed", uri=uri, addr=addr_text(addr), prev_addr=prev_text)
 
 
 class BrokerService:
@@ -224,7 +158,13 @@ class BrokerService:
         self.broker = broker
         self.endpoint = endpoint
         self.worker = worker if worker is not None else DbWorker()
+        self.worker.health = broker.health  # one owner of the database's health
         self._to_loop = LoopQueue(asyncio.get_running_loop())
+        # The one owner of every user's session state, and the one writer of its rows.
+        self.sessions = SessionManager()
+        self.rows = SessionRows(broker.store, self.worker, broker.clock)
+        broker.fence = self.rows  # a user's queue calls name the epoch it is held at
+        # The transport side of each session (peer, sends in flight), by URI.
         self._users: dict[str, _UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
         # Frames received and not yet handled, in arrival order (see _received), and the task
@@ -245,7 +185,7 @@ class BrokerService:
         sink = broker.log.sink if isinstance(broker.log, LoopSink) else broker.log
         broker.log = LoopSink(sink, self._to_loop)
         self._closed = False
-        broker.bind_thread(self.worker.thread_id)
+        broker.bind_thread(self.worker.on_thread)
 
     @property
     def to_loop(self) -> LoopQueue:
@@ -254,22 +194,16 @@ class BrokerService:
 
     @property
     def sms(self) -> SmsFallback | None:
-        """Channel selection beyond IP (issue 13): told of every queued notification."""
+        """Channel selection beyond IP: told of every queued notification."""
         return self._sms
 
-    @sms.setter
-    def sms(self, sms: SmsFallback | None) -> None:
+    def attach_sms(self, sms: SmsFallback) -> None:
+        """Serve ``sms`` (before its start): it asks this service through
+        :class:`~mdeci.broker.sms.IpSide`. It removes the rows it delivered, so the core
+        reads every queue it serves from the store from now on (in the worker's order)."""
         self._sms = sms
-        if sms is not None:
-            sms.tell = self._tell
-            sms.worker = self.worker
-            sms.connected = self.is_connected
-            sms.handle_frame = self._sms_frame
-            sms.sub_class = self._sub_class
-            sms.delivered = self._sms_delivered
-            # The SMS side removes the rows it delivered: the core reads every queue it
-            # serves from the store from now on (the order of the worker's calls).
-            self.worker.post("sms side", self.broker.forget_rows)
+        sms.bind(self)
+        self.worker.post("sms side", self.broker.forget_rows)
 
     @classmethod
     async def open(
@@ -319,13 +253,50 @@ class BrokerService:
         Raises:
             SessionKeyError: ``key`` is shorter than 16 bytes.
         """
-        if len(key) < MIN_KEY_BYTES:
-            raise SessionKeyError(f"session key of {len(key)} bytes; need {MIN_KEY_BYTES}")
+        check_key(key)
+        self.apply(self.sessions.connect(uri, media_addr, key, alive=self.alive(uri)))
+
+    def disconnected(self, uri: str, *, ended: bool = False) -> None:
+        """The SIP layer lost ``uri``'s session (``ended``: BYE): stop and forget its peer.
+
+        Its queue stays; the next :meth:`connected` flushes it. The core hears of it on
+        the database thread; a status that cannot be stored is logged.
+        """
+        self.apply(self.sessions.disconnect(uri, ended=ended))
+
+    def alive(self, uri: str) -> bool:
+        """``uri``'s RUDP association exists and has not given up."""
+        link = self._users.get(uri)
+        return link is not None and link.peer.connected
+
+    def apply(self, commands: list[Command]) -> None:
+        """Carry out the Session Manager's commands, in order (the SIP endpoint carries
+        out the BYEs and churn events among them, and hands the rest here)."""
+        for command in commands:
+            if isinstance(command, Attach):
+                self._attach(command)
+            elif isinstance(command, Detach):
+                self._detach(command)
+            elif isinstance(command, SetStatus | StoreSession):
+                self.rows.write(command)
+            elif isinstance(command, SmsLook) and self.sms is not None:
+                self._after_db(self.sms.kick, command.uri)
+            elif isinstance(command, SmsStop) and self.sms is not None:
+                self.sms.ip_back(command.uri)
+
+    def _attach(self, command: Attach) -> None:
+        session, media_addr = command.session, command.addr
+        uri, key = session.uri, session.key
         link = self._users.get(uri)
         if link is not None and link.key != key:
             self._drop(link)
             link = None
-        if link is not None and link.peer.connected and link.delivering:
+        if command.moved and (link is None or not link.peer.connected):
+            # The association gave up meanwhile (its failure is still on its way): a new
+            # connection, as if it had arrived first.
+            self.apply(self.sessions.connect(uri, media_addr, key, alive=False))
+            return
+        if command.moved and link is not None:
             # The same association, delivering: only the path changed. RUDP resends what
             # is in flight to the new address itself; restarting the stream from the
             # lowest un-acked nseq would send the whole window again on every move, and a
@@ -335,14 +306,17 @@ class BrokerService:
             # path validation follows it instead (it also resends what is in flight).
             if self.advertise is None:
                 link.peer.set_address(media_addr)
-            self.worker.post("media moved", self.broker.mark_moved, uri, _addr_text(media_addr))
+            self.worker.post("media moved", self.broker.mark_moved, uri, addr_text(media_addr))
             self._kick(link)
             return
         if link is None:
-            link = _UserLink(uri, key, self.endpoint.peer(key, media_addr))
+            link = _UserLink(uri, key, self.endpoint.peer(key, media_addr), session)
             self._users[uri] = link
-            link.peer.on_heard = lambda: self._heard(link)
-            link.peer.on_message = lambda data: self._received(link, data)
+            new = link
+            link.peer.on_heard = lambda: self._heard(new)
+            link.peer.on_message = lambda data: self._received(new, data)
+            link.peer.on_path_changed = lambda addr, prev: _log_path(new.uri, addr, prev)
+        link.session = session
         if self.advertise is None or link.peer.path_changes == 0:
             link.peer.set_address(media_addr)  # behind a relay: until a path is validated
         # Always a fresh retry budget: the (re-)INVITE just proved the user reachable at
@@ -350,27 +324,17 @@ class BrokerService:
         # association a moment later (then nothing would bring it back: the agent, which
         # believes it is CONNECTED, has no reason to re-INVITE).
         link.peer.reset()
-        link.epoch += 1
-        link.delivering = True
-        link.ip_proved = False  # the SMS side hears of it at the first acknowledged send
         # Posted before the delivery task's next take_batches: the worker runs them in order.
-        self.worker.post("session status", self.broker.mark_connected, uri, _addr_text(media_addr))
+        self.worker.post("session status", self.broker.mark_connected, uri, addr_text(media_addr))
         self._kick(link)
 
-    def disconnected(self, uri: str, *, ended: bool = False) -> None:
-        """The SIP layer lost ``uri``'s session (``ended``: BYE): stop and forget its peer.
-
-        Its queue stays; the next :meth:`connected` flushes it. The core hears of it on
-        the database thread; a status that cannot be stored is logged.
-        """
-        link = self._users.pop(uri, None)
-        if link is not None:
-            self._drop(link)
-        status = SessionStatus.ENDED if ended else SessionStatus.DISCONNECTED
-        reason = "session ended" if ended else "sip"
-        self.worker.post("session status", self.broker.mark_disconnected, uri, reason, status)
-        if self.sms is not None and not ended:
-            self._after_db(self.sms.kick, uri)
+    def _detach(self, command: Detach) -> None:
+        uri = command.uri
+        if command.forget:
+            link = self._users.pop(uri, None)
+            if link is not None:
+                self._drop(link)
+        self.worker.post("session status", self.broker.mark_disconnected, uri, command.reason)
 
     async def settled(self) -> None:
         """Return once the database thread ran every call queued so far (e.g. the status
@@ -384,9 +348,8 @@ class BrokerService:
         return link is not None and link.peer.stats.packets_received > 0
 
     def is_connected(self, uri: str) -> bool:
-        """True while notifications are being sent to ``uri`` (the loop's view)."""
-        link = self._users.get(uri)
-        return link is not None and link.delivering
+        """True while notifications are being sent to ``uri`` (its session is CONNECTED)."""
+        return self.sessions.is_connected(uri)
 
     async def close(self) -> None:
         """Stop every task and close the endpoint. Queues and statuses stay stored.
@@ -437,23 +400,23 @@ class BrokerService:
                 )
             self.sms.kick(uri, connected=connected)
 
-    def _sub_class(self, sub_id: int) -> str | None:
+    def sub_class(self, sub_id: int) -> str | None:
         """The queue class live subscription ``sub_id`` asked for, if any."""
         compiled = self.broker.matcher.get(sub_id)
         return None if compiled is None else compiled.sub.qclass
 
-    def _sms_frame(self, uri: str, data: bytes) -> None:
+    def handle_sms_frame(self, uri: str, data: bytes) -> None:
         """A ``pub`` or ``ack`` from ``uri``'s phone by SMS: handled as over IP (on the
         database thread, in order); the answers stay there (an ``error`` is logged by
         the core's churn events)."""
         self.worker.post("sms frame", self.broker.handle_frame, uri, data)
 
-    def _sms_delivered(self, uri: str, nseq: int) -> None:
+    def delivered_by_sms(self, uri: str, nseq: int) -> None:
         """``uri``'s ``nseq`` went by SMS: the core forgets it was also in flight over IP
         (on the database thread, in order)."""
         self.worker.post("sms delivered", self.broker.delivered_elsewhere, uri, nseq)
 
-    def _tell(self, uri: str, data: bytes) -> bool:
+    def tell(self, uri: str, data: bytes) -> bool:
         """Send a broker-initiated frame (e.g. ``limit``) to ``uri`` if it is CONNECTED."""
         link = self._users.get(uri)
         if link is None or not link.delivering:
@@ -478,8 +441,6 @@ class BrokerService:
         tasks = [t for t in (link.sends or ()) if t is not None]
         for task in tasks:
             task.cancel()
-        link.epoch += 1  # whatever still completes belongs to no connection
-        link.delivering = False
         self.endpoint.remove_peer(link.key)
         return tasks
 
@@ -593,7 +554,7 @@ class BrokerService:
 
     def _spawn_replies(self, link: _UserLink, data: list[bytes]) -> None:
         # The replies' bytes count against the cap until their send is done; released by
-        # the send's one callback (_sent), not by a second one per reply (issue 14: a
+        # the send's one callback (_sent), not by a second one per reply (a
         # publish's pub-ok took two callbacks and two loop steps).
         size = sum(map(len, data))
         if self._spawn_sends(link, data, size) is not None:
@@ -623,8 +584,10 @@ class BrokerService:
                     batches = await self.worker.run(
                         self.broker.take_batches, [link.uri for link in links]
                     )
-                except StoreError:
+                except StoreError as exc:
+                    self.broker.health.failed("delivery", exc)
                     continue  # retried on the next wake (publish, ack or sweep tick)
+                self.broker.health.succeeded()
                 for link, epoch in zip(links, epochs, strict=True):
                     if link.epoch != epoch or not link.delivering:
                         # (Re)connected, dropped or unreachable since the call began: the
@@ -647,8 +610,8 @@ class BrokerService:
         """Queue the messages of ``data`` on ``link``'s peer, in order; the future of
         their acknowledgement, all of them (None if the peer refused them at once: then
         the user is marked unreachable). No task per message, and one future for a
-        window of notifies or a round of replies (issue 14: a task, then a future and
-        its callback per notify were a visible share of a delivery's CPU): the future's
+        window of notifies or a round of replies (a task, then a future and
+        its callback per notify are a visible share of a delivery's CPU): the future's
         callback does what the task did when it ended, and gives back ``reply_size``
         bytes of ``link.reply_bytes`` (see _spawn_replies)."""
         epoch = link.epoch
@@ -679,49 +642,44 @@ class BrokerService:
         exc = future.exception()
         if isinstance(exc, PeerUnreachable):
             self._unreachable(link, epoch, exc.reason)
-        elif exc is None and not link.ip_proved and epoch == link.epoch:
-            self._proved(link)
+        elif exc is None and not link.session.proved and epoch == link.epoch:
+            self._proved(link, epoch)
 
-    def _proved(self, link: _UserLink) -> None:
+    def _proved(self, link: _UserLink, epoch: int) -> None:
         """The first datagram sent over this connection was acknowledged: IP works both
         ways, so the SMS side stops its buffers for the user (:meth:`SmsFallback.ip_back`).
 
         Not at the (re-)INVITE: a device whose SIP works while its IP downlink does not
         (a half-broken radio, a firewall dropping UDP towards it) re-INVITEs again and
-        again; stopping its SMS at each one and sending it again when IP fails anew paid
-        every SMS twice or more, and a notification that had reached the phone by SMS was
-        sent to it once more.
+        again; stopping its SMS at each one and sending it again when IP fails anew would
+        pay every SMS twice or more, and send a notification that reached the phone by
+        SMS once more.
         """
-        link.ip_proved = True
-        if self.sms is not None:
-            self.sms.ip_back(link.uri)
+        if self._users.get(link.uri) is link:
+            self.apply(self.sessions.path_proved(link.uri, epoch))
 
     def _unreachable(self, link: _UserLink, epoch: int, reason: str) -> None:
-        if epoch != link.epoch or self._users.get(link.uri) is not link:
+        if self._users.get(link.uri) is not link:
             return  # a send of an earlier connection: its failure says nothing now
-        if not link.delivering:
-            return
-        link.delivering = False
         # The stored status follows at the next change if the database is down now.
-        self.worker.post(
-            "session status", self.broker.mark_disconnected, link.uri, f"rudp: {reason}"
-        )
-        if self.sms is not None:
-            self._after_db(self.sms.kick, link.uri)
+        self.apply(self.sessions.media_failed(link.uri, epoch, reason))
 
     def _heard(self, link: _UserLink) -> None:
-        """An authenticated packet (a frame, an ack or a keepalive PING) came from a user
-        we marked DISCONNECTED after RUDP retries ran out: it is reachable again, so it is
-        connected again exactly as a re-INVITE with the same key would connect it.
+        """An authenticated packet (a frame, an ack or a keepalive PING) came from the
+        user: the keys are confirmed, and a user we marked DISCONNECTED after RUDP
+        retries ran out is reachable again, so it is connected again exactly as a
+        re-INVITE with the same key would connect it.
 
         Without this, an agent that was frozen (suspended, SIGSTOP), or whose move made
         our retries go to its old address, never got its queue: its own keepalives are
         still acknowledged, so it sends no frame and no re-INVITE, while we waited for one.
         """
-        if self._users.get(link.uri) is not link or link.delivering:
+        session = link.session
+        if session.heard and session.status is _CONNECTED:
+            return  # the common case: one check per datagram
+        if self._users.get(link.uri) is not link:
             return
-        # A failed status write leaves delivery enabled; the store follows at the next change.
-        self.connected(link.uri, link.peer.addr, link.key)
+        self.apply(self.sessions.media_heard(link.uri, session.epoch, link.peer.addr))
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -735,6 +693,8 @@ class BrokerService:
                         break
             except StoreError as exc:
                 # Retried at the next sweep; the matcher already ignores expired ones.
-                oplog_event("database_error", level=logging.ERROR, where="sweep", error=str(exc))
+                self.broker.health.failed("sweep", exc)
+            else:
+                self.broker.health.succeeded()
             for link in self._users.values():
                 self._kick(link)

@@ -45,7 +45,7 @@ def fields_emitter(
     ``emit_fields`` if it has one (the broker's own sinks), else a call of ``emit``
     with the fields as keywords. Resolved once, when a chain is built: re-packing the
     keywords at each link of the chain (LoopSink, MetricsSink, OperatorSink,
-    ChurnLogSink) cost about a quarter of a churn event (issue 14)."""
+    ChurnLogSink) costs about a quarter of a churn event."""
     fast = getattr(sink, "emit_fields", None)
     if callable(fast):
         return cast(Callable[[str, str, Mapping[str, FieldValue]], None], fast)
@@ -82,7 +82,8 @@ def emit_rows(sink: ChurnSink, event: str, keys: tuple[str, ...], rows: Sequence
     The broker's bursts (a publish's queued notifications, an ack's delivered ones) go
     down the chain as one call per link: the counters move once per batch, the churn
     log writes the rows with one template and one write, and no event has a dict of its
-    own (issue 14: two events per notification were 13-24 % of the broker's CPU).
+    own (emitted one by one, the two events of each notification cost 13-24 % of the
+    broker's CPU).
     """
     if rows:
         fast = getattr(sink, "emit_rows", None)  # the common case, without rows_emitter

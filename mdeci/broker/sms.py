@@ -1,25 +1,31 @@
-"""SMS fallback of the broker: urgent notifications of DISCONNECTED users go by SMS.
+"""SMS side of the broker: channel selection beyond IP for the classes that may use SMS.
 
 Theory of operation (docs/protocol.md §7, docs/channels.md "Broker integration")
 ----------------------------------------------------------------------------
 :class:`SmsFallback` is asked to look at a user (:meth:`SmsFallback.kick`) when
-something was queued for it while its IP channel is not CONNECTED, when its RUDP peer
-became unreachable, and at start for every session stored DISCONNECTED. For a user whose
-session is DISCONNECTED and who has an MSISDN (SDP ``a=mdeci-msisdn`` or the user's
-configured ``msisdn``), each queued *urgent* notification not already on its way is
-encoded as the same ``notify`` frame IP would carry and offered to the channel selector
-(:func:`mdeci.channels.select`, class ``urgent``, available channels ``{"sms"}``):
+something was queued for it (whether its IP channel is up or not), when its session
+became DISCONNECTED, when its device sent a new calendar, at a held decision's deadline,
+and at start for every session stored DISCONNECTED. Only users with an MSISDN in the
+operator's records (``[[auth.users]] msisdn``) are looked at: a number announced in SDP
+is the device's claim, and SMS to it would be paid by the operator. Only the rows of a
+class that may use SMS are read (``[[channels.classes]]`` whose channels name ``sms``;
+when only the urgent class does, the rows the publish marked urgent). Each is encoded
+as the same ``notify`` frame IP would carry and offered to the channel selector
+(:func:`mdeci.channels.select`) with the user's policy (the IP and SMS channels with
+their live latency and reliability, the classes, the limits of ``[channels]`` and
+``[sms]``, the device's calendar); IP is available while the session is CONNECTED, SMS
+unless a global limit stops it:
 
 - ``SendNow`` on SMS: the frame goes to the user's number through one
   :class:`~mdeci.sms.link.SmsLink` buffer (TTL: what is left of ``[sms] ttl`` since
   publication), the usage is counted (limits), ``sms_sent`` is logged with the frame's
   ``bytes`` and its ``cost``;
+- ``SendNow`` on IP: nothing to do, the IP path carries every queued notification in
+  order (a limit that kept SMS from scoring best is told to the device);
 - ``NoChannel`` (e.g. the user's monthly SMS limit): logged once per notification as
   ``notify_queued`` with ``channel = "sms"`` and the limit as ``reason``; it waits in the
   queue for IP;
 - ``Hold``: looked at again at its deadline.
-
-Non-urgent notifications are never considered: they stay queued for IP.
 
 Acknowledgement mapping. The agent's SMS link acknowledges a buffer once it has
 reassembled it intact; the agent hands the frame to the same ``nseq`` gate as IP. On that
@@ -36,12 +42,13 @@ application twice.
 
 Threads. Like the core, every store call of this side runs on the service's database
 thread (:class:`~mdeci.broker.worker.DbWorker`), never on the event loop, so a hung
-database cannot stall SIP and RUDP (issue 12). A look at a user is split in two:
+database cannot stall SIP and RUDP. A look at a user is split in two:
 
 - *plan*, on the database thread: read the session and the queued rows, run the
   selector (the usage sums, the calendar and the subscriptions' classes live there),
   count the usage of each SMS it decides to send, delete rows whose TTL ended; the
-  answer is a :class:`_Plan`, a list of steps;
+  answer is a :class:`~mdeci.broker.sms_plan.Plan`, a list of steps
+  (:mod:`mdeci.broker.sms_plan`);
 - *act*, on the loop: hand the frames to the SMS link, log, arm retry timers, tell the
   device of limits (the link, the timers and the log are the loop's).
 
@@ -50,156 +57,102 @@ so a plan always knows which notifications are on their way. A plan that comes b
 after IP returned or the calendar changed is stale: only its deletions are reported
 (the usage it counted for SMS it then does not send stays counted; usage only grows,
 and the window is one database round trip).
+
+State. A user's SMS fields (buffers in flight by nseq, holds logged, the highest nseq
+decided, the plan epoch, the look running, the retry armed, limits told and waiting
+for IP, the RUDP counters last seen) are the Session Manager's
+(:mod:`mdeci.broker.sms_sessions`, ``sessions.sms``): this side reports to it and
+carries out its commands (start a look, arm or cancel a retry, cancel buffers, tell
+later). It keeps only what those commands drive (the looks' tasks, the retries' timer
+handles), the link's buffers by buffer id, the configuration, and its policy caches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 
-import cbor2
-
-from mdeci.broker.errors import BrokerError, WrongThreadError
+from mdeci.broker.errors import BrokerError
+from mdeci.broker.sessions import SessionManager
 from mdeci.broker.sink import ChurnSink
+from mdeci.broker.sms_plan import (
+    Dropped,
+    IpSide,
+    Limit,
+    Look,
+    Note,
+    Plan,
+    Send,
+    SmsPlanner,
+)
+from mdeci.broker.sms_policy import (
+    IP_CHANNEL,
+    SMS_CHANNEL,
+    link_config,
+    make_gateway,
+    sms_policy,
+)
+from mdeci.broker.sms_sessions import (
+    ArmRetry,
+    CancelBuffers,
+    CancelRetry,
+    SmsCommand,
+    StartLook,
+    TellLater,
+)
 from mdeci.broker.worker import DbWorker
 from mdeci.channels import (
     CachedUsage,
-    Channel,
-    Hold,
-    Kind,
-    NoChannel,
-    Outgoing,
     Period,
     SelectorPolicy,
-    SendNow,
-    Usage,
     UsageCounter,
-    WeeklyCalendar,
     period_days,
-    record_send,
-    select,
 )
-from mdeci.channels.config import ChannelsConfig, IpConfig, LimitConfig, Scope
-from mdeci.channels.limits import first_exceeded
+from mdeci.channels.config import ChannelsConfig
 from mdeci.channels.live import Figures, LiveFigures
-from mdeci.config import BrokerSmsConfig, SmsGatewayKind
+from mdeci.config import BrokerSmsConfig
 from mdeci.errors import FrameError
-from mdeci.frames import Ack, LimitReached, Notify, Pub, decode, encode
-from mdeci.sms import sms_tariff
-from mdeci.sms.config import SmsConfig
-from mdeci.sms.gateway import LinkRunner, SmsGateway, network_gateway
-from mdeci.sms.link import BufferAcknowledged, BufferExpired, FrameReceived, LinkEvent, SmsLink
-from mdeci.store.calendars import SqlCalendars
+from mdeci.frames import Ack, LimitReached, Pub, decode, encode
+from mdeci.sms.auth import CounterStore, KeyRing, MemoryCounters, Role, SmsAuth, SmsKeys
+from mdeci.sms.errors import SmsError
+from mdeci.sms.gateway import LinkRunner, SmsGateway
+from mdeci.sms.link import (
+    BufferAcknowledged,
+    BufferExpired,
+    FrameReceived,
+    LinkEvent,
+    SmsLink,
+    SmsRefused,
+)
 from mdeci.store.errors import StoreError
-from mdeci.store.queues import QueuedNotification
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from mdeci.store.usage import SqlUsage, remove_delivered
 
 log = logging.getLogger(__name__)
 
-SMS_CHANNEL = "sms"
-IP_CHANNEL = "ip"
-#: The usage counters' user name for global limits (everybody's SMS together).
-GLOBAL_USER = "*"
 _EPOCH_DATE = date(1970, 1, 1)
-# Urgent rows read per look at a user beyond those already in flight.
-BATCH = 32
 RECENT_MO = 64
 
 
-def sms_channel(config: BrokerSmsConfig, link: SmsConfig | None, figures: Figures) -> Channel:
-    """The SMS channel: ``[sms] price`` per SMS (a frame costs its segments), live L, V."""
-    return Channel(
-        name=SMS_CHANNEL,
-        kind=Kind.SMS,
-        tariff=sms_tariff(config.price, link),
-        energy_mw=config.energy_mw,
-        latency_ms=figures.latency_ms,
-        coverage=figures.coverage,
-    )
+def sms_ha1s(store: BrokerStore, numbers: dict[str, str]) -> dict[str, str]:
+    """Number to SHA-256 HA1 of each user (URI to number) in the store (database thread).
 
-
-def ip_channel(config: IpConfig, figures: Figures) -> Channel:
-    """The IP channel: ``[channels.ip]`` tariff and energy, live L and V."""
-    return Channel(
-        name=IP_CHANNEL,
-        kind=Kind.IP,
-        tariff=config.tariff(),
-        energy_mw=config.energy_mw,
-        latency_ms=figures.latency_ms,
-        coverage=figures.coverage,
-    )
-
-
-def sms_limits(config: BrokerSmsConfig) -> tuple[LimitConfig, ...]:
-    """``[sms]``'s shorthand limits (per user, on SMS) as ``[[channels.limits]]``."""
-    limits: list[LimitConfig] = []
-    if config.day_messages is not None:
-        limits.append(LimitConfig(period=Period.DAY, messages=config.day_messages))
-    if config.month_messages is not None:
-        limits.append(LimitConfig(period=Period.MONTH, messages=config.month_messages))
-    if config.month_money is not None:
-        limits.append(LimitConfig(period=Period.MONTH, money=config.month_money))
-    return tuple(limits)
-
-
-def sms_policy(
-    config: BrokerSmsConfig,
-    link: SmsConfig | None = None,
-    channels: ChannelsConfig | None = None,
-    *,
-    user: str = "",
-    ip: Figures | None = None,
-    sms: Figures | None = None,
-) -> SelectorPolicy:
-    """``user``'s selector policy: the IP and SMS channels (with these figures, else the
-    configured ones), the classes of ``[channels]`` and the per-user limits of
-    ``[channels]`` and ``[sms]``."""
-    chans = channels if channels is not None else ChannelsConfig()
-    ip_now = ip if ip is not None else Figures(chans.ip.latency_ms, chans.ip.coverage)
-    sms_now = sms if sms is not None else Figures(config.latency_ms, 1.0)
-    extra = tuple(lim.limit() for lim in sms_limits(config))
-    return SelectorPolicy(
-        channels=(ip_channel(chans.ip, ip_now), sms_channel(config, link, sms_now)),
-        classes=chans.classes_of(),
-        limits=chans.limits_for(user) + extra,
-    )
-
-
-def link_config(config: BrokerSmsConfig) -> SmsConfig:
-    """The broker's SMS link settings from ``[sms]``."""
-    return SmsConfig(
-        ack_timeout=config.ack_timeout,
-        ack_timeout_max=config.ack_timeout_max,
-        first_part_ack=config.first_part_ack,
-        default_ttl=config.ttl,
-    )
-
-
-def make_gateway(config: BrokerSmsConfig) -> SmsGateway:
-    """The gateway ``[sms] gateway`` names.
-
-    Raises :class:`BrokerError` for ``"simulated"``: that network reaches no phone (tests
-    hand the broker a gateway of their own network); a standalone broker must say how to
-    reach phones (``"kannel"``: docs/sms.md "Loopback with Kannel and fakesmsc").
+    Raises StoreError.
     """
-    if config.gateway is SmsGatewayKind.SIMULATED:
-        raise BrokerError(
-            '[sms] gateway = "simulated" reaches no phone outside tests: set gateway = '
-            '"kannel" (docs/sms.md "Loopback with Kannel and fakesmsc") or "smpp", '
-            "or enabled = false"
-        )
-    gateway = network_gateway(config)
-    if gateway is not None:
-        return gateway
-    raise AssertionError(f"gateway kind {config.gateway} not handled")  # a programming error
+    out = {}
+    for uri, number in numbers.items():
+        user = store.users.get_user(uri)
+        if user is not None:
+            ha1 = store.users.get_credentials(user.username, user.realm, "SHA-256")
+            if ha1:
+                out[number] = ha1
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,63 +160,6 @@ class _InFlight:
     uri: str
     nseq: int
     published_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Look:
-    """What the loop knows when a look at ``uri`` starts (the plan's input)."""
-
-    uri: str
-    msisdn: str
-    connected: bool
-    after: int  # connected users: the highest nseq already decided
-    flying: frozenset[int]  # nseqs on their way by SMS
-    policy: SelectorPolicy
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Send:
-    nseq: int
-    published_at: float
-    frame: bytes
-    ttl: float
-    qclass: str
-    cost: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Dropped:
-    """The row's TTL ended while the user was away: deleted by the plan."""
-
-    nseq: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Note:
-    nseq: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Limit:
-    channel: str
-    limit: str
-    qclass: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Retry:
-    delay: float
-
-
-_Step = _Send | _Dropped | _Note | _Limit | _Retry
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    steps: tuple[_Step, ...]
-    decided: int  # the highest nseq looked at
 
 
 def _quantum(value: float) -> float:
@@ -275,9 +171,10 @@ class SmsFallback:
     """The broker's channel selection and SMS side; :meth:`start`, then :meth:`close`.
 
     ``clock`` is the broker's (epoch seconds: TTLs, limits' calendar periods, latencies);
-    the link's retransmission timers run on the event loop's clock. ``tell`` (set by the
-    service) sends a frame to a user over IP and says whether it could; ``worker`` (set
-    by the service) is its database thread, where every store call of this side runs.
+    the link's retransmission timers run on the event loop's clock. ``ip`` (the service,
+    bound once through :class:`IpSide`) sends a frame to a user over IP and says whether
+    it could; ``worker`` (set by the service) is its database thread, where every store
+    call of this side runs.
     """
 
     def __init__(
@@ -291,6 +188,7 @@ class SmsFallback:
         usage: UsageCounter | None = None,
         channels: ChannelsConfig | None = None,
         default_msisdns: dict[str, str] | None = None,
+        counters: CounterStore | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -310,37 +208,29 @@ class SmsFallback:
             },
             alpha=self.channels.alpha,
         )
-        self._global_limits = self.channels.limits_for("", scope=Scope.GLOBAL)
+        self.planner = SmsPlanner(store, config, self.channels, self.usage)
         self._policies: dict[str, tuple[tuple[float, ...], SelectorPolicy]] = {}
-        self._free: dict[str, tuple[SelectorPolicy, SelectorPolicy]] = {}
-        self._calendar_store = SqlCalendars(store.engine)
-        self._calendars: dict[str, WeeklyCalendar | None] = {}
-        self.link = SmsLink(config.number, self.link_config)
-        self.runner = LinkRunner(self.link, gateway, self._on_event)
-        self.tell: Callable[[str, bytes], bool] | None = None
+        # SMS keys of the users with a number, from their HA1 (filled at start); replay
+        # counters in ``counters`` (the service's data_dir file; memory in tests).
+        self.keys = KeyRing(Role.BROKER)
+        self._keying: set[str] = set()  # numbers whose HA1 is being read
+        self._key_tasks: set[asyncio.Task[None]] = set()
+        auth = SmsAuth(
+            self._key_of, counters if counters is not None else MemoryCounters(), clock=clock
+        )
+        self.link = SmsLink(config.number, self.link_config, auth=auth)
+        self.runner = LinkRunner(self.link, gateway, self._on_event, on_refused=self._refused)
+        self.ip: IpSide | None = None  # the service, once it bound this side (bind)
         self.worker: DbWorker | None = None
-        self.connected: Callable[[str], bool] | None = None  # is its IP channel up
         self._defaults = dict(default_msisdns or {})
         self._uri_by_number = {number: uri for uri, number in self._defaults.items()}
-        # Set by the service: handle a frame from a user as if it came over IP; the class
-        # a live subscription asked for.
-        self.handle_frame: Callable[[str, bytes], None] | None = None
-        self.sub_class: Callable[[int], str | None] | None = None
-        # Set by the service: this user's notification left by SMS (the IP side must not
-        # count a later ack of it as a second delivery).
-        self.delivered: Callable[[str, int], None] | None = None
+        # Each user's SMS fields are the Session Manager's (the service's once bound; a
+        # manager of its own while this side is used alone). Kept here: the link's
+        # buffers in flight (by buffer id), and the I/O handles its commands drive.
+        self.sessions = SessionManager()
         self._buffers: dict[int, _InFlight] = {}
-        self._by_user: dict[str, dict[int, int]] = {}  # uri -> nseq -> buffer id
-        self._noted: dict[str, set[int]] = {}  # nseqs whose hold/refusal was logged
-        self._decided: dict[str, int] = {}  # connected users: highest nseq decided
-        self._told: set[tuple[str, str, float]] = set()  # (uri, limit, period end) told
-        self._untold: dict[str, list[bytes]] = {}  # limit frames waiting for IP
-        self._ip_seen: dict[str, tuple[int, int]] = {}  # RUDP (sent, retransmitted) seen
-        self._users_by_number: dict[str, str] = {}
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._looking: dict[str, asyncio.Task[None]] = {}  # uri -> its look (one at a time)
-        self._again: dict[str, bool] = {}  # kicked during its look: connected, last said
-        self._epochs: dict[str, int] = {}  # bumped when a running plan becomes stale
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # ArmRetry / CancelRetry
+        self._looks: set[asyncio.Task[None]] = set()  # StartLook (one per user at a time)
         # The latest MO frames (sender, frame), for tests and debugging: bounded, since
         # anybody can send SMS to the broker's number.
         self.received: deque[tuple[str, bytes]] = deque(maxlen=RECENT_MO)
@@ -349,40 +239,46 @@ class SmsFallback:
         # Only the classes that may use SMS are looked at; rows carry only "urgent".
         urgent = self.channels.class_config(self.channels.urgent_class)
         self._urgent_sms = urgent is not None and SMS_CHANNEL in urgent.channels
-        # Every row may be of a class that allows SMS unless only the urgent class does
-        # (then urgent rows alone are read, or a named class could never use SMS).
-        self._normal_sms = any(
-            SMS_CHANNEL in c.channels
-            for c in self.channels.classes
-            if c.name != self.channels.urgent_class
-        )
+
+    def bind(self, ip: IpSide) -> None:
+        """Work with ``ip``, the service (before :meth:`start`): its database thread
+        becomes this side's."""
+        self.ip = ip
+        self.worker = ip.worker
+        self.sessions = ip.sessions
+        self.planner.ip = ip
+
+    def _connected(self, uri: str) -> bool:
+        return self.ip is not None and self.ip.is_connected(uri)
 
     async def start(self) -> None:
-        """Start the gateway, then look at every user stored DISCONNECTED.
+        """Start the gateway, then look at every user of this broker stored DISCONNECTED.
 
         Raises :class:`BrokerError` when no service gave it its database thread.
         """
         if self.worker is None:
             raise BrokerError("the SMS side needs a broker service's database thread")
+        await self.load_keys()
         await self.runner.start()
         self._started = True
         try:
             away = await self.worker.run(
-                self.store.sessions.sessions_with_status, SessionStatus.DISCONNECTED
+                self.store.sessions.owned_sessions, SessionStatus.DISCONNECTED, self.store.node
             )
         except StoreError as exc:
             self.errors += 1  # they are looked at again when something is queued for them
             log.warning("channel selection at start: %s", exc)
             return
-        for rec in away:
+        for rec, _ in away:  # this broker's (another's users are its own to look at)
             self.kick(rec.uri)
 
     async def close(self) -> None:
         self._started = False
-        for timer in self._timers.values():
+        for uri, timer in self._timers.items():
             timer.cancel()
+            self.sessions.sms.retry_dropped(uri)
         self._timers.clear()
-        looks = list(self._looking.values())
+        looks = [*self._looks, *self._key_tasks]
         for task in looks:
             task.cancel()
         await asyncio.gather(*looks, return_exceptions=True)
@@ -392,7 +288,7 @@ class SmsFallback:
 
     def in_flight(self, uri: str) -> tuple[int, ...]:
         """nseqs of ``uri`` on their way by SMS (not yet acknowledged or expired)."""
-        return tuple(sorted(self._by_user.get(uri, {})))
+        return self.sessions.sms.in_flight(uri)
 
     def policy(self, uri: str) -> SelectorPolicy:
         """``uri``'s selector policy with its live figures (rebuilt when they move)."""
@@ -423,14 +319,9 @@ class SmsFallback:
         reliability sample)."""
         if rtt_ms is not None and rtt_ms > 0:
             self.live.latency(uri, IP_CHANNEL, rtt_ms)
-        last_sent, last_re = self._ip_seen.get(uri, (0, 0))
-        if sent < last_sent or retransmitted < last_re:
-            last_sent, last_re = 0, 0  # a new RUDP association: counters restarted
-        self._ip_seen[uri] = (sent, retransmitted)
-        new_sent = sent - last_sent
-        if new_sent > 0:
-            lost = min(new_sent, retransmitted - last_re)
-            self.live.delivered(uri, IP_CHANNEL, 1.0 - lost / new_sent, weight=1.0)
+        sample = self.sessions.sms.ip_sample(uri, sent, retransmitted)
+        if sample is not None:
+            self.live.delivered(uri, IP_CHANNEL, sample, weight=1.0)
 
     def kick(self, uri: str, *, connected: bool = False) -> None:
         """Decide for ``uri``'s queued notifications not decided yet (see the module
@@ -438,60 +329,53 @@ class SmsFallback:
         if not self._started:
             return
         msisdn = self._msisdn(uri)
-        if msisdn is None or not (self._urgent_sms or self._normal_sms):
+        if msisdn is None or not (self._urgent_sms or self.planner.normal_sms):
             return  # IP only: the IP path delivers in order when it is up
-        self._users_by_number[msisdn] = uri
-        if uri in self._looking:
-            self._again[uri] = connected
-            return
-        self._looking[uri] = asyncio.create_task(self._look(uri, msisdn, connected))
+        self._run(self.sessions.sms.kicked(uri, connected=connected), msisdn)
 
     async def idle(self) -> None:
         """Return once no look at any user is running (for tests and shutdown)."""
-        while self._looking:
-            await asyncio.gather(*self._looking.values(), return_exceptions=True)
+        while self._looks:
+            await asyncio.gather(*self._looks, return_exceptions=True)
 
     def calendar_changed(self, uri: str) -> None:
         """``uri``'s device sent a new calendar: forget the old one and decide again for
         what is held or refused."""
         if self.worker is not None:
             # The cache is the database thread's; queued before the look below.
-            self.worker.post("sms calendar", self._calendars.pop, uri, None)
-        self._epochs[uri] = self._epochs.get(uri, 0) + 1
-        timer = self._timers.pop(uri, None)
-        if timer is not None:
-            timer.cancel()
-        self._noted.pop(uri, None)
-        self._decided.pop(uri, None)
-        self.kick(uri, connected=self.connected is not None and self.connected(uri))
-
-    def _calendar(self, uri: str) -> WeeklyCalendar | None:
-        """``uri``'s calendar as its device last sent it (read from SQL once), or None.
-        On the database thread."""
-        if uri not in self._calendars:
-            stored = self._calendar_store.get(uri)
-            self._calendars[uri] = None if stored is None else stored.calendar()
-        return self._calendars[uri]
+            self.worker.post("sms calendar", self.planner.forget_calendar, uri)
+        self._run(self.sessions.sms.calendar_changed(uri))
+        self.kick(uri, connected=self._connected(uri))
 
     def ip_back(self, uri: str) -> None:
         """``uri`` is CONNECTED again and IP proved to work: stop its SMS buffers; IP
-        delivers what is queued; tell it the limits it reached meanwhile."""
-        timer = self._timers.pop(uri, None)
-        if timer is not None:
-            timer.cancel()
-        self._epochs[uri] = self._epochs.get(uri, 0) + 1
-        flying = self._by_user.pop(uri, {})
-        for buffer_id in flying.values():
-            self.link.cancel(buffer_id)
-            self._buffers.pop(buffer_id, None)
-        self._noted.pop(uri, None)
-        self._decided.pop(uri, None)
-        if flying and self._started:
-            self.runner.poke()
-        untold = self._untold.pop(uri, [])
-        if untold:
-            # After the service marked it CONNECTED (it calls us first).
-            asyncio.get_running_loop().call_soon(self._tell_all, uri, untold)
+        delivers what is queued; tell it the limits it reached meanwhile (the Session
+        Manager's :class:`~mdeci.broker.sessions.SmsStop`)."""
+        self._run(self.sessions.sms.ip_back(uri))
+
+    def _run(self, commands: list[SmsCommand], msisdn: str = "") -> None:
+        """Carry out the Session Manager's SMS commands, in order."""
+        for command in commands:
+            if isinstance(command, StartLook):
+                task = asyncio.create_task(self._look(command.uri, msisdn, command.connected))
+                self._looks.add(task)  # the loop keeps only a weak reference
+                task.add_done_callback(self._looks.discard)
+            elif isinstance(command, ArmRetry):
+                self._arm(command.uri, command.delay)
+            elif isinstance(command, CancelRetry):
+                timer = self._timers.pop(command.uri, None)
+                if timer is not None:
+                    timer.cancel()
+            elif isinstance(command, CancelBuffers):
+                for buffer_id in command.buffer_ids:
+                    self.link.cancel(buffer_id)
+                    self._buffers.pop(buffer_id, None)
+                if self._started:
+                    self.runner.poke()
+            elif isinstance(command, TellLater):
+                # After the service marked it CONNECTED (it calls us first).
+                frames = list(command.frames)
+                asyncio.get_running_loop().call_soon(self._tell_all, command.uri, frames)
 
     # ------------------------------------------------------------------ internals
 
@@ -503,81 +387,64 @@ class SmsFallback:
     async def _look(self, uri: str, msisdn: str, connected: bool) -> None:
         """Plan on the database thread, act on the loop; again while kicked meanwhile."""
         assert self.worker is not None  # start() checked
+        sms = self.sessions.sms
+        next_connected: bool | None = connected
         try:
-            while self._started:
-                epoch = self._epochs.get(uri, 0)
-                look = _Look(
+            if self.keys.get(msisdn) is None:
+                await self._load_keys({uri: msisdn})
+            while self._started and next_connected is not None:
+                connected = next_connected
+                start = sms.look_from(uri, connected=connected)
+                look = Look(
                     uri=uri,
                     msisdn=msisdn,
                     connected=connected,
-                    after=self._decided.get(uri, 0) if connected else 0,
-                    flying=frozenset(self._by_user.get(uri, ())),
+                    after=start.after,
+                    flying=start.flying,
                     policy=self.policy(uri),
                     now=self.clock(),
                 )
                 try:
-                    plan = await self.worker.run(self._plan, look)
+                    plan = await self.worker.run(self.planner.plan, look)
                 except StoreError as exc:
                     self.errors += 1  # retried at the next kick (publish, disconnection, start)
                     log.warning("channel selection for %s: %s", uri, exc)
                     plan = None
                 if plan is not None:
-                    self._act(look, plan, stale=self._epochs.get(uri, 0) != epoch)
-                if uri not in self._again:
-                    return
-                connected = self._again.pop(uri)
+                    stale = sms.planned(uri, start.epoch, connected=connected, decided=plan.decided)
+                    self._act(look, plan, stale=stale)
+                next_connected = sms.look_again(uri)
         finally:
-            self._looking.pop(uri, None)
-            self._again.pop(uri, None)
+            sms.look_ended(uri)
 
-    def _plan(self, look: _Look) -> _Plan | None:
-        """The decisions for ``look.uri``'s queued rows (None: it is not away).
-
-        On the database thread: it reads and writes the store and the usage counters.
-        """
-        if self.worker is None or not self.worker.on_thread():
-            raise WrongThreadError("SMS plans run on the broker's database thread")
-        if not look.connected:
-            session = self.store.sessions.get_session(look.uri)
-            if session is None or session.status is not SessionStatus.DISCONNECTED:
-                return None
-        rows = self.store.queues.pending(
-            look.uri,
-            after_nseq=look.after,
-            limit=len(look.flying) + BATCH,
-            urgent_only=not self._normal_sms,
-        )
-        steps: list[_Step] = []
-        for row in rows:
-            if row.nseq not in look.flying:
-                steps.extend(self._decide(look, row))
-        return _Plan(tuple(steps), max((row.nseq for row in rows), default=0))
-
-    def _act(self, look: _Look, plan: _Plan, *, stale: bool) -> None:
+    def _act(self, look: Look, plan: Plan, *, stale: bool) -> None:
         """Carry ``plan`` out on the loop (a stale one: only its deletions are logged)."""
         uri = look.uri
         for step in plan.steps:
-            if isinstance(step, _Dropped):
+            if isinstance(step, Dropped):
                 self.log.emit(
                     "notify_dropped", uri, nseq=step.nseq, channel=SMS_CHANNEL, reason="ttl ended"
                 )
             elif stale or not self._started:
                 continue
-            elif isinstance(step, _Send):
+            elif isinstance(step, Send):
                 self._send(look, step)
-            elif isinstance(step, _Note):
+            elif isinstance(step, Note):
                 self._note(uri, step.nseq, step.reason)
-            elif isinstance(step, _Limit):
+            elif isinstance(step, Limit):
                 self._limit_reached(uri, step.channel, step.limit, step.qclass, look.now)
             else:
-                self._retry_at(uri, step.delay)
-        if look.connected and not stale:
-            self._decided[uri] = max(self._decided.get(uri, 0), plan.decided)
+                self._run(self.sessions.sms.retry(uri, step.delay))
 
-    def _send(self, look: _Look, step: _Send) -> None:
-        buffer_id = self.runner.send_frame(look.msisdn, step.frame, ttl=step.ttl)
+    def _send(self, look: Look, step: Send) -> None:
+        try:
+            buffer_id = self.runner.send_frame(look.msisdn, step.frame, ttl=step.ttl)
+        except SmsError as exc:  # no SMS keys for the number, no counter recorded, ...
+            self.errors += 1
+            log.warning("SMS to %s for %s not sent: %s", look.msisdn, look.uri, exc)
+            return
         self._buffers[buffer_id] = _InFlight(look.uri, step.nseq, step.published_at)
-        self._by_user.setdefault(look.uri, {})[step.nseq] = buffer_id
+        self.sessions.sms.sent(look.uri, step.nseq, buffer_id)
         how = "both: sms beats ip" if look.connected else "ip down"
         self.log.emit(
             "sms_sent",
@@ -589,135 +456,9 @@ class SmsFallback:
             reason=f"to {look.msisdn} ({how}, class {step.qclass})",
         )
 
-    def _qclass(self, row: QueuedNotification) -> str:
-        """The publish's class, else its subscription's, else by ``urgent``."""
-        if row.qclass:
-            return row.qclass
-        if self.sub_class is not None:
-            named = self.sub_class(row.sub_id)
-            if named:
-                return named
-        return self.channels.urgent_class if row.urgent else self.channels.default_class
-
-    def _decide(self, look: _Look, row: QueuedNotification) -> list[_Step]:
-        """The selector's answer for one row, as steps; on the database thread (an SMS
-        it sends is counted here, so the next plan of any user sees it)."""
-        uri, now, connected = look.uri, look.now, look.connected
-        left = row.published_at + self.config.ttl - now
-        if left <= 0 and not connected:
-            remove_delivered(self.store.engine, uri, row.nseq)
-            return [_Dropped(row.nseq)]
-        frame = _notify_frame(row)
-        if frame is None:
-            return []  # unsendable rows are the IP path's to report
-        qclass = self._qclass(row)
-        message = Outgoing(user=uri, qclass=qclass, size=len(frame), first_seen=row.published_at)
-        available = {IP_CHANNEL} if connected else set()
-        policy = look.policy
-        over_global = self._over_global(message, policy, now)
-        if over_global is None:
-            available.add(SMS_CHANNEL)
-        decision = select(
-            policy,
-            message,
-            available=available,
-            usage=self.usage,
-            now=now,
-            calendar=self._calendar(uri),
-        )
-        if over_global is not None and not isinstance(decision, SendNow | Hold):
-            decision = NoChannel("every channel is blocked", ((SMS_CHANNEL, over_global),))
-        if isinstance(decision, Hold):
-            why = f"held until {decision.until:.0f} for {decision.waiting_for}"
-            return [_Note(row.nseq, why), _Retry(decision.until - now)]
-        if isinstance(decision, NoChannel):
-            steps: list[_Step] = [
-                _Limit(channel, limit, qclass) for channel, limit in decision.blocked
-            ]
-            if decision.blocked or not connected:
-                why = "; ".join(f"{ch}: {limit}" for ch, limit in decision.blocked)
-                steps.append(_Note(row.nseq, f"sms not used ({decision.reason}) {why}".strip()))
-            return steps
-        if decision.channel.name != SMS_CHANNEL:
-            # IP it is: the IP path carries every queued notification in order. Was SMS
-            # the better choice, but for a limit? Then that limit is what decided.
-            stopped = self._sms_stopped(uri, message, policy, over_global, connected, now)
-            if stopped is None:
-                return []
-            return [
-                _Limit(SMS_CHANNEL, stopped, qclass),
-                _Note(row.nseq, f"sms not used (limit reached) sms: {stopped}"),
-            ]
-        if left <= 0:
-            return []
-        record_send(self.usage, message, decision, at=now)
-        if self._global_limits:
-            self.usage.add(
-                GLOBAL_USER, SMS_CHANNEL, qclass, now, Usage(1, len(frame), decision.cost)
-            )
-        return [_Send(row.nseq, row.published_at, frame, left, qclass, decision.cost)]
-
-    def _sms_stopped(
-        self,
-        uri: str,
-        message: Outgoing,
-        policy: SelectorPolicy,
-        over_global: str | None,
-        connected: bool,
-        now: float,
-    ) -> str | None:
-        """The limit that kept ``message`` off SMS although SMS scores best, or None."""
-        cls, _ = policy.plan(message.qclass)
-        if Kind.SMS not in cls.kinds:
-            return None
-        free = self._free_policy(uri, policy)
-        available = {IP_CHANNEL, SMS_CHANNEL} if connected else {SMS_CHANNEL}
-        best = select(free, message, available=available, usage=self.usage, now=now)
-        if not isinstance(best, SendNow) or best.channel.name != SMS_CHANNEL:
-            return None
-        if over_global is not None:
-            return over_global
-        over = first_exceeded(
-            policy.limits,
-            self.usage,
-            user=uri,
-            channel=SMS_CHANNEL,
-            qclass=message.qclass,
-            extra=Usage(1, message.size, best.cost),
-            now=now,
-        )
-        return None if over is None else over.describe()
-
-    def _free_policy(self, uri: str, policy: SelectorPolicy) -> SelectorPolicy:
-        """``policy`` without its limits (what the cost function alone would choose)."""
-        found = self._free.get(uri)
-        if found is None or found[0] is not policy:
-            found = (policy, dataclasses.replace(policy, limits=()))
-            self._free[uri] = found
-        return found[1]
-
-    def _over_global(self, message: Outgoing, policy: SelectorPolicy, now: float) -> str | None:
-        """The global limit sending ``message`` by SMS would exceed, described, or None."""
-        if not self._global_limits:
-            return None
-        sms = policy.channels[1]
-        extra = Usage(1, message.size, sms.cost(message.size))
-        over = first_exceeded(
-            self._global_limits,
-            self.usage,
-            user=GLOBAL_USER,
-            channel=SMS_CHANNEL,
-            qclass=message.qclass,
-            extra=extra,
-            now=now,
-        )
-        return None if over is None else "global " + over.describe()
-
     def _note(self, uri: str, nseq: int, reason: str) -> None:
-        noted = self._noted.setdefault(uri, set())
-        if nseq in noted:
+        if not self.sessions.sms.noted(uri, nseq):
             return
-        noted.add(nseq)
         self.log.emit("notify_queued", uri, nseq=nseq, channel=SMS_CHANNEL, reason=reason)
         log.info("notification %d of %s: %s", nseq, uri, reason)
 
@@ -728,32 +469,25 @@ class SmsFallback:
         )
         end = period_days(period, now)[1] if period is not None else None
         until = (end - _EPOCH_DATE).days * 86400.0 if end is not None else now
-        key = (uri, limit, until)
-        if key in self._told:
+        if not self.sessions.sms.told(uri, limit, until):
             return
-        self._told.add(key)
         log.warning("limit reached for %s on %s (class %s): %s", uri, channel, qclass, limit)
         frame = encode(LimitReached(channel=channel, limit=limit, qclass=qclass, until=until))
         self._tell_all(uri, [frame])
 
     def _tell_all(self, uri: str, frames: list[bytes]) -> None:
         for i, frame in enumerate(frames):
-            if self.tell is None or not self.tell(uri, frame):
-                self._untold.setdefault(uri, []).extend(frames[i:])
+            if self.ip is None or not self.ip.tell(uri, frame):
+                self.sessions.sms.untold(uri, frames[i:])
                 return
 
-    def _retry_at(self, uri: str, delay: float) -> None:
-        if uri in self._timers:
-            return
-        loop = asyncio.get_running_loop()
-
+    def _arm(self, uri: str, delay: float) -> None:
         def again() -> None:
             self._timers.pop(uri, None)
-            self._noted.pop(uri, None)
-            self._decided.pop(uri, None)
-            self.kick(uri, connected=self.connected is not None and self.connected(uri))
+            self.sessions.sms.retry_due(uri)
+            self.kick(uri, connected=self._connected(uri))
 
-        self._timers[uri] = loop.call_later(max(0.0, delay), again)
+        self._timers[uri] = asyncio.get_running_loop().call_later(delay, again)
 
     def _on_event(self, event: LinkEvent) -> None:
         if isinstance(event, FrameReceived):
@@ -762,15 +496,15 @@ class SmsFallback:
         flight = self._buffers.pop(event.buffer_id, None)
         if flight is None:
             return
-        self._by_user.get(flight.uri, {}).pop(flight.nseq, None)
+        self.sessions.sms.buffer_done(flight.uri, flight.nseq)
         if self.worker is not None:
             # On the database thread, before any later plan; if it fails the row stays
             # queued (logged): IP delivers it again later and the agent's gate refuses it.
             self.worker.post(
                 "sms done", remove_delivered, self.store.engine, flight.uri, flight.nseq
             )
-        if isinstance(event, BufferAcknowledged) and self.delivered is not None:
-            self.delivered(flight.uri, flight.nseq)
+        if isinstance(event, BufferAcknowledged) and self.ip is not None:
+            self.ip.delivered_by_sms(flight.uri, flight.nseq)
         if isinstance(event, BufferAcknowledged):
             self.live.latency(flight.uri, SMS_CHANNEL, (event.acked_at - event.sent_at) * 1000.0)
             self.live.delivered(flight.uri, SMS_CHANNEL, 1.0)
@@ -792,6 +526,47 @@ class SmsFallback:
                 reason=f"undeliverable by sms: ttl ended after {event.sms_sent} sms",
             )
 
+    async def load_keys(self) -> None:
+        """Key every user's number from its HA1 (again after the users were stored)."""
+        await self._load_keys(self._defaults)
+
+    async def _load_keys(self, numbers: dict[str, str]) -> None:
+        """Key the users' numbers (URI to number) from their HA1 in the store."""
+        assert self.worker is not None
+        self._keying.update(numbers.values())
+        try:
+            ha1s = await self.worker.run(sms_ha1s, self.store, numbers)
+        except StoreError as exc:
+            self.errors += 1
+            log.warning("SMS keys: %s (their SMS are refused until read)", exc)
+            ha1s = {}
+        finally:
+            self._keying.difference_update(numbers.values())
+        for number, ha1 in ha1s.items():
+            self.keys.set(number, ha1)
+
+    def _key_of(self, number: str) -> SmsKeys | None:
+        """The link's key lookup: a user's number not keyed yet (added to the store after
+        start) is read in the background; its SMS meanwhile are refused and resent."""
+        keys = self.keys.get(number)
+        uri = self._uri_by_number.get(number)
+        if keys is None and uri is not None and self._started and number not in self._keying:
+            task = asyncio.get_running_loop().create_task(self._load_keys({uri: number}))
+            self._keying.add(number)
+            self._key_tasks.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(self._key_tasks.discard)
+        return keys
+
+    def _refused(self, refused: SmsRefused) -> None:
+        """An SMS the link dropped (forged, replayed, unknown number): logged, nothing else."""
+        known = self._uri_by_number.get(refused.sender)
+        self.log.emit(
+            "sms_received",
+            known if known is not None else f"tel:{refused.sender}",
+            channel=SMS_CHANNEL,
+            reason=f"refused {refused.what}: {refused.reason.value}",
+        )
+
     def _on_mo(self, sender: str, frame: bytes) -> None:
         """A frame from a phone. From a user's number (the operator's records), a ``pub``
         or ``ack`` is handled as if it came over IP (no answer goes back: SMS costs, and
@@ -805,23 +580,9 @@ class SmsFallback:
             decoded = decode(frame)
             op = decoded.op
         self.log.emit("sms_received", uri, channel=SMS_CHANNEL, bytes=len(frame), reason=f"op={op}")
-        if known is None or not isinstance(decoded, Pub | Ack) or self.handle_frame is None:
+        if known is None or not isinstance(decoded, Pub | Ack) or self.ip is None:
             return
-        self.handle_frame(known, frame)
+        self.ip.handle_sms_frame(known, frame)
 
 
-def _notify_frame(row: QueuedNotification) -> bytes | None:
-    try:
-        return encode(
-            Notify(
-                nseq=row.nseq,
-                sub_id=str(row.sub_id),
-                subject=row.subject,
-                msg_id=row.msg_id,
-                published_at=row.published_at,
-                attrs=cbor2.loads(row.attrs_cbor),
-                payload=row.payload,
-            )
-        )
-    except (FrameError, ValueError, cbor2.CBORDecodeError):
-        return None
+__all__ = ["RECENT_MO", "IpSide", "SmsFallback", "make_gateway", "sms_policy"]

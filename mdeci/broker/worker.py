@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 The store is synchronous (SQLAlchemy); a slow or hung database (a lock held by another
 connection, a network stall up to the store's statement timeout) would stop every SIP
-transaction and RUDP timer of the process if its calls ran on the event loop (issue 12).
+transaction and RUDP timer of the process if its calls ran on the event loop.
 So the asyncio glue (:mod:`mdeci.broker.service`, :mod:`mdeci.broker.endpoint`) never
-calls the store or :class:`~mdeci.broker.core.Broker` itself: it hands each call to ONE
+calls the store or :class:`~mdeci.broker.glue.Broker` itself: it hands each call to ONE
 :class:`DbWorker` thread and awaits the result (:meth:`DbWorker.run`), or only queues
 it when nothing waits for the answer (:meth:`DbWorker.post`).
 
@@ -39,8 +39,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
+from mdeci.broker.db_health import DatabaseHealth
 from mdeci.broker.sink import ChurnSink, FieldValue, Row, fields_emitter, rows_emitter
-from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
 
 P = ParamSpec("P")
@@ -57,6 +57,8 @@ class DbWorker:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
         self._closed = False
         self.thread_id: int = self._pool.submit(threading.get_ident).result()
+        #: Where :meth:`post`'s calls report (the broker's; the service sets it).
+        self.health = DatabaseHealth()
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on the worker thread; its result or its exception.
@@ -70,13 +72,13 @@ class DbWorker:
     def post(self, what: str, fn: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
         """Queue ``fn(*args, **kwargs)`` behind every call made so far; nobody waits.
 
-        A :class:`StoreError` is logged as ``database_error`` with ``where=what`` (the
-        write is one the next change repeats, e.g. a session status); any other error
-        is logged with its traceback.
+        A :class:`StoreError` goes to :attr:`health` with ``where=what`` (the write is
+        one the next change repeats, e.g. a session status); any other error is logged
+        with its traceback.
         """
         if self._closed:
             return
-        self._pool.submit(_logged, what, functools.partial(fn, *args, **kwargs))
+        self._pool.submit(_logged, self.health, what, functools.partial(fn, *args, **kwargs))
 
     def on_thread(self) -> bool:
         """True when called from the worker thread."""
@@ -88,11 +90,11 @@ class DbWorker:
         self._pool.shutdown(wait=True)
 
 
-def _logged(what: str, call: Callable[[], object]) -> None:
+def _logged(health: DatabaseHealth, what: str, call: Callable[[], object]) -> None:
     try:
         call()
     except StoreError as exc:
-        oplog_event("database_error", level=logging.ERROR, where=what, error=str(exc))
+        health.failed(what, exc)
     except Exception:
         log.exception("%s failed on the database thread", what)
 

@@ -51,8 +51,8 @@ def utc_day(at: float) -> date:
 
 @functools.lru_cache(maxsize=64)
 def _day_number(epoch_day: int) -> date:
-    # Memoised: every send of a day asks for the same date (datetime.fromtimestamp per
-    # send was a visible part of record_send).
+    # Memoised: every send of a day asks for the same date, and datetime.fromtimestamp
+    # per send would be a visible part of record_send.
     return datetime.fromtimestamp(epoch_day * 86400, UTC).date()
 
 

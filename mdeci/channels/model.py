@@ -136,7 +136,8 @@ class ClassPolicy:
 
 
 def default_classes() -> dict[str, ClassPolicy]:
-    """The three classes of docs/protocol.md §7 with equal weights; bulk may wait an hour."""
+    """urgent (IP or SMS) and normal (IP) with equal weights; bulk (IP) by cost alone,
+    waiting up to an hour. The broker builds its classes from ``[channels]`` instead."""
     return {
         "urgent": ClassPolicy(kinds=frozenset({Kind.IP, Kind.SMS})),
         "normal": ClassPolicy(),

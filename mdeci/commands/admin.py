@@ -5,11 +5,17 @@
   registers at once on a running broker; no restart. A password comes from
   ``--password-env VAR`` or standard input (one line; prompted without echo on a
   terminal), never from the command line, where ``ps`` would show it.
-- ``sessions``: every stored session (URI, state, media address, last change, queue
-  depth, live subscriptions), from the store (so it works while the broker is down).
+- ``sessions``: every stored session (URI, the broker node that owns it, state, media
+  address, last change, queue depth, live subscriptions), from the store (so it works
+  while the broker is down). When no broker answers on the config's ``admin_socket``, a
+  line on standard error says so: the states are then those the broker stored when it
+  last ran, and CONNECTED means "to be resumed at its next start", not "reachable now".
+- ``queue USER``: what waits in a user's queue (nseq, subject, size, attributes), oldest
+  first; payload bytes only with ``--payload``.
 - ``kick URI``: the running broker ends the session (BYE) through its admin socket.
 
-Errors are one line and exit 2.
+None of them needs the service's secrets: the config's ``password_env`` variables may be
+unset (only the broker itself authenticates with them). Errors are one line and exit 2.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mdeci.commands import Command
+from mdeci.commands.common import check_url
 from mdeci.commands.text import table
 from mdeci.config import USER_NAME, BrokerConfig, load_broker_config
 from mdeci.errors import ConfigError
@@ -49,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     sessions = config(sub.add_parser("sessions", help="stored sessions with queue depth"))
     sessions.add_argument("--json", action="store_true", help="JSON lines")
+    queue = config(sub.add_parser("queue", help="what waits in a user's queue"))
+    queue.add_argument("user", help="SIP user name or URI")
+    queue.add_argument("--limit", type=int, default=50, help="oldest N (default 50)")
+    queue.add_argument("--payload", action="store_true", help="show the payloads too")
+    queue.add_argument("--json", action="store_true", help="JSON lines")
     kick = config(sub.add_parser("kick", help="end a user's session now (BYE)"))
     kick.add_argument("uri", help="e.g. sip:alice@example.org (or just the user name)")
 
@@ -79,11 +91,16 @@ def _uri(config: BrokerConfig, user: str) -> str:
     return f"sip:{user}@{config.domain}"
 
 
+def load_config(path: Path) -> BrokerConfig:
+    """The broker's config without its secrets. Raises :class:`ConfigError`."""
+    return load_broker_config(path, secrets=False)
+
+
 def _store(config: BrokerConfig) -> Any:
     from mdeci.store.base import make_engine
     from mdeci.store.repo import BrokerStore
 
-    return BrokerStore(make_engine(config.store.url))
+    return BrokerStore(make_engine(check_url(config.store.url)))
 
 
 def _when(epoch: float) -> str:
@@ -136,6 +153,7 @@ def _users(args: argparse.Namespace, config: BrokerConfig) -> int:
 def _sessions(args: argparse.Namespace, config: BrokerConfig) -> int:
     from dataclasses import asdict
 
+    from mdeci.broker.admin import broker_running
     from mdeci.store import ops
     from mdeci.store.errors import StoreError
 
@@ -146,6 +164,12 @@ def _sessions(args: argparse.Namespace, config: BrokerConfig) -> int:
         raise ConfigError(str(exc).splitlines()[0]) from None
     finally:
         store.engine.dispose()
+    if rows and not broker_running(config.admin_socket):
+        print(
+            f"mdeci admin sessions: no broker answers on {config.admin_socket}: these are "
+            "the states stored when it last ran (CONNECTED: to be resumed at its start)",
+            file=sys.stderr,
+        )
     if args.json:
         for row in rows:
             print(json.dumps(asdict(row)))
@@ -153,10 +177,11 @@ def _sessions(args: argparse.Namespace, config: BrokerConfig) -> int:
     if not rows:
         print("no sessions")
         return 0
-    head = ["uri", "state", "address", "last seen", "queue", "subs"]
+    head = ["uri", "owner", "state", "address", "last seen", "queue", "subs"]
     body = [
         [
             r.uri,
+            r.owner or "-",
             r.status,
             r.media_addr,
             _when(r.last_seen),
@@ -169,13 +194,79 @@ def _sessions(args: argparse.Namespace, config: BrokerConfig) -> int:
     return 0
 
 
+def _attrs(raw: bytes) -> dict[str, Any]:
+    import cbor2
+
+    try:
+        attrs = cbor2.loads(raw)
+    except (ValueError, cbor2.CBORDecodeError):
+        return {}
+    return attrs if isinstance(attrs, dict) else {}
+
+
+def _queue(args: argparse.Namespace, config: BrokerConfig) -> int:
+    import base64
+
+    from mdeci.store.errors import StoreError
+    from mdeci.store.waiting import queue_view
+
+    if args.limit < 1:
+        raise ConfigError("--limit must be at least 1")
+    uri = _uri(config, args.user)
+    store = _store(config)
+    try:
+        view = queue_view(store.engine, uri, limit=args.limit, payloads=args.payload)
+    except StoreError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    finally:
+        store.engine.dispose()
+    if args.json:
+        for w in view.items:
+            item: dict[str, Any] = {
+                "nseq": w.nseq,
+                "msg_id": w.msg_id,
+                "subject": w.subject,
+                "publisher": w.publisher_uri,
+                "published_at": w.published_at,
+                "urgent": w.urgent,
+                "qclass": w.qclass,
+                "size": w.size,
+                "attrs": _attrs(w.attrs_cbor),
+            }
+            if w.payload is not None:
+                item["payload"] = base64.b64encode(w.payload).decode()
+            print(json.dumps(item))
+        return 0
+    title = f"{uri}: {view.depth} waiting, last nseq {view.last_nseq}, missed {view.missed}"
+    if not view.items:
+        print(title)
+        return 0
+    head = ["nseq", "published", "subject", "from", "bytes", "attrs"]
+    if args.payload:
+        head.append("payload")
+    body = []
+    for w in view.items:
+        attrs = " ".join(f"{k}={v}" for k, v in sorted(_attrs(w.attrs_cbor).items()))
+        row = [str(w.nseq), _when(w.published_at), w.subject, w.publisher_uri, str(w.size)]
+        row.append(attrs + (" urgent" if w.urgent else ""))
+        if w.payload is not None:
+            row.append(repr(w.payload.decode("utf-8", errors="replace"))[:60])
+        body.append(row)
+    print(table([head, *body], title=title))
+    if view.depth > len(view.items):
+        print(f"({view.depth - len(view.items)} more; --limit N)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Raises :class:`~mdeci.errors.MdeciError` (one line, exit 2)."""
-    config = load_broker_config(args.config)
+    config = load_config(args.config)
     if args.admin_command == "users":
         return _users(args, config)
     if args.admin_command == "sessions":
         return _sessions(args, config)
+    if args.admin_command == "queue":
+        return _queue(args, config)
     from mdeci.broker.admin import call
 
     uri = _uri(config, args.uri)

@@ -15,9 +15,9 @@ from pathlib import Path
 from mdeci import oplog
 from mdeci.agent import daemon
 from mdeci.commands import Command
-from mdeci.commands.common import stop_on_signals
+from mdeci.commands.common import start_logging
 from mdeci.config import load_agent_config
-from mdeci.errors import ConfigError
+from sip.tools.common import stop_on_signals
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,20 +42,13 @@ async def _main(config_path: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Raises :class:`~mdeci.errors.ConfigError`, :class:`~mdeci.agent.errors.AgentError`."""
-    _start_logging(args)
+    start_logging(args)
     try:
         return asyncio.run(_main(args.config))
     except OSError as exc:
         from mdeci.agent.errors import AgentError
 
         raise AgentError(f"cannot bind: {exc.strerror or exc}") from None
-
-
-def _start_logging(args: argparse.Namespace) -> None:
-    try:
-        oplog.setup_from_args(args)
-    except OSError as exc:
-        raise ConfigError(f"cannot open --log-file {args.log_file}: {exc.strerror}") from None
 
 
 COMMANDS = {"agent": Command("agent", add_arguments, run)}

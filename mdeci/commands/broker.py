@@ -18,9 +18,10 @@ from mdeci import oplog
 from mdeci.broker import app as broker_app
 from mdeci.broker.endpoint import Address, addr_text
 from mdeci.commands import Command
-from mdeci.commands.common import stop_on_signals
+from mdeci.commands.common import check_url, start_logging
 from mdeci.config import BrokerConfig, HostPort, load_broker_config
 from mdeci.errors import ConfigError
+from sip.tools.common import stop_on_signals
 
 
 def _listen(text: str) -> Address:
@@ -62,10 +63,10 @@ def collect_less_often() -> None:
     The youngest generation is collected every GC_YOUNG net new objects, not every
     700: a round of notifications (rows, frames, in-flight state) then dies young
     instead of being promoted, and full collections, which walk every object of every
-    session (~100,000 with 100 sessions: 50 ms of CPU), come far less often (issue 14:
-    one landed in nearly every fan-out of 5,000 notifications, ~10 µs each; the drain
-    and publish phases had none either way). Garbage without cycles is freed at once as
-    before; at most GC_YOUNG more objects wait for a collection.
+    session (~100,000 with 100 sessions: 50 ms of CPU), come far less often (with the
+    default threshold one lands in nearly every fan-out of 5,000 notifications, ~10 µs
+    each; the drain and publish phases have none either way). Garbage without cycles is
+    freed at once; at most GC_YOUNG more objects wait for a collection.
     """
     gc.set_threshold(GC_YOUNG, 20, 20)
 
@@ -90,13 +91,15 @@ async def serve(
         )
         oplog.event(
             "broker_started",
+            node=config.node,
             sip=addr_text(running.sip_addr),
             media=addr_text(running.media_addr),
+            tls=addr_text(tls) if tls is not None else None,
             metrics=addr_text(running.metrics_addr) if running.metrics_addr else None,
             store=running.store.engine.url.render_as_string(hide_password=True),
         )
         await stop.wait()
-        oplog.event("broker_stopping")
+        oplog.event("broker_stopping", node=config.node)
     finally:
         await running.close()
     return 0
@@ -105,15 +108,9 @@ async def serve(
 def run(args: argparse.Namespace) -> int:
     """Raises :class:`~mdeci.errors.MdeciError` subclasses (one line, exit 2)."""
     config = load_broker_config(args.config)
-    _start_logging(args)
+    check_url(config.store.url)
+    start_logging(args)
     return asyncio.run(serve(config, args.listen_sip, args.listen_media))
-
-
-def _start_logging(args: argparse.Namespace) -> None:
-    try:
-        oplog.setup_from_args(args)
-    except OSError as exc:
-        raise ConfigError(f"cannot open --log-file {args.log_file}: {exc.strerror}") from None
 
 
 COMMANDS = {"broker": Command("broker", add_arguments, run)}

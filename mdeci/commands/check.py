@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 from mdeci.commands import Command
+from mdeci.commands.common import check_url
 from mdeci.config import load_agent_config, load_broker_config
 
 
@@ -43,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
         # broker's own credentials), as the broker does at start.
         from mdeci.broker.app import endpoint_config
 
-        endpoint_config(load_broker_config(path))
+        config = load_broker_config(path)
+        check_url(config.store.url)
+        endpoint_config(config)
     print(f"{path}: ok ({kind})")
     return 0
 

@@ -1,7 +1,7 @@
 """Plain aligned tables for the client and admin commands.
 
 Not ``rich``: importing it costs more than the rest of a client command's start-up
-(issue 15, docs/benchmarks.md "Client start-up"), and a table of a few rows needs none of
+(docs/benchmarks.md "Client start-up"), and a table of a few rows needs none of
 it. Output is plain text that ``grep`` and ``awk`` read.
 """
 

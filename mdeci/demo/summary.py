@@ -154,7 +154,12 @@ def render(summary: Summary) -> list[str]:
     ]
     if s.unexpected:
         rows.append(("unexpected", str(s.unexpected)))
-    rows.append(("handovers", f"{len(s.restore_ms)}: restore {_ms(s.restore_ms)}"))
+    rows.append(
+        (
+            "handovers",
+            f"{len(s.restore_ms)}: move to first notification {_ms(s.restore_ms)}",
+        )
+    )
     o = s.outage
     if o is not None:
         detected = "not detected" if o.detected_after is None else f"{o.detected_after:.1f} s"
@@ -162,7 +167,7 @@ def render(summary: Summary) -> list[str]:
         rows.append(
             (
                 "disconnection",
-                f"{o.duration:.1f} s: broker detected it after {detected}; "
+                f"radio off {o.duration:.1f} s: broker detected it after {detected}; "
                 f"drained {o.queued} queued in {drained}",
             )
         )

@@ -8,7 +8,7 @@ asyncio side.
 from __future__ import annotations
 
 from mdeci.channels.model import Billing, Tariff
-from mdeci.sms.codec import Sms, segment_payload, segments_needed, tag_length
+from mdeci.sms.codec import Sms, segment_payload, segments_needed
 from mdeci.sms.config import SmsConfig
 from mdeci.sms.dedupe import NseqGate
 from mdeci.sms.errors import FrameTooLarge, GatewayError, NoFreeReference, PduError, SmsError
@@ -23,7 +23,7 @@ def sms_tariff(price: float, config: SmsConfig | None = None) -> Tariff:
         price=price,
         billing=Billing.PER_UNIT,
         unit_bytes=segment_payload(cfg.ref16),
-        overhead_bytes=tag_length(cfg.key),
+        overhead_bytes=cfg.overhead,
     )
 
 

@@ -85,9 +85,14 @@ def integrity_tag(frame: bytes, key: bytes | None) -> bytes:
     return hmac.new(key, frame, hashlib.sha256).digest()[:8]
 
 
-def segments_needed(frame_size: int, *, ref16: bool = False, key: bytes | None = None) -> int:
-    """How many SMS a frame of ``frame_size`` octets takes (what a tariff bills)."""
-    size = frame_size + tag_length(key)
+def segments_needed(
+    frame_size: int, *, ref16: bool = False, key: bytes | None = None, overhead: int | None = None
+) -> int:
+    """How many SMS a frame of ``frame_size`` octets takes (what a tariff bills).
+
+    ``overhead``: octets the buffer adds to the frame, if not the tag ``key`` selects.
+    """
+    size = frame_size + (tag_length(key) if overhead is None else overhead)
     per = segment_payload(ref16)
     return max(1, -(-size // per))
 
@@ -194,11 +199,12 @@ ACK_ENTRY = 7  # ref (2) + total (1) + tag (4)
 
 
 def encode_acks(
-    entries: list[AckEntry], *, dst_port: int, src_port: int
+    entries: list[AckEntry], *, dst_port: int, src_port: int, overhead: int = 0
 ) -> list[tuple[bytes, bytes]]:
-    """Ack SMS (udh, body) pairs carrying ``entries``, as many per SMS as fit."""
+    """Ack SMS (udh, body) pairs carrying ``entries``, as many per SMS as fit while
+    leaving ``overhead`` octets of each body free (for sealing, :mod:`mdeci.sms.auth`)."""
     udh = encode_udh([port_ie(dst_port, src_port)])
-    per = (SMS_OCTETS - len(udh)) // ACK_ENTRY
+    per = (SMS_OCTETS - len(udh) - overhead) // ACK_ENTRY
     out = []
     for i in range(0, len(entries), per):
         body = b"".join(

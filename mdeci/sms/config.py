@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mdeci.sms.auth import OVERHEAD
+from mdeci.sms.codec import tag_length
 from mdeci.sms.errors import SmsError
 
 
@@ -15,6 +17,9 @@ class SmsConfig:
     ack_port: int = 16301
     ref16: bool = False  # 16-bit concatenation references (one octet less per segment)
     key: bytes | None = None  # shared key: HMAC-SHA256/8 tags instead of CRC-32
+    # Sealed buffers and acks (mdeci.sms.auth): the link then needs an SmsAuth, and
+    # ``key`` is unused.
+    authenticated: bool = False
     # First wait for a buffer's (or its first part's) ack; doubles on each expiry. 200 s:
     # the thesis' choice over its SMSC delay trace (docs/benchmarks.md "SMS link timers").
     ack_timeout: float = 200.0
@@ -25,6 +30,11 @@ class SmsConfig:
     duplicate_memory: float = 6 * 3600.0  # completed buffers are recognised this long
     max_assemblies: int = 1024
     max_done: int = 4096
+
+    @property
+    def overhead(self) -> int:
+        """Octets a buffer adds to its frame: the AEAD tag and counter, or the tag."""
+        return OVERHEAD if self.authenticated else tag_length(self.key)
 
     def __post_init__(self) -> None:
         if not (0 <= self.data_port < 65536 and 0 <= self.ack_port < 65536):

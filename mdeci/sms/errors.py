@@ -26,3 +26,19 @@ class NoFreeReference(SmsError):
 
 class GatewayError(SmsError):
     """A gateway refused or failed to submit an SMS; the message says why."""
+
+
+class AuthError(SmsError):
+    """An SMS buffer or ack SMS failed authentication (forged, tampered, or too short)."""
+
+
+class ReplayedFrame(SmsError):
+    """An authentic SMS buffer or ack carries a counter the receiver already accepted."""
+
+
+class UnknownPeer(SmsError):
+    """No SMS keys for a number: it is on no user's record."""
+
+
+class CounterFileError(SmsError):
+    """The SMS counter file cannot be read (malformed) or written."""

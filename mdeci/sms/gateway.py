@@ -10,19 +10,22 @@ embedded :class:`SimulatedGateway` (default), ``mdeci.sms.kannel.KannelGateway``
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from mdeci.sms.codec import Sms
 from mdeci.sms.errors import GatewayError
-from mdeci.sms.link import LinkEvent, SmsLink
+from mdeci.sms.link import LinkEvent, SmsLink, SmsRefused
 from mdeci.sms.smsc import SimulatedSmsc, SmscConfig
 
 if TYPE_CHECKING:
     from mdeci.config import AgentSmsConfig, BrokerSmsConfig
 
 SmsHandler = Callable[[Sms], None]
+
+log = logging.getLogger(__name__)
 
 
 class SmsGateway(Protocol):
@@ -102,15 +105,22 @@ class LinkRunner:
 
     The same shape as the RUDP adapter: feed the core, send what it says, re-arm one
     ``loop.call_at`` for its timer. Call :meth:`poke` after a command on the link
-    (``send_frame``, ``cancel``) so its output goes out.
+    (``send_frame``, ``cancel``) so its output goes out. Every SMS an authenticated link
+    refuses is logged (warning) and handed to ``on_refused`` if given.
     """
 
     def __init__(
-        self, link: SmsLink, gateway: SmsGateway, on_event: Callable[[LinkEvent], None]
+        self,
+        link: SmsLink,
+        gateway: SmsGateway,
+        on_event: Callable[[LinkEvent], None],
+        *,
+        on_refused: Callable[[SmsRefused], None] | None = None,
     ) -> None:
         self.link = link
         self.gateway = gateway
         self._on_event = on_event
+        self._on_refused = on_refused
         self._timer: asyncio.TimerHandle | None = None
         self._sends: set[asyncio.Task[None]] = set()
         self.send_errors = 0
@@ -140,6 +150,16 @@ class LinkRunner:
             task = loop.create_task(self._send(sms))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
+        while (refused := self.link.next_refusal()) is not None:
+            log.warning(
+                "SMS %s from %s at %s refused (%s): dropped",
+                refused.what,
+                refused.sender,
+                self.link.address,
+                refused.reason.value,
+            )
+            if self._on_refused is not None:
+                self._on_refused(refused)
         while (event := self.link.next_event()) is not None:
             self._on_event(event)
         if self._timer is not None:

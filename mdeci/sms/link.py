@@ -24,13 +24,23 @@ what :meth:`SmsLink.sms_to_send` returns through a gateway, feeds received SMS t
 :meth:`SmsLink.get_timer`, and reads :meth:`SmsLink.next_event`. Frames are opaque
 bytes; exactly-once delivery to the application is the ``nseq`` gate's job
 (:mod:`mdeci.sms.dedupe`), as over IP.
+
+Authentication. With ``SmsConfig.authenticated`` the link takes an
+:class:`~mdeci.sms.auth.SmsAuth` and every buffer and every ack SMS body is sealed
+(AEAD, a counter per direction: :mod:`mdeci.sms.auth`). Then an SMS from a number with no
+keys, a buffer or ack that fails authentication, and an authentic one whose counter was
+accepted already (a replay) are each counted and reported by :meth:`SmsLink.next_refusal`
+and change nothing: no frame, no ack taken. A replayed buffer is acknowledged again, as a
+late copy is (the sender may still be resending it), but not delivered.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from mdeci.sms.auth import OVERHEAD, Kind, SmsAuth
 from mdeci.sms.codec import (
     AckEntry,
     Sms,
@@ -39,10 +49,18 @@ from mdeci.sms.codec import (
     parse_acks,
     parse_segment,
     segments_needed,
+    split,
 )
 from mdeci.sms.codec import ports as sms_ports
 from mdeci.sms.config import SmsConfig
-from mdeci.sms.errors import NoFreeReference, PduError
+from mdeci.sms.errors import (
+    AuthError,
+    NoFreeReference,
+    PduError,
+    ReplayedFrame,
+    SmsError,
+    UnknownPeer,
+)
 from mdeci.sms.reassembly import Completed, Corrupt, Duplicate, Reassembler
 
 
@@ -77,6 +95,24 @@ class BufferExpired:
 LinkEvent = FrameReceived | BufferAcknowledged | BufferExpired
 
 
+class Refusal(enum.Enum):
+    """Why an SMS was refused by an authenticated link."""
+
+    UNKNOWN_NUMBER = "unknown number"
+    UNAUTHENTIC = "failed authentication"
+    REPLAYED = "replayed"
+    UNRECORDED = "counter not recorded"  # the caller's counter store failed
+
+
+@dataclass(frozen=True, slots=True)
+class SmsRefused:
+    """An SMS from ``sender`` was dropped and changed nothing; ``what`` is buffer or ack."""
+
+    sender: str
+    reason: Refusal
+    what: str
+
+
 @dataclass(slots=True)
 class LinkStats:
     """Counters of one link (for logs and tests)."""
@@ -90,6 +126,10 @@ class LinkStats:
     corrupt: int = 0
     foreign: int = 0
     resends: int = 0
+    unknown_number: int = 0
+    unauthentic: int = 0
+    replayed: int = 0
+    unrecorded: int = 0
 
 
 @dataclass(slots=True)
@@ -114,14 +154,24 @@ class _PeerRefs:
 
 
 class SmsLink:
-    """Frames to and from other numbers over SMS, for the local number ``address``."""
+    """Frames to and from other numbers over SMS, for the local number ``address``.
 
-    def __init__(self, address: str, config: SmsConfig | None = None) -> None:
+    ``auth`` is required with ``config.authenticated`` and refused without it.
+    """
+
+    def __init__(
+        self, address: str, config: SmsConfig | None = None, *, auth: SmsAuth | None = None
+    ) -> None:
         self.address = address
         self.config = config or SmsConfig()
+        if self.config.authenticated != (auth is not None):
+            raise SmsError("an SmsAuth goes with SmsConfig(authenticated=True), and only then")
+        self.auth = auth
         self.stats = LinkStats()
+        self._refusals: deque[SmsRefused] = deque()
         self._reasm = Reassembler(
             key=self.config.key,
+            verify=None if auth is None else self._verify,
             timeout=self.config.reassembly_timeout,
             memory=self.config.duplicate_memory,
             max_assemblies=self.config.max_assemblies,
@@ -141,11 +191,15 @@ class SmsLink:
 
         Raises :class:`~mdeci.sms.errors.FrameTooLarge` beyond 255 segments and
         :class:`~mdeci.sms.errors.NoFreeReference` if every reference to ``to`` is in use.
+        Authenticated, it raises :class:`~mdeci.sms.errors.UnknownPeer` for a number with
+        no keys.
         """
         cfg = self.config
+        if self.auth is not None and not self.auth.knows(to):
+            raise UnknownPeer(f"no SMS keys for {to}")
         refs = self._peers.setdefault(to, _PeerRefs())
         space = 1 << 16 if cfg.ref16 else 1 << 8
-        total = segments_needed(len(frame), ref16=cfg.ref16, key=cfg.key)
+        total = segments_needed(len(frame), ref16=cfg.ref16, overhead=cfg.overhead)
         for _ in range(space):
             ref = refs.next_ref
             refs.next_ref = (refs.next_ref + 1) % space
@@ -153,14 +207,23 @@ class SmsLink:
                 break
         else:
             raise NoFreeReference(f"all {space} references to {to} are in flight")
-        pieces = encode_frame(
-            frame,
-            ref=ref,
-            ref16=cfg.ref16,
-            dst_port=cfg.data_port,
-            src_port=cfg.data_port,
-            key=cfg.key,
-        )
+        if self.auth is None:
+            pieces = encode_frame(
+                frame,
+                ref=ref,
+                ref16=cfg.ref16,
+                dst_port=cfg.data_port,
+                src_port=cfg.data_port,
+                key=cfg.key,
+            )
+        else:
+            pieces = split(
+                self.auth.seal(to, Kind.DATA, frame),
+                ref=ref,
+                ref16=cfg.ref16,
+                dst_port=cfg.data_port,
+                src_port=cfg.data_port,
+            )
         buffer_id = self._next_id
         self._next_id += 1
         ttl = cfg.default_ttl if ttl is None else ttl
@@ -200,12 +263,17 @@ class SmsLink:
         self.stats.sms_received += 1
         try:
             dst, _src = sms_ports(sms.udh)
-            if dst == self.config.ack_port:
-                self._on_acks(sms.sender, parse_acks(sms.body), now)
-            elif dst == self.config.data_port:
-                self._on_segment(sms, now)
-            else:
+            if dst not in (self.config.ack_port, self.config.data_port):
                 self.stats.foreign += 1
+            elif self.auth is not None and not self.auth.knows(sms.sender):
+                what = "ack" if dst == self.config.ack_port else "buffer"
+                self._refuse(sms.sender, Refusal.UNKNOWN_NUMBER, what)
+            elif dst == self.config.ack_port:
+                entries = self._open_acks(sms.sender, sms.body)
+                if entries is not None:
+                    self._on_acks(sms.sender, entries, now)
+            else:
+                self._on_segment(sms, now)
         except PduError:
             self.stats.foreign += 1
 
@@ -236,10 +304,21 @@ class SmsLink:
 
     def sms_to_send(self) -> list[Sms]:
         """SMS to submit now (segments and acks), in order; clears the list."""
+        overhead = 0 if self.auth is None else OVERHEAD
         for peer, entries in self._acks.items():
             for udh, body in encode_acks(
-                entries, dst_port=self.config.ack_port, src_port=self.config.data_port
+                entries,
+                dst_port=self.config.ack_port,
+                src_port=self.config.data_port,
+                overhead=overhead,
             ):
+                if self.auth is not None:
+                    try:
+                        body = self.auth.seal(peer, Kind.ACK, body)
+                    except SmsError:
+                        # Its user went away, or the counter store failed: the
+                        # sender's resend asks again.
+                        continue
                 self._out.append(Sms(self.address, peer, udh, body))
                 self.stats.acks_sent += 1
         self._acks.clear()
@@ -249,6 +328,10 @@ class SmsLink:
 
     def next_event(self) -> LinkEvent | None:
         return self._events.popleft() if self._events else None
+
+    def next_refusal(self) -> SmsRefused | None:
+        """The next SMS an authenticated link refused (to log), or ``None``."""
+        return self._refusals.popleft() if self._refusals else None
 
     # -- internals ------------------------------------------------------------------
 
@@ -263,6 +346,44 @@ class SmsLink:
             self._out.append(Sms(self.address, pending.peer, udh, body))
         pending.sms_sent += len(pieces)
 
+    def _refuse(self, sender: str, reason: Refusal, what: str) -> None:
+        if reason is Refusal.UNKNOWN_NUMBER:
+            self.stats.unknown_number += 1
+        elif reason is Refusal.UNAUTHENTIC:
+            self.stats.unauthentic += 1
+        elif reason is Refusal.REPLAYED:
+            self.stats.replayed += 1
+        else:
+            self.stats.unrecorded += 1
+        self._refusals.append(SmsRefused(sender, reason, what))
+
+    def _verify(self, sender: str, buffer: bytes) -> tuple[bytes, bytes] | None:
+        """The reassembler's check of a sealed buffer: the buffer itself, named by its tag."""
+        assert self.auth is not None
+        try:
+            self.auth.open(sender, Kind.DATA, buffer)
+        except (AuthError, UnknownPeer):
+            return None
+        return buffer, buffer[:4]
+
+    def _open_acks(self, sender: str, body: bytes) -> list[AckEntry] | None:
+        """The entries of an ack SMS, or ``None`` (refused) if it is not authentic and new."""
+        if self.auth is None:
+            return parse_acks(body)
+        try:
+            counter, plain = self.auth.open(sender, Kind.ACK, body)
+            self.auth.accept(sender, counter)
+        except AuthError:
+            self._refuse(sender, Refusal.UNAUTHENTIC, "ack")
+            return None
+        except ReplayedFrame:
+            self._refuse(sender, Refusal.REPLAYED, "ack")
+            return None
+        except SmsError:
+            self._refuse(sender, Refusal.UNRECORDED, "ack")
+            return None
+        return parse_acks(plain)
+
     def _on_segment(self, sms: Sms, now: float) -> None:
         seg = parse_segment(sms.udh, sms.body)
         outcome = self._reasm.add(sms.sender, seg, now)
@@ -274,14 +395,32 @@ class SmsLink:
             return
         if isinstance(outcome, Corrupt):
             self.stats.corrupt += 1
+            if self.auth is not None:
+                self._refuse(sms.sender, Refusal.UNAUTHENTIC, "buffer")
             return
+        acks = self._acks.setdefault(sms.sender, [])
         entry = AckEntry(outcome.ref, outcome.total, outcome.tag[:4])
-        self._acks.setdefault(sms.sender, []).append(entry)
         if isinstance(outcome, Duplicate):
+            acks.append(entry)
             self.stats.duplicates += 1
             return
         assert isinstance(outcome, Completed)
-        self._events.append(FrameReceived(outcome.sender, outcome.frame))
+        frame = outcome.frame
+        if self.auth is not None:
+            counter, frame = self.auth.open(sms.sender, Kind.DATA, outcome.frame)
+            try:
+                self.auth.accept(sms.sender, counter)
+            except ReplayedFrame:
+                acks.append(entry)  # the sender may still be resending it
+                self._refuse(sms.sender, Refusal.REPLAYED, "buffer")
+                return
+            except SmsError:
+                # Neither delivered nor acknowledged: the sender's resend tries again.
+                self._reasm.forget(sms.sender, seg)
+                self._refuse(sms.sender, Refusal.UNRECORDED, "buffer")
+                return
+        acks.append(entry)
+        self._events.append(FrameReceived(outcome.sender, frame))
 
     def _on_acks(self, sender: str, entries: list[AckEntry], now: float) -> None:
         refs = self._peers.get(sender)

@@ -14,11 +14,14 @@ sender's retransmission fills it again.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mdeci.sms.codec import Segment, integrity_tag, tag_length
 
 AssemblyKey = tuple[str, int, bool, int, int]
+#: Checks a whole buffer from a sender: (frame, tag) if it is intact, else ``None``.
+Verify = Callable[[str, bytes], tuple[bytes, bytes] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,8 @@ class _Done:
 
 
 class Reassembler:
-    """Collects segments into buffers. ``key`` selects HMAC tags instead of CRC-32.
+    """Collects segments into buffers. ``key`` selects HMAC tags instead of CRC-32;
+    ``verify`` replaces the tag check altogether (authenticated buffers, :mod:`mdeci.sms.auth`).
 
     ``timeout``: an incomplete buffer is dropped this long after its last new piece;
     ``memory``: how long a completed buffer's pieces are remembered as duplicates;
@@ -73,12 +77,14 @@ class Reassembler:
         self,
         *,
         key: bytes | None = None,
+        verify: Verify | None = None,
         timeout: float = 4 * 3600.0,
         memory: float = 6 * 3600.0,
         max_assemblies: int = 1024,
         max_done: int = 4096,
     ) -> None:
         self._key = key
+        self._verify = verify
         self._timeout = timeout
         self._memory = memory
         self._max_assemblies = max_assemblies
@@ -113,15 +119,27 @@ class Reassembler:
             return None
         del self._assemblies[key]
         parts = tuple(asm.parts[i] for i in range(1, seg.total + 1))
-        buffer = b"".join(parts)
-        tl = tag_length(self._key)
-        tag, frame = buffer[:tl], buffer[tl:]
-        if len(buffer) < tl or not hmac.compare_digest(tag, integrity_tag(frame, self._key)):
+        opened = self._check(sender, b"".join(parts))
+        if opened is None:
             return Corrupt(sender, seg.ref, seg.total)
+        frame, tag = opened
         while len(self._done) >= self._max_done:
             del self._done[next(iter(self._done))]
         self._done[key] = _Done(parts, tag, now + self._memory)
         return Completed(sender, seg.ref, seg.total, frame, tag)
+
+    def _check(self, sender: str, buffer: bytes) -> tuple[bytes, bytes] | None:
+        if self._verify is not None:
+            return self._verify(sender, buffer)
+        tl = tag_length(self._key)
+        tag, frame = buffer[:tl], buffer[tl:]
+        if len(buffer) < tl or not hmac.compare_digest(tag, integrity_tag(frame, self._key)):
+            return None
+        return frame, tag
+
+    def forget(self, sender: str, seg: Segment) -> None:
+        """Forget the completed buffer ``seg`` belongs to: its copies complete it again."""
+        self._done.pop((sender, seg.src_port, seg.ref16, seg.ref, seg.total), None)
 
     def expire(self, now: float) -> None:
         """Forget incomplete buffers and duplicate memory whose time has passed."""

@@ -83,6 +83,19 @@ def sms_from_deliver(
     )
 
 
+def sms_from_pdu(pdu: Any) -> Sms:
+    """The SMS in an smpplib ``deliver_sm`` or ``submit_sm`` PDU (the two carry it in the
+    same fields); raises :class:`PduError` for a bad UDH length."""
+    return sms_from_deliver(
+        source_addr=pdu.source_addr,
+        source_addr_ton=pdu.source_addr_ton,
+        destination_addr=pdu.destination_addr,
+        dest_addr_ton=pdu.dest_addr_ton,
+        esm_class=pdu.esm_class,
+        short_message=pdu.short_message or b"",
+    )
+
+
 class SmppGateway:
     """An ESME (transceiver) speaking to an SMSC with smpplib."""
 
@@ -104,14 +117,7 @@ class SmppGateway:
             if pdu.esm_class & DELIVERY_RECEIPT:
                 return
             try:
-                sms = sms_from_deliver(
-                    source_addr=pdu.source_addr,
-                    source_addr_ton=pdu.source_addr_ton,
-                    destination_addr=pdu.destination_addr,
-                    dest_addr_ton=pdu.dest_addr_ton,
-                    esm_class=pdu.esm_class,
-                    short_message=pdu.short_message or b"",
-                )
+                sms = sms_from_pdu(pdu)
             except PduError:
                 self.rejected += 1
                 return

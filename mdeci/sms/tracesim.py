@@ -37,7 +37,7 @@ class TraceRun:
     frame_bytes: int = 100  # 100: one SMS; 300: three
     # One urgent SMS notification per user every 10 minutes. Much faster (every 30 s)
     # wraps the 8-bit references within the trace's 3-hour tail: late copies of an old
-    # buffer then meet a new one (docs/benchmarks.md "SMS link timers"); ref16 avoids it.
+    # buffer then meet a new one with the same reference and spoil it; ref16 avoids it.
     spacing: float = 600.0
     ttl: float = 24 * 3600.0
     price: float = 0.0015  # per MT SMS (the broker's bill)

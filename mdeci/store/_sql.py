@@ -1,4 +1,5 @@
-"""Helpers shared by the repositories: one transaction per operation, error translation,
+"""Helpers shared by the repositories: one transaction per operation, error translation
+(:func:`store_error` names the cause: a full disk, an unreachable server, anything else),
 and the dialect's ``INSERT ... ON CONFLICT`` (SQLite and PostgreSQL spell it alike).
 
 Every write transaction starts with a write statement. On SQLite the driver opens the
@@ -16,9 +17,47 @@ from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
-from mdeci.store.errors import StoreError
+from mdeci.store.errors import StorageFull, StoreError, StoreUnavailable
+
+# SQLite's result code for a write the disk cannot hold (sqlite3.Error.sqlite_errorcode).
+_SQLITE_FULL = 13
+# PostgreSQL SQLSTATEs of a server that is going away or not there yet (admin_shutdown,
+# crash_shutdown, cannot_connect_now); class 08 is every connection exception.
+_PG_GOING = frozenset({"57P01", "57P02", "57P03"})
+
+
+def store_error(what: str, exc: Exception) -> StoreError:
+    """The :class:`StoreError` for driver error ``exc`` raised while doing ``what``.
+
+    Its class names the cause a peer may be told (:class:`StorageFull`,
+    :class:`StoreUnavailable`, else :class:`StoreError`); its message keeps the driver's
+    text for the operator's log.
+    """
+    return _kind(exc)(f"{what} failed: {exc.__class__.__name__}: {exc}")
+
+
+def _kind(exc: Exception) -> type[StoreError]:
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return StoreUnavailable
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    sqlstate = getattr(orig, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        if sqlstate.startswith("53"):
+            return StorageFull
+        if sqlstate.startswith("08") or sqlstate in _PG_GOING:
+            return StoreUnavailable
+        return StoreError
+    if getattr(orig, "sqlite_errorcode", None) == _SQLITE_FULL or (
+        "database or disk is full" in str(orig)
+    ):
+        return StorageFull
+    # psycopg raises OperationalError without a SQLSTATE when no server answered
+    # (connection refused, reset, closed by a restart).
+    if isinstance(exc, OperationalError) and type(orig).__module__.startswith("psycopg"):
+        return StoreUnavailable
+    return StoreError
 
 
 @contextmanager
@@ -32,7 +71,7 @@ def transaction(engine: Engine, what: str) -> Iterator[Connection]:
         with engine.begin() as conn:
             yield conn
     except SQLAlchemyError as exc:
-        raise StoreError(f"{what} failed: {exc.__class__.__name__}: {exc}") from exc
+        raise store_error(what, exc) from exc
 
 
 @contextmanager
@@ -65,7 +104,7 @@ def relaxed_transaction(engine: Engine, what: str) -> Iterator[Connection]:
                     conn.exec_driver_sql("PRAGMA synchronous=FULL")
                     conn.commit()
     except SQLAlchemyError as exc:
-        raise StoreError(f"{what} failed: {exc.__class__.__name__}: {exc}") from exc
+        raise store_error(what, exc) from exc
 
 
 @contextmanager
@@ -79,7 +118,25 @@ def reading(engine: Engine, what: str) -> Iterator[Connection]:
         with engine.connect() as conn:
             yield conn
     except SQLAlchemyError as exc:
-        raise StoreError(f"{what} failed: {exc.__class__.__name__}: {exc}") from exc
+        raise store_error(what, exc) from exc
+
+
+def forget_old_pages(engine: Engine, what: str) -> bool:
+    """After a secret was cleared: SQLite copies the write-ahead log into the database
+    file and truncates it, so the old pages, and the secret in them, leave the ``-wal``
+    file now rather than at some later checkpoint. Whether it completed: a reader in
+    the middle of a transaction leaves it to the next checkpoint, and a failure changes
+    nothing already committed. PostgreSQL: nothing to do here (its write-ahead log is
+    the server's).
+    """
+    if engine.dialect.name != "sqlite":
+        return True
+    try:
+        with engine.connect() as conn:
+            busy = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").scalar_one()
+    except SQLAlchemyError:
+        return False  # the commit stands; the next checkpoint takes the pages
+    return int(busy) == 0
 
 
 def insert_on_conflict(conn: Connection, model: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Each device's weekly calendar of channel availability (issue 13), as it sent it.
+"""Each device's weekly calendar of channel availability, as it sent it.
 
 One row per user: the rules of its last ``calendar`` frame, CBOR-encoded (a list of
 ``{channel, p, weekdays, start_hour, end_hour}`` maps, docs/frames.md), its UTC offset

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 # One StoreError for the whole project: the store's errors derive from the class in
 # mdeci.errors, so catching either name catches everything the store raises.
-from mdeci.errors import StoreError
+from mdeci.errors import StorageFull, StoreError, StoreUnavailable
 
-__all__ = ["DuplicateUser", "InvalidArgument", "StoreError", "UnsupportedAlgorithm"]
+__all__ = [
+    "DuplicateUser",
+    "InvalidArgument",
+    "StorageFull",
+    "StoreError",
+    "StoreUnavailable",
+    "UnsupportedAlgorithm",
+]
 
 
 class InvalidArgument(StoreError, ValueError):

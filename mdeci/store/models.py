@@ -1,6 +1,6 @@
 """SQLAlchemy 2.0 typed models of the broker's durable state (docs/protocol.md §6).
 
-Migrations ``mdeci/store/migrations/versions/0003.py`` and ``0004.py`` create exactly these tables;
+Migrations ``mdeci/store/migrations/versions/`` create exactly these tables;
 ``alembic check`` in ``tests/store/test_migrations.py`` fails if the two drift apart. Repositories
 (``users.py``, ``bindings.py``, ``sessions.py``, ``subscriptions.py``, ``queues.py``) are
 the only code that touches them; broker logic gets frozen dataclasses, never these rows.
@@ -82,6 +82,11 @@ class SessionRow(Base):
     remote_cseq: Mapped[int] = mapped_column(BigInteger)
     started_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)
+    # The broker node that holds the user ('' : none yet) and the fencing epoch it holds
+    # the user at: raised by every new session and takeover; every write for the user
+    # names the epoch it expects (mdeci/store/ownership.py).
+    owner: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    epoch: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class SubscriptionRow(Base):
@@ -97,7 +102,7 @@ class SubscriptionRow(Base):
     filter: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Double)
     expires_at: Mapped[float] = mapped_column(Double, index=True)
-    qclass: Mapped[str | None] = mapped_column(Text, nullable=True)  # issue 13
+    qclass: Mapped[str | None] = mapped_column(Text, nullable=True)  # the queue class asked for
 
 
 class PublishedRow(Base):
@@ -142,7 +147,7 @@ class QueuedRow(Base):
     payload: Mapped[bytes] = mapped_column(LargeBinary)
     urgent: Mapped[bool] = mapped_column(Boolean)
     published_at: Mapped[float] = mapped_column(Double)
-    qclass: Mapped[str | None] = mapped_column(Text, nullable=True)  # the publish's (issue 13)
+    qclass: Mapped[str | None] = mapped_column(Text, nullable=True)  # the publish's
 
 
 __all__ = [

@@ -47,122 +47,43 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
-from sqlalchemy import Delete, bindparam, delete, select, tuple_, update
+from sqlalchemy import Delete, delete, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import InstrumentedAttribute
 
 from mdeci.config import OVERFLOW_POLICIES as OVERFLOW_POLICIES
-from mdeci.config import OverflowPolicyName
-from mdeci.store._sql import reading, relaxed_transaction, transaction
+from mdeci.store._sql import reading, relaxed_transaction, store_error, transaction
 from mdeci.store.errors import InvalidArgument, StoreError
-from mdeci.store.models import PublishedRow, QueueCounterRow, QueuedRow
-
-# The store's name for the policy (one definition, in mdeci.config).
-OverflowPolicy = OverflowPolicyName
-
-
-# Enqueued, Dropped, PublishResult and PublishRequest are named tuples, not frozen
-# dataclasses: several are built per publish, and a frozen dataclass's ``__init__`` (an
-# ``object.__setattr__`` per field) cost more than the publish's own bookkeeping (issue 14).
-
-
-class Enqueued(NamedTuple):
-    """A notification ``publish`` queued: for ``uri``, as ``nseq``, leaving ``depth``."""
-
-    uri: str
-    nseq: int
-    sub_id: int
-    depth: int
-
-
-class Dropped(NamedTuple):
-    """A notification lost to overflow; ``nseq`` is None when it was never queued."""
-
-    uri: str
-    nseq: int | None
-    sub_id: int
-    msg_id: str
-    reason: OverflowPolicy
-
-
-class QueuedNotification(NamedTuple):
-    """A notification waiting in ``uri``'s queue: what a ``notify`` frame carries.
-
-    A named tuple, not a frozen dataclass: one is built per notification delivered, and
-    a frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field) cost more than
-    reading the row (issue 14)."""
-
-    uri: str
-    nseq: int
-    sub_id: int
-    publisher_uri: str
-    msg_id: str
-    subject: str
-    attrs_cbor: bytes
-    payload: bytes
-    urgent: bool
-    published_at: float
-    qclass: str | None = None  # the publish's queue class (issue 13), if it named one
-
-
-StoredRow = tuple[str, int, int, str, str, str, bytes, bytes, bool, float, str | None]
-"""A queue row as ``publish`` writes it: :class:`QueuedNotification`'s fields, in order
-(``_COLUMNS``). A plain tuple: the driver binds a tuple subclass's items more slowly
-(sqlite3: ~0.9 µs more per row of a fan-out, measured)."""
-
-
-class PublishResult(NamedTuple):
-    """What ``publish`` did; on a duplicate, ``matched`` is the first publish's count."""
-
-    matched: int
-    duplicate: bool
-    queued: tuple[Enqueued, ...] = ()
-    dropped: tuple[Dropped, ...] = ()
-
-
-class PublishRequest(NamedTuple):
-    """One publish of a ``publish_many`` batch: the arguments of ``publish``."""
-
-    publisher_uri: str
-    msg_id: str
-    subject: str
-    attrs_cbor: bytes
-    payload: bytes
-    urgent: bool
-    published_at: float
-    targets: Sequence[tuple[str, int]]
-    qclass: str | None = None  # the publish's queue class (issue 13), if it named one
-    # Subscriptions whose class may use SMS: their rows are stored urgent (issue 13).
-    urgent_subs: frozenset[int] = frozenset()
-
-
-#: A queued notification as a delivery reads it (:meth:`SqlQueueStore.pending_many`):
-#: ``(nseq, sub_id, publisher_uri, msg_id, subject, attrs_cbor, payload, published_at)``,
-#: the driver's row as it comes (a plain tuple: issue 14, a named tuple built per
-#: delivered row cost a third of encoding its frame; the columns a notify does not carry
-#: are not read).
-DeliveryRow = tuple[int, int, str, str, str, bytes, bytes, float]
-_DELIVERY_COLUMNS = (
-    "nseq, sub_id, publisher_uri, msg_id, subject, attrs_cbor, payload, published_at"
+from mdeci.store.models import PublishedRow, QueueCounterRow
+from mdeci.store.queue_rows import (
+    DeliveryRow,
+    Dropped,
+    Enqueued,
+    OverflowPolicy,
+    PublishRequest,
+    PublishResult,
+    QueuedNotification,
+    StoredRow,
+    as_delivery,
+    as_queued,
+    by_column,
+    queue_row,
 )
-
-_COLUMNS = (
-    QueuedRow.uri,
-    QueuedRow.nseq,
-    QueuedRow.sub_id,
-    QueuedRow.publisher_uri,
-    QueuedRow.msg_id,
-    QueuedRow.subject,
-    QueuedRow.attrs_cbor,
-    QueuedRow.payload,
-    QueuedRow.urgent,
-    QueuedRow.published_at,
-    QueuedRow.qclass,
+from mdeci.store.queue_sql import (
+    DROP_OLDEST,
+    LOCK_ONE,
+    MATCHED,
+    PENDING,
+    PENDING_URGENT,
+    REMOVE,
+    SHRINK,
+    queue_sql,
 )
-
+from mdeci.store.wake import NOTIFY_OTHERS
 
 # Publishes recorded per statement (see SqlQueueStore._record_new): 4 parameters each,
 # within SQLite's smallest limit on a statement's parameters (999).
@@ -174,86 +95,10 @@ _LOCK_CHUNK = 500
 _ACK_CHUNK = 400
 
 
-def _rows_sql(cache: dict[int, str], n: int, head: str, row: str, tail: str) -> str:
-    """``head`` + ``n`` times ``row`` (comma-separated) + ``tail``, built once per ``n``."""
-    sql = cache.get(n)
-    if sql is None:
-        sql = cache[n] = f"{head}{', '.join([row] * n)}{tail}"
-    return sql
-
-
-def as_queued(row: StoredRow) -> QueuedNotification:
-    """``row`` as what ``pending`` would read back."""
-    # Not _make, which checks the length in Python: a StoredRow has the fields' count.
-    return _new_tuple(QueuedNotification, row)
-
-
-_new_tuple = tuple.__new__
-
-
-def as_delivery(row: StoredRow) -> DeliveryRow:
-    """``row`` as what ``pending_many`` would read back (the notify's columns)."""
-    return (row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9])
-
-
-def _queue_row(m: PublishRequest, item: Enqueued, urgent_subs: frozenset[int]) -> StoredRow:
-    """The queue table's row for ``item`` (the insert's parameters, in column order)."""
-    return (
-        item.uri,
-        item.nseq,
-        item.sub_id,
-        m.publisher_uri,
-        m.msg_id,
-        m.subject,
-        m.attrs_cbor,
-        m.payload,
-        m.urgent or item.sub_id in urgent_subs,
-        m.published_at,
-        m.qclass,
-    )
-
-
 def _store_error(what: str, exc: Exception) -> StoreError:
-    """The :class:`StoreError` for a driver error ``exc`` (as ``_sql.transaction`` words
+    """The :class:`StoreError` for a driver error ``exc`` (as ``_sql.transaction`` classifies
     SQLAlchemy's)."""
-    return StoreError(f"{what} failed: {exc.__class__.__name__}: {exc}")
-
-
-def _by_column(rows: list[StoredRow]) -> tuple[list[object], ...]:
-    """The parameters of ``_insert_unnest`` for ``rows``: the per-row columns, each
-    row's publication (1-based, as ``WITH ORDINALITY`` counts), then the shared columns
-    once per publication. A publish's rows are consecutive and share their values; in
-    one batch a (publisher, msg_id) pair is one publish (a second one is a duplicate)."""
-    uris: list[object] = []
-    nseqs: list[object] = []
-    sub_ids: list[object] = []
-    urgents: list[object] = []
-    ks: list[object] = []
-    shared: list[StoredRow] = []
-    last: StoredRow | None = None
-    for row in rows:
-        if last is None or row[4] != last[4] or row[3] != last[3]:  # (publisher, msg_id)
-            shared.append(row)
-            last = row
-        uris.append(row[0])
-        nseqs.append(row[1])
-        sub_ids.append(row[2])
-        urgents.append(row[8])
-        ks.append(len(shared))
-    return (
-        uris,
-        nseqs,
-        sub_ids,
-        urgents,
-        ks,
-        [r[3] for r in shared],
-        [r[4] for r in shared],
-        [r[5] for r in shared],
-        [r[6] for r in shared],
-        [r[7] for r in shared],
-        [r[9] for r in shared],
-        [r[10] for r in shared],
-    )
+    return store_error(what, exc)
 
 
 @dataclass(slots=True)
@@ -269,160 +114,22 @@ class _Counter:
 class SqlQueueStore:
     """Publish idempotence and the per-user queues in SQL; one transaction per method.
 
-    The hot statements are built once here and reused with bound parameters: building a
-    SQLAlchemy statement per call cost more than running it.
+    Its statements (:mod:`mdeci.store.queue_sql`) are built once and reused with bound
+    parameters: building a SQLAlchemy statement per call costs more than running it.
     """
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._matched = select(PublishedRow.matched).where(
-            PublishedRow.publisher_uri == bindparam("publisher_uri"),
-            PublishedRow.msg_id == bindparam("msg_id"),
-        )
-        # Keep the newest depth - count: the oldest ``count`` go.
-        oldest = (
-            select(QueuedRow.nseq)
-            .where(QueuedRow.uri == bindparam("uri"))
-            .order_by(QueuedRow.nseq)
-            .limit(bindparam("count"))
-            .scalar_subquery()
-        )
-        self._drop_oldest = (
-            delete(QueuedRow)
-            .where(QueuedRow.uri == bindparam("uri"), QueuedRow.nseq.in_(oldest))
-            .returning(QueuedRow.nseq, QueuedRow.sub_id, QueuedRow.msg_id)
-        )
-        # A write first (see _sql.py), and the counter row before any queued row: the
-        # order publish takes its locks in, so an ack and a publish cannot deadlock.
-        self._lock_one = (
-            update(QueueCounterRow)
-            .where(QueueCounterRow.uri == bindparam("c_uri"))
-            .values(depth=QueueCounterRow.depth)
-        )
-        self._remove = delete(QueuedRow).where(
-            QueuedRow.uri == bindparam("uri"), QueuedRow.nseq == bindparam("nseq")
-        )
-        self._shrink = (
-            update(QueueCounterRow)
-            .where(QueueCounterRow.uri == bindparam("c_uri"))
-            .values(depth=QueueCounterRow.depth - bindparam("c_count"))
-        )
-        self._pending = (
-            select(*_COLUMNS)
-            .where(QueuedRow.uri == bindparam("uri"), QueuedRow.nseq > bindparam("after"))
-            .order_by(QueuedRow.nseq)
-            .limit(bindparam("limit"))
-        )
-        # The two statements a delivery runs per notification, as the driver's own SQL
-        # (``exec_driver_sql``): SQLAlchemy's per-row parameter processing and result
-        # rows cost more than the statements themselves (issue 14: 15 % of a fan-out's
-        # broker CPU was construct_params). Same columns and order as _COLUMNS.
-        mark = "?" if engine.dialect.name == "sqlite" else "%s"
-        table = QueuedRow.__tablename__
-        names = ", ".join(c.key for c in _COLUMNS)
-        self._insert_sql = f"INSERT INTO {table} ({names}) VALUES ({', '.join([mark] * 11)})"
-        self._pending_sql = (
-            f"SELECT {_DELIVERY_COLUMNS} FROM {table} WHERE uri = {mark} AND nseq > {mark} "
-            f"ORDER BY nseq LIMIT {mark}"
-        )
-        # An ack's three statements (see _delete), the driver's SQL run on the driver's
-        # cursor too: one per user acknowledging, so per notification in a fan-out.
-        counter_table = QueueCounterRow.__tablename__
-        self._lock_one_sql = f"UPDATE {counter_table} SET depth = depth WHERE uri = {mark}"
-        self._ack_sql = f"DELETE FROM {table} WHERE uri = {mark} AND nseq <= {mark}"
-        self._shrink_sql = f"UPDATE {counter_table} SET depth = depth - {mark} WHERE uri = {mark}"
+        # The driver's own SQL of the hot paths (see queue_sql.py), compiled once per
+        # dialect.
+        self._sql = queue_sql(engine.dialect)
+        self._pg = engine.dialect.name == "postgresql"
         # What the driver raises (pending_many and ack_many run its cursor directly, below
         # SQLAlchemy, which translates only what passes through it).
         self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
-        # Records a batch's (publisher, msg_id) pairs with one multi-row statement: the
-        # pairs it hands back are the new ones, the others were published before. The
-        # driver's SQL, one text per chunk size (see _record_new).
-        published = PublishedRow.__tablename__
-        self._record_head = (
-            f"INSERT INTO {published} (publisher_uri, msg_id, matched, published_at) VALUES "
-        )
-        self._record_row = f"({mark}, {mark}, {mark}, {mark})"
-        self._record_tail = (
-            " ON CONFLICT (publisher_uri, msg_id) DO NOTHING RETURNING publisher_uri, msg_id"
-        )
-        self._record_sql: dict[int, str] = {}
-        # PostgreSQL: one array per column instead (four parameters whatever the batch):
-        # psycopg parses a statement of more than 50 parameters again at every call
-        # (~7 µs per publish of a round of 32), and prepares only the short ones.
-        self._record_unnest: str | None = None
-        if engine.dialect.name == "postgresql":
-            self._record_unnest = (
-                f"{self._record_head.removesuffix(' VALUES ')} SELECT * FROM "
-                "unnest(%s::text[], %s::text[], %s::int[], %s::float8[])"
-                f"{self._record_tail}"
-            )
-        # The counter rows' lock and update, the driver's SQL too (issue 14: SQLAlchemy's
-        # RETURNING executemany and per-row parameter processing of these two were most of
-        # a fan-out's publish: ~11 µs of CPU per recipient). The lock is one multi-row
-        # statement per chunk, its rows in the order given (URI order: see publish_many).
-        counter = QueueCounterRow.__tablename__
-        self._lock_head = f"INSERT INTO {counter} (uri, last_nseq, missed, depth) VALUES "
-        self._lock_row = f"({mark}, 0, 0, 0)"
-        self._lock_tail = (
-            f" ON CONFLICT (uri) DO UPDATE SET last_nseq = {counter}.last_nseq"
-            " RETURNING uri, last_nseq, depth"
-        )
-        self._lock_sql: dict[int, str] = {}
-        # PostgreSQL: a batch's queued rows in one statement, one array per column, and
-        # what the recipients of one publication share (publisher to qclass) once per
-        # publication, not once per row (issue 14: psycopg's pipelined executemany cost
-        # ~10 µs of the broker's CPU per row of a fan-out, its dumping of the 11
-        # parameters of each row most of it). Joined on the publication's index.
-        self._insert_unnest: str | None = None
-        if engine.dialect.name == "postgresql":
-            self._insert_unnest = (
-                f"INSERT INTO {table} ({names}) "
-                "SELECT r.uri, r.nseq, r.sub_id, p.publisher_uri, p.msg_id, p.subject, "
-                "p.attrs_cbor, p.payload, r.urgent, p.published_at, p.qclass "
-                "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::boolean[], "
-                "%s::int[]) AS r(uri, nseq, sub_id, urgent, k) "
-                "JOIN unnest(%s::text[], %s::text[], %s::text[], %s::bytea[], %s::bytea[], "
-                "%s::float8[], %s::text[]) WITH ORDINALITY "
-                "AS p(publisher_uri, msg_id, subject, attrs_cbor, payload, published_at, "
-                "qclass, k) USING (k)"
-            )
-        self._mark = mark
-        self._missed_head = f"SELECT uri, missed FROM {counter} WHERE missed > 0 AND uri IN ("
-        self._missed_sql: dict[int, str] = {}
-        # A round of acks of several users (see _ack_set), the driver's SQL. Locked in
-        # the order of Python's sorted(), as publish_many locks (COLLATE "C": code points,
-        # whatever the database's collation).
-        self._ack_lock_pg = (
-            f'SELECT uri FROM {counter} WHERE uri = ANY(%s::text[]) ORDER BY uri COLLATE "C" '
-            "FOR UPDATE"
-        )
-        self._ack_delete_pg = (
-            "WITH a AS (SELECT * FROM unnest(%s::text[], %s::bigint[]) AS a(uri, upto)), "
-            f"d AS (DELETE FROM {table} q USING a WHERE q.uri = a.uri AND q.nseq <= a.upto "
-            "RETURNING q.uri), n AS (SELECT uri, count(*) AS n FROM d GROUP BY uri) "
-            f"UPDATE {counter} c SET depth = c.depth - n.n FROM n WHERE c.uri = n.uri "
-            "RETURNING c.uri, n.n"
-        )
-        self._ack_lock_head = f"UPDATE {counter} SET depth = depth WHERE uri IN ("
-        self._ack_lock_sql: dict[int, str] = {}
-        self._ack_delete_head = f"DELETE FROM {table} WHERE "
-        self._ack_term = "(uri = ? AND nseq <= ?)"
-        self._ack_delete_sql: dict[int, str] = {}
-        self._shrink_sql = f"UPDATE {counter} SET depth = depth - {mark} WHERE uri = {mark}"
-        self._set_counter_sql = (
-            f"UPDATE {counter} SET last_nseq = {mark}, depth = {mark}, "
-            f"missed = missed + {mark} WHERE uri = {mark}"
-        )
-        self._pending_urgent = (
-            select(*_COLUMNS)
-            .where(
-                QueuedRow.uri == bindparam("uri"),
-                QueuedRow.nseq > bindparam("after"),
-                QueuedRow.urgent.is_(True),
-            )
-            .order_by(QueuedRow.nseq)
-            .limit(bindparam("limit"))
-        )
+        # The broker node publishing through this store: on PostgreSQL each publish wakes
+        # the other nodes holding a recipient ("": one broker, nobody to wake).
+        self.node = ""
 
     def publish(
         self,
@@ -470,7 +177,7 @@ class SqlQueueStore:
         ``written``, when given, gets every queue row the batch inserted, in the order
         inserted (``as_queued`` makes each what ``pending`` reads back), once the batch
         is committed (nothing if the call raises): the broker hands them to connected
-        users without reading them again (issue 14). A row an overflow of the same batch
+        users without reading them again. A row an overflow of the same batch
         deleted again is among them; its user is in that publish's ``dropped``.
 
         Raises:
@@ -502,7 +209,7 @@ class SqlQueueStore:
                     continue
                 if key not in counts:
                     counts[key] = conn.execute(
-                        self._matched, {"publisher_uri": key[0], "msg_id": key[1]}
+                        MATCHED, {"publisher_uri": key[0], "msg_id": key[1]}
                     ).scalar_one()
                 results.append(PublishResult(matched=counts[key], duplicate=True))
             uris = sorted({uri for req in fresh for uri, _ in req.targets})
@@ -533,8 +240,11 @@ class SqlQueueStore:
                 self._write_rows(conn, unwritten, inserted)
             updates = [(c.last_nseq, c.depth, c.missed, uri) for uri, c in counters.items()]
             conn.exec_driver_sql(
-                self._set_counter_sql, updates[0] if len(updates) == 1 else updates
+                self._sql.set_counter, updates[0] if len(updates) == 1 else updates
             )
+            if self.node and self._pg:
+                # Other brokers' users hear of it at commit (mdeci/store/wake.py).
+                conn.exec_driver_sql(NOTIFY_OTHERS, (uris, self.node))
         if written is not None and inserted:
             written += inserted
         return [r if r is not None else next(done) for r in results]
@@ -545,24 +255,22 @@ class SqlQueueStore:
         """Record the requests' (publisher, msg_id) pairs; the pairs that were new.
 
         The driver's own multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, a
-        statement per ``_RECORD_CHUNK`` requests (issue 14: SQLAlchemy's per-row
-        parameter processing of this one statement was a visible share of a publish)."""
+        statement per ``_RECORD_CHUNK`` requests (SQLAlchemy's per-row parameter
+        processing of this one statement is a visible share of a publish)."""
         recorded: set[tuple[str, str]] = set()
-        if self._record_unnest is not None:
+        if self._pg:
             columns = (
                 [r.publisher_uri for r in requests],
                 [r.msg_id for r in requests],
                 [len(r.targets) for r in requests],
                 [r.published_at for r in requests],
             )
-            for uri, msg_id in conn.exec_driver_sql(self._record_unnest, columns):
+            for uri, msg_id in conn.exec_driver_sql(self._sql.record_unnest, columns):
                 recorded.add((str(uri), str(msg_id)))
             return recorded
         for start in range(0, len(requests), _RECORD_CHUNK):
             chunk = requests[start : start + _RECORD_CHUNK]
-            sql = _rows_sql(
-                self._record_sql, len(chunk), self._record_head, self._record_row, self._record_tail
-            )
+            sql = self._sql.record.sql(len(chunk))
             params: list[object] = []
             for req in chunk:
                 params += (req.publisher_uri, req.msg_id, len(req.targets), req.published_at)
@@ -576,9 +284,7 @@ class SqlQueueStore:
         counters: dict[str, _Counter] = {}
         for start in range(0, len(uris), _LOCK_CHUNK):
             chunk = uris[start : start + _LOCK_CHUNK]
-            sql = _rows_sql(
-                self._lock_sql, len(chunk), self._lock_head, self._lock_row, self._lock_tail
-            )
+            sql = self._sql.lock.sql(len(chunk))
             for uri, last, depth in conn.exec_driver_sql(sql, tuple(chunk)):
                 counters[str(uri)] = _Counter(int(last), int(depth))
         # In URI order, as the rows were locked (the counters are written in this order).
@@ -587,14 +293,14 @@ class SqlQueueStore:
     def _write_rows(
         self, conn: Connection, rows: list[StoredRow], written: list[StoredRow] | None
     ) -> None:
-        """Insert queued rows (tuples in _COLUMNS order) with one driver executemany
+        """Insert queued rows (tuples in QUEUE_COLUMNS order) with one driver executemany
         (measured: a multi-row INSERT was no faster on SQLite and twice as slow on
         PostgreSQL, whose psycopg runs an executemany as one pipeline); ``written``
         (if any) gets them too."""
-        if self._insert_unnest is not None and len(rows) > 1:
-            conn.exec_driver_sql(self._insert_unnest, _by_column(rows))
+        if self._pg and len(rows) > 1:
+            conn.exec_driver_sql(self._sql.insert_unnest, by_column(rows))
         else:
-            conn.exec_driver_sql(self._insert_sql, rows)
+            conn.exec_driver_sql(self._sql.insert_row, rows)
         if written is not None:
             written += rows
 
@@ -623,15 +329,15 @@ class SqlQueueStore:
         room = max_depth - len(ordered)
         if all(counters[uri].depth <= room for uri, _ in ordered):
             # No queue can overflow (each gets at most len(ordered) entries): the walk
-            # below without its overflow bookkeeping (issue 14: the usual case, once per
-            # publish and per recipient). Same nseqs, depths, rows and order.
+            # below without its overflow bookkeeping (the usual case, once per publish
+            # and per recipient). Same nseqs, depths, rows and order.
             queued_fast: list[Enqueued] = []
             for uri, sub_id in ordered:
                 counter = counters[uri]
                 counter.last_nseq += 1
                 counter.depth += 1
                 queued_fast.append(Enqueued(uri, counter.last_nseq, sub_id, counter.depth))
-            unwritten.extend([_queue_row(m, item, urgent_subs) for item in queued_fast])
+            unwritten.extend([queue_row(m, item, urgent_subs) for item in queued_fast])
             return PublishResult(len(ordered), False, tuple(queued_fast))
         # Pass 1: how many of each user's older entries overflow drops, so that one
         # DELETE per user fetches their nseqs. A queue is the older entries (oldest
@@ -656,7 +362,7 @@ class SqlQueueStore:
                     self._write_rows(conn, unwritten, written)
                     unwritten.clear()
                 deleted = conn.execute(
-                    self._drop_oldest, {"uri": uri, "count": counter.drop_existing}
+                    DROP_OLDEST, {"uri": uri, "count": counter.drop_existing}
                 ).all()
                 olders[uri] = sorted((int(n), int(s), str(m)) for n, s, m in deleted)
                 counter.drop_existing = 0
@@ -691,7 +397,7 @@ class SqlQueueStore:
                 fresh.append(item)
                 queued.append(item)
             counter.depth = depth
-            rows_out.extend(_queue_row(m, item, urgent_subs) for item in fresh)
+            rows_out.extend(queue_row(m, item, urgent_subs) for item in fresh)
         # Written with the batch's, or before a later request's overflow DELETE (which may
         # drop them as older entries); the counters are written once, by publish_many.
         unwritten.extend(rows_out)
@@ -714,18 +420,21 @@ class SqlQueueStore:
         """
         if limit < 1:
             raise InvalidArgument(f"limit must be at least 1, not {limit}")
-        query = self._pending_urgent if urgent_only else self._pending
+        query = PENDING_URGENT if urgent_only else PENDING
         with reading(self._engine, "pending") as conn:
             rows = conn.execute(query, {"uri": uri, "after": after_nseq, "limit": limit}).all()
         return [QueuedNotification(*row) for row in rows]
 
-    def pending_many(self, reads: Sequence[tuple[str, int, int]]) -> list[list[DeliveryRow]]:
+    def pending_many(
+        self, reads: Sequence[tuple[str, int, int]], epochs: Mapping[str, int] | None = None
+    ) -> list[list[DeliveryRow]]:
         """For each ``(uri, after_nseq, limit)``, ``uri``'s queued notifications as
         ``pending(uri, after_nseq, limit)`` finds them, as :data:`DeliveryRow` tuples; on
-        one connection (one checkout, not one per user), the lists in the same order.
+        one connection (one checkout, not one per user), the lists in the same order. A
+        user of ``epochs`` gets rows only while its session is at that epoch.
 
-        The driver's own cursor runs the statement (issue 14: SQLAlchemy's execution
-        context cost ~10 µs per statement, one statement per user in a fan-out's round).
+        The driver's own cursor runs the statement (SQLAlchemy's execution context costs
+        ~10 µs per statement, one statement per user in a fan-out's round).
 
         Raises:
             InvalidArgument: a ``limit`` < 1.
@@ -737,7 +446,11 @@ class SqlQueueStore:
         found: list[list[DeliveryRow]] = []
         with reading(self._engine, "pending") as conn, self._raw_cursor(conn, "pending") as cursor:
             for read in reads:
-                cursor.execute(self._pending_sql, read)
+                epoch = None if epochs is None else epochs.get(read[0])
+                if epoch is None:
+                    cursor.execute(self._sql.pending, read)
+                else:  # nothing for a user held at another epoch (ownership.py)
+                    cursor.execute(self._sql.pending_held, (read[0], read[1], epoch, read[2]))
                 found.append(cast("list[DeliveryRow]", cursor.fetchall()))  # all at once
         return found
 
@@ -791,40 +504,44 @@ class SqlQueueStore:
         Raises:
             StoreError: the database failed; nothing was deleted.
         """
+        with relaxed_transaction(self._engine, "ack") as conn:
+            return self.ack_in(conn, acks)
+
+    def ack_in(self, conn: Connection, acks: Sequence[tuple[str, int]]) -> list[int]:
+        """:meth:`ack_many` inside ``conn``'s transaction (whose first statement was a
+        write, see _sql.py; mdeci/store/ownership.py checks the epochs first)."""
         if len(acks) > 1 and len({uri for uri, _ in acks}) == len(acks):
-            with relaxed_transaction(self._engine, "ack") as conn:
-                gone = self._ack_set(conn, sorted(acks))
+            gone = self._ack_set(conn, sorted(acks))
             return [gone.get(uri, 0) for uri, _ in acks]
         counts: dict[int, int] = {}
-        with (
-            relaxed_transaction(self._engine, "ack") as conn,
-            self._raw_cursor(conn, "ack") as cursor,
-        ):
+        sql = self._sql
+        with self._raw_cursor(conn, "ack") as cursor:
             for i in sorted(range(len(acks)), key=lambda i: acks[i][0]):
                 uri, upto = acks[i]
                 # _delete's statements, on the driver's cursor (see pending_many).
-                cursor.execute(self._lock_one_sql, (uri,))
-                cursor.execute(self._ack_sql, (uri, upto))
+                cursor.execute(sql.lock_one, (uri,))
+                cursor.execute(sql.ack, (uri, upto))
                 count = counts[i] = cursor.rowcount
                 if count:
-                    cursor.execute(self._shrink_sql, (count, uri))
+                    cursor.execute(sql.shrink, (count, uri))
         return [counts[i] for i in range(len(acks))]
 
     def _ack_set(self, conn: Connection, acks: list[tuple[str, int]]) -> dict[str, int]:
         """The acks of several users (``acks`` in URI order, one per user) with a few
-        statements for all, not three per user (issue 14: a fan-out's round of acks is
-        one per recipient; on PostgreSQL each statement is a round trip). The counter
+        statements for all, not three per user (a fan-out's round of acks is one per
+        recipient; on PostgreSQL each statement is a round trip). The counter
         rows are locked first, in URI order, as ``publish`` locks them; then one DELETE
         of every acked row, and one UPDATE of the depths. How many rows went, by user
         (users with none left out)."""
         uris = [uri for uri, _ in acks]
         gone: dict[str, int]
-        if self._insert_unnest is not None:  # PostgreSQL
-            conn.exec_driver_sql(self._ack_lock_pg, (uris,))
+        sql = self._sql
+        if self._pg:
+            conn.exec_driver_sql(sql.ack_lock_pg, (uris,))
             gone = {
                 str(uri): int(n)
                 for uri, n in conn.exec_driver_sql(
-                    self._ack_delete_pg, (uris, [upto for _, upto in acks])
+                    sql.ack_delete_pg, (uris, [upto for _, upto in acks])
                 )
             }
             return gone
@@ -834,20 +551,14 @@ class SqlQueueStore:
         for start in range(0, len(acks), _ACK_CHUNK):
             chunk = acks[start : start + _ACK_CHUNK]
             n = len(chunk)
-            conn.exec_driver_sql(
-                _rows_sql(self._ack_lock_sql, n, self._ack_lock_head, "?", ")"),
-                tuple(uris[start : start + n]),
-            )
+            conn.exec_driver_sql(sql.ack_lock.sql(n), tuple(uris[start : start + n]))
             params: list[object] = []
             for uri, upto in chunk:
                 params += (uri, upto)
-            sql = self._ack_delete_sql.get(n)
-            if sql is None:
-                terms = " OR ".join([self._ack_term] * n)
-                sql = self._ack_delete_sql[n] = f"{self._ack_delete_head}{terms} RETURNING uri"
-            counts.update(str(uri) for (uri,) in conn.exec_driver_sql(sql, tuple(params)))
+            deleted = conn.exec_driver_sql(sql.ack_delete.sql(n), tuple(params))
+            counts.update(str(uri) for (uri,) in deleted)
         if counts:
-            conn.exec_driver_sql(self._shrink_sql, [(n, uri) for uri, n in counts.items()])
+            conn.exec_driver_sql(sql.shrink, [(n, uri) for uri, n in counts.items()])
         return dict(counts)
 
     def remove(self, uri: str, nseq: int) -> bool:
@@ -858,16 +569,16 @@ class SqlQueueStore:
             StoreError: the database failed.
         """
         with transaction(self._engine, "remove") as conn:
-            return bool(self._delete(conn, self._remove, {"uri": uri, "nseq": nseq}))
+            return bool(self._delete(conn, REMOVE, {"uri": uri, "nseq": nseq}))
 
     def _delete(self, conn: Connection, statement: Delete, params: dict[str, object]) -> int:
         """Run a DELETE of ``params["uri"]``'s queued rows and keep the depth counter
         right; how many went. The counter row is locked first, as ``publish`` does.
         """
-        conn.execute(self._lock_one, {"c_uri": params["uri"]})
+        conn.execute(LOCK_ONE, {"c_uri": params["uri"]})
         count = int(conn.execute(statement, params).rowcount)
         if count:
-            conn.execute(self._shrink, {"c_uri": params["uri"], "c_count": count})
+            conn.execute(SHRINK, {"c_uri": params["uri"], "c_count": count})
         return count
 
     def depth(self, uri: str) -> int:
@@ -876,11 +587,7 @@ class SqlQueueStore:
         Raises:
             StoreError: the database failed.
         """
-        with reading(self._engine, "depth") as conn:
-            depth = conn.execute(
-                select(QueueCounterRow.depth).where(QueueCounterRow.uri == uri)
-            ).scalar_one_or_none()
-        return 0 if depth is None else int(depth)
+        return self._read_counter(uri, QueueCounterRow.depth, "depth")
 
     def last_nseq(self, uri: str) -> int:
         """The highest nseq ever handed out for ``uri`` (0 if none), acked or not.
@@ -888,18 +595,22 @@ class SqlQueueStore:
         Raises:
             StoreError: the database failed.
         """
-        with reading(self._engine, "last_nseq") as conn:
-            last = conn.execute(
-                select(QueueCounterRow.last_nseq).where(QueueCounterRow.uri == uri)
+        return self._read_counter(uri, QueueCounterRow.last_nseq, "last_nseq")
+
+    def _read_counter(self, uri: str, column: InstrumentedAttribute[int], op: str) -> int:
+        """One of ``uri``'s queue counters (0 for a queue that has none yet)."""
+        with reading(self._engine, op) as conn:
+            value = conn.execute(
+                select(column).where(QueueCounterRow.uri == uri)
             ).scalar_one_or_none()
-        return 0 if last is None else int(last)
+        return 0 if value is None else int(value)
 
     def missed_many(self, uris: Sequence[str]) -> dict[str, int]:
         """Those of ``uris`` with overflow drops not yet taken, and how many; reads only
         (``take_missed`` takes them). One statement per ``_LOCK_CHUNK`` users: the
-        broker asks once for every user it starts sending to (issue 14: a
-        ``take_missed`` per user, a connection checkout and a read each, cost 100 µs of
-        CPU on SQLite and 275 µs on PostgreSQL).
+        broker asks once for every user it starts sending to (a ``take_missed`` per
+        user, a connection checkout and a read each, costs 100 µs of CPU on SQLite and
+        275 µs on PostgreSQL).
 
         Raises:
             StoreError: the database failed.
@@ -908,7 +619,7 @@ class SqlQueueStore:
         with reading(self._engine, "missed") as conn:
             for start in range(0, len(uris), _LOCK_CHUNK):
                 chunk = uris[start : start + _LOCK_CHUNK]
-                sql = _rows_sql(self._missed_sql, len(chunk), self._missed_head, self._mark, ")")
+                sql = self._sql.missed.sql(len(chunk))
                 for uri, missed in conn.exec_driver_sql(sql, tuple(chunk)):
                     found[str(uri)] = int(missed)
         return found
@@ -920,10 +631,7 @@ class SqlQueueStore:
         Raises:
             StoreError: the database failed.
         """
-        with reading(self._engine, "take_missed") as conn:
-            seen = conn.execute(
-                select(QueueCounterRow.missed).where(QueueCounterRow.uri == uri)
-            ).scalar_one_or_none()
+        seen = self._read_counter(uri, QueueCounterRow.missed, "take_missed")
         if not seen:
             return 0
         # Subtract what was read rather than set 0: drops counted meanwhile are kept for
@@ -934,7 +642,7 @@ class SqlQueueStore:
                 .where(QueueCounterRow.uri == uri, QueueCounterRow.missed >= seen)
                 .values(missed=QueueCounterRow.missed - seen)
             )
-        return int(seen) if result.rowcount else 0
+        return seen if result.rowcount else 0
 
     def prune_published(self, before: float, limit: int = 1000) -> int:
         """Forget at most ``limit`` published msg_ids with ``published_at < before``,
@@ -962,3 +670,20 @@ class SqlQueueStore:
         with relaxed_transaction(self._engine, "prune_published") as conn:
             result = conn.execute(delete(PublishedRow).where(key.in_(oldest)))
         return int(result.rowcount)
+
+
+# The records are importable from here, where the store that makes them is.
+__all__ = [
+    "OVERFLOW_POLICIES",
+    "DeliveryRow",
+    "Dropped",
+    "Enqueued",
+    "OverflowPolicy",
+    "PublishRequest",
+    "PublishResult",
+    "QueuedNotification",
+    "SqlQueueStore",
+    "StoredRow",
+    "as_delivery",
+    "as_queued",
+]

@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 
 from mdeci.store.bindings import SqlBindingStore
 from mdeci.store.identity import SqlStoreIdentity
+from mdeci.store.ownership import SqlOwnership
 from mdeci.store.queues import SqlQueueStore
 from mdeci.store.sessions import SqlSessionStore
 from mdeci.store.subscriptions import SqlSubscriptionStore
@@ -19,15 +20,21 @@ from mdeci.store.users import SqlUserStore
 class BrokerStore:
     """Users, bindings, sessions, subscriptions and queues over one engine.
 
-    The schema must exist already (``mdeci db upgrade``, Alembic head). The caller owns
-    the engine (``mdeci.store.base.make_engine``) and disposes of it.
+    ``node`` names the broker that uses this handle: the owner of the sessions it stores
+    and the holder its fenced calls (``ownership``) speak for. The schema must exist
+    already (``mdeci db upgrade``, Alembic head). The caller owns the engine
+    (``mdeci.store.base.make_engine``) and disposes of it.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, node: str = "") -> None:
         self.engine = engine
+        self.node = node  # the broker node this handle writes as (sessions.owner)
         self.users = SqlUserStore(engine)
         self.bindings = SqlBindingStore(engine)
         self.sessions = SqlSessionStore(engine)
         self.subscriptions = SqlSubscriptionStore(engine)
+        self.subscriptions.node = node
         self.queues = SqlQueueStore(engine)
+        self.queues.node = node
         self.identity = SqlStoreIdentity(engine)
+        self.ownership = SqlOwnership(engine, node)

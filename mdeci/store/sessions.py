@@ -8,6 +8,10 @@ and the user's status:
 - ``DISCONNECTED``: the dialog is up but RUDP sends fail (queue; urgent ones go by SMS);
 - ``ENDED``: the dialog ended (BYE). The row is kept, so the MSISDN and the last media
   address stay known; the next INVITE replaces it with ``upsert_session``.
+
+Each row also names the broker node that holds the user and the epoch it holds it at
+(mdeci/store/ownership.py): ``upsert_session`` raises the epoch for a new session, and
+the ``..._held`` writes change nothing for a broker whose epoch is no longer the user's.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine, Row
 
-from mdeci.store._sql import insert_on_conflict, reading, transaction
+from mdeci.store._sql import forget_old_pages, insert_on_conflict, reading, transaction
 from mdeci.store.models import SessionRow
+from mdeci.store.ownership import Held, Lost, holder_of
 
 
 class SessionStatus(StrEnum):
@@ -68,22 +73,41 @@ class SqlSessionStore:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def upsert_session(self, session: SessionRecord) -> None:
-        """Store the session of ``session.uri``, replacing any previous one whole.
+    def upsert_session(
+        self, session: SessionRecord, owner: str = "", held: int | None = None
+    ) -> Held | Lost:
+        """Store the session of ``session.uri``, replacing any previous one whole, held by
+        broker node ``owner`` (mdeci/store/ownership.py).
+
+        ``held`` None: a new session; the user's epoch is raised in the same statement
+        (the newest INVITE wins, whichever broker took it). Otherwise a refresh of the
+        session the caller holds at epoch ``held``: written only if the epoch is still
+        that (else :class:`Lost`, nothing written). The epoch the caller holds now.
 
         Raises:
             StoreError: the database failed.
         """
-        values = {name: getattr(session, name) for name in _NAMES}
+        values: dict[str, Any] = {name: getattr(session, name) for name in _NAMES}
         values["status"] = str(session.status)
+        values["owner"] = owner
+        changed = {k: v for k, v in values.items() if k != "uri"}
         with transaction(self._engine, "upsert_session") as conn:
-            stmt = insert_on_conflict(conn, SessionRow).values(values)
-            conn.execute(
+            if held is not None:
+                epoch = conn.execute(
+                    update(SessionRow)
+                    .where(SessionRow.uri == session.uri, SessionRow.epoch == held)
+                    .values(changed)
+                    .returning(SessionRow.epoch)
+                ).scalar_one_or_none()
+                return holder_of(conn, session.uri) if epoch is None else Held(int(epoch))
+            stmt = insert_on_conflict(conn, SessionRow).values({**values, "epoch": 1})
+            epoch = conn.execute(
                 stmt.on_conflict_do_update(
                     index_elements=[SessionRow.uri],
-                    set_={k: v for k, v in values.items() if k != "uri"},
-                )
-            )
+                    set_={**changed, "epoch": SessionRow.epoch + 1},
+                ).returning(SessionRow.epoch)
+            ).scalar_one()
+        return Held(int(epoch))
 
     def get_session(self, uri: str) -> SessionRecord | None:
         """The session of ``uri``, or None if it never had one.
@@ -102,20 +126,44 @@ class SqlSessionStore:
         Raises:
             StoreError: the database failed.
         """
+        found = self._set_status(uri, status, now, None)
+        return None if isinstance(found, Lost) else found
+
+    def set_status_held(
+        self, uri: str, status: SessionStatus, now: float, epoch: int
+    ) -> SessionRecord | Lost:
+        """:meth:`set_status` by the broker that holds ``uri`` at ``epoch``: nothing is
+        written (:class:`Lost`) if the user's epoch changed.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        return self._set_status(uri, status, now, epoch)
+
+    def _set_status(
+        self, uri: str, status: SessionStatus, now: float, epoch: int | None
+    ) -> SessionRecord | Lost:
+        where = [SessionRow.uri == uri]
+        if epoch is not None:
+            where.append(SessionRow.epoch == epoch)
         with transaction(self._engine, "set_status") as conn:
             row = conn.execute(
                 update(SessionRow)
-                .where(SessionRow.uri == uri)
+                .where(*where)
                 .values(
                     status=str(SessionStatus(status)),
                     updated_at=now,
                     # An ended session's secret is of no use to anyone but an attacker
-                    # reading the database: cleared (issue 12).
+                    # reading the database, so it is cleared.
                     **({"session_key": b""} if status is SessionStatus.ENDED else {}),
                 )
                 .returning(*_COLUMNS)
             ).one_or_none()
-        return None if row is None else _record(row)
+            if row is None:
+                return holder_of(conn, uri)
+        if status is SessionStatus.ENDED:
+            forget_old_pages(self._engine, "checkpoint after a key was cleared")
+        return _record(row)
 
     def end_session(self, uri: str, now: float) -> SessionRecord | None:
         """Mark the dialog ended (status ``ENDED``); the ended session, or None if none.
@@ -138,3 +186,26 @@ class SqlSessionStore:
                 .order_by(SessionRow.uri)
             ).all()
         return [_record(row) for row in rows]
+
+    def owned_sessions(self, status: SessionStatus, owner: str) -> list[tuple[SessionRecord, int]]:
+        """Every session with this status held by broker node ``owner`` (or by none: a row
+        stored before owners were), with its epoch, ordered by URI.
+
+        Raises:
+            StoreError: the database failed.
+        """
+        with reading(self._engine, "owned_sessions") as conn:
+            rows = conn.execute(
+                select(*_COLUMNS, SessionRow.epoch)
+                .where(
+                    SessionRow.status == str(SessionStatus(status)),
+                    SessionRow.owner.in_([owner, ""]),
+                )
+                .order_by(SessionRow.uri)
+            ).all()
+        found = []
+        for row in rows:
+            values: dict[str, Any] = dict(zip(_NAMES, row[:-1], strict=True))
+            values["status"] = SessionStatus(values["status"])
+            found.append((SessionRecord(**values), int(row[-1])))
+        return found

@@ -10,28 +10,15 @@ queued and are delivered: the queue does not refer to this table.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select
-from sqlalchemy.engine import Engine
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Connection, Engine
 
 from mdeci.store._sql import reading, transaction
 from mdeci.store.errors import InvalidArgument
 from mdeci.store.models import SubscriptionRow
-
-
-@dataclass(frozen=True, slots=True)
-class Subscription:
-    """One stored subscription; ``sub_id`` is assigned by the store and never reused."""
-
-    sub_id: int
-    uri: str
-    subject: str
-    filter: str
-    created_at: float
-    expires_at: float
-    qclass: str | None = None  # the queue class it asked for (issue 13), if any
-
+from mdeci.store.subscription_rows import Subscription as Subscription
+from mdeci.store.wake import NOTIFY_SUBSCRIPTIONS
 
 _COLUMNS = (
     SubscriptionRow.id,
@@ -49,6 +36,13 @@ class SqlSubscriptionStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        # The broker node writing through this store: on PostgreSQL each change tells
+        # the other nodes, whose matchers read the subscriptions again (store/wake.py).
+        self.node = ""
+
+    def _tell_others(self, conn: Connection) -> None:
+        if self.node and conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(NOTIFY_SUBSCRIPTIONS, (self.node,))
 
     def add_subscription(
         self, uri: str, subject: str, filter: str, ttl: float, now: float, qclass: str | None = None
@@ -73,6 +67,7 @@ class SqlSubscriptionStore:
         }
         with transaction(self._engine, "add_subscription") as conn:
             row = conn.execute(insert(SubscriptionRow).values(values).returning(*_COLUMNS)).one()
+            self._tell_others(conn)
         return Subscription(*row)
 
     def remove_subscription(self, uri: str, sub_id: int) -> bool:
@@ -90,7 +85,37 @@ class SqlSubscriptionStore:
                     SubscriptionRow.id == sub_id, SubscriptionRow.uri == uri
                 )
             )
+            if result.rowcount:
+                self._tell_others(conn)
         return bool(result.rowcount)
+
+    def renew_subscription(
+        self, uri: str, sub_id: int, ttl: float, now: float
+    ) -> Subscription | None:
+        """Move live subscription ``sub_id`` of ``uri`` to expire at ``now + ttl``; the
+        renewed subscription, or None when ``uri`` has no live one of that id (an
+        expired one is not brought back: it may have missed publishes meanwhile).
+
+        Raises:
+            InvalidArgument: ``ttl`` is not a positive finite number.
+            StoreError: the database failed.
+        """
+        if not (math.isfinite(ttl) and ttl > 0):
+            raise InvalidArgument(f"subscription ttl must be a positive number, not {ttl!r}")
+        with transaction(self._engine, "renew_subscription") as conn:
+            row = conn.execute(
+                update(SubscriptionRow)
+                .where(
+                    SubscriptionRow.id == sub_id,
+                    SubscriptionRow.uri == uri,
+                    SubscriptionRow.expires_at > now,
+                )
+                .values(expires_at=now + ttl)
+                .returning(*_COLUMNS)
+            ).one_or_none()
+            if row is not None:
+                self._tell_others(conn)
+        return None if row is None else Subscription(*row)
 
     def get_subscription(self, sub_id: int, now: float) -> Subscription | None:
         """Subscription ``sub_id`` if it exists and is alive at ``now``, else None.

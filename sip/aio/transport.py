@@ -5,12 +5,14 @@ to the right socket. Stream messages are cut by Content-Length (:class:`StreamFr
 a stream that breaks framing is closed (§18.3). Connections are reused per peer, for
 requests and responses alike (§18.2.2, and in-dialog requests to the same next hop).
 
-Limits (issue 12): at most ``StreamLimits.max_connections`` accepted connections (more
-are closed at once), a connection idle for ``idle_timeout`` seconds is closed, and a
+Limits: accepted TCP and TLS connections pass :mod:`sip.admission` at the accept, before
+any TLS handshake (``sip/aio/listener.py``): a total, a share per source address, a cap
+on connections that have not sent a full message yet, a handshake timeout, a shorter
+timeout for the first request than ``idle_timeout`` for established connections. A
 stream message body may be at most ``max_body`` bytes (a larger Content-Length closes
 the connection without buffering it). A double CRLF "ping" on a stream gets a single
 CRLF "pong" (RFC 5626 §3.5.1); :meth:`Transports.ping_streams` sends such pings on the
-connections we opened.
+connections we opened, which close after ``idle_timeout`` without traffic.
 
 TLS (``sips:``, §26.2) listens on its own port with an :class:`ssl.SSLContext` for the
 server side, and connects out with a client context that verifies the peer.
@@ -19,13 +21,14 @@ server side, and connects out with a client context that verifies the peer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import socket
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sip.admission import AdmissionLimits, Phase
+from sip.aio.listener import Gate, StreamListener, listen_socket
 from sip.errors import SipParseError
 from sip.message import StreamFramer
 
@@ -36,13 +39,49 @@ STREAMS = ("tcp", "tls")
 UDP_BATCH = 64
 
 
+def server_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The TLS server context from PEM ``cert``/``key`` (None without a certificate: no
+    TLS listener)."""
+    if cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def client_context(ca: str | None) -> ssl.SSLContext:
+    """The TLS client context: verifies the peer's certificate and name (§26.2.1) against
+    ``ca`` (None: the system's CAs)."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamLimits:
-    """Bounds on TCP/TLS connections (see the module docstring)."""
+    """Bounds on TCP/TLS connections (see the module docstring and
+    :class:`sip.admission.AdmissionLimits`)."""
 
     max_connections: int = 256
     idle_timeout: float = 300.0
     max_body: int = 65536
+    max_per_source: int = 32
+    max_pending: int = 64
+    handshake_timeout: float = 5.0
+    request_timeout: float = 10.0
+    ipv6_prefix: int = 64
+
+    def admission(self) -> AdmissionLimits:
+        return AdmissionLimits(
+            max_connections=self.max_connections,
+            max_per_source=self.max_per_source,
+            max_pending=self.max_pending,
+            handshake_timeout=self.handshake_timeout,
+            request_timeout=self.request_timeout,
+            idle_timeout=self.idle_timeout,
+            ipv6_prefix=self.ipv6_prefix,
+        )
 
 
 def _family(host: str) -> int:
@@ -179,31 +218,46 @@ class _SockFprog(ctypes.Structure):
 
 
 class _StreamConn(asyncio.Protocol):
+    """One TCP or TLS connection. An accepted one (``admitted``: its id at the gate) has
+    its deadlines kept by the gate; one we opened has its own idle timer."""
+
     def __init__(
-        self, owner: Transports, kind: str, peer: Address | None = None, accepted: bool = False
-    ) -> None:
+        self, owner: Transports, kind: str, peer: Address | None = None,
+        admitted: int | None = None,
+    ) -> None:  # fmt: skip
         self.owner = owner
         self.kind = kind
         self.peer = peer
-        self.accepted = accepted
+        self.admitted = admitted
         self.framer = StreamFramer(max_body=owner.limits.max_body)
         self.transport: asyncio.Transport | None = None
         self._idle: asyncio.TimerHandle | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.admitted is not None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         if self.peer is None:
             self.peer = _norm(transport.get_extra_info("peername"))
-        if self.accepted and len(self.owner.accepted) >= self.owner.limits.max_connections:
-            self.owner.refused += 1
-            self.peer = None
-            transport.close()
-            return
-        if self.accepted:
+        if self.admitted is not None:
             self.owner.accepted.add(self)
+            self.owner.gate.bind(self.admitted, self._close_for_gate)
+            if self.kind == "tls":
+                self.owner.gate.handshake_done(self.admitted)
+        else:
+            self._touch()
         self.owner.conns[(self.kind, self.peer)] = self
-        self._touch()
+
+    def _close_for_gate(self, phase: Phase) -> None:
+        if self.transport is None:
+            return
+        if phase is Phase.ESTABLISHED:
+            self.transport.close()
+        else:  # nothing worth flushing, and a TLS close would wait for the peer
+            self.transport.abort()
 
     def _touch(self) -> None:
         if self._idle is not None:
@@ -212,14 +266,17 @@ class _StreamConn(asyncio.Protocol):
         self._idle = loop.call_later(self.owner.limits.idle_timeout, self._expire)
 
     def _expire(self) -> None:
-        self.owner.idle_closed += 1
+        self.owner.own_idle_closed += 1
         if self.transport is not None:
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self.peer is None or self.transport is None:
             return
-        self._touch()
+        if self.admitted is not None:
+            self.owner.gate.activity(self.admitted)
+        else:
+            self._touch()
         if self.framer.buffered == 0 and data.startswith(b"\r\n\r\n") and not data.strip():
             # RFC 5626 §3.5.1: a CRLFCRLF ping between messages gets a CRLF pong.
             self.transport.write(b"\r\n")
@@ -240,11 +297,15 @@ class _StreamConn(asyncio.Protocol):
                 continue
             if msg is None:
                 return
+            if self.admitted is not None:
+                self.owner.gate.message_seen(self.admitted)
             self.owner.on_parsed(msg, self.peer, self.kind)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._idle is not None:
             self._idle.cancel()
+        if self.admitted is not None:
+            self.owner.gate.release(self.admitted)
         self.owner.accepted.discard(self)
         if self.peer is None:
             return
@@ -276,16 +337,35 @@ class Transports:
         self.udp: asyncio.DatagramTransport | _BatchUdp | None = None
         # Set before opening to read UDP in batches (see _BatchUdp); None: one by one.
         self.on_datagrams: Callable[[Sequence[tuple[bytes, Address]]], None] | None = None
-        self.tcp_server: asyncio.Server | None = None
-        self.tls_listener: asyncio.Server | None = None
+        # The admission policy of accepted connections, shared by TCP and TLS.
+        self.gate = Gate(self.limits.admission())
+        self.listeners: list[StreamListener] = []
         self.conns: dict[tuple[str, Address], _StreamConn] = {}
         self.local: Address = ("", 0)
         self.tls_local: Address | None = None
         self.errors = 0
         self.malformed = 0
         self.accepted: set[_StreamConn] = set()  # accepted stream connections open now
-        self.refused = 0  # accepted connections closed at once (over the limit)
-        self.idle_closed = 0
+        self.own_idle_closed = 0  # connections we opened, closed when idle
+
+    @property
+    def refused(self) -> int:
+        """Accepted connections closed at once (over a cap)."""
+        return self.gate.refused
+
+    @property
+    def idle_closed(self) -> int:
+        """Connections closed at a deadline: handshake, first request or idle."""
+        return sum(self.gate.expired.values()) + self.own_idle_closed
+
+    def _listen(self, sock: socket.socket, kind: str) -> StreamListener:
+        def factory(conn: int) -> _StreamConn:
+            return _StreamConn(self, kind, admitted=conn)
+
+        tls = self.tls_server if kind == "tls" else None
+        listener = StreamListener(sock, self.gate, factory, tls)
+        self.listeners.append(listener)
+        return listener
 
     @property
     def tcp_conns(self) -> dict[Address, _StreamConn]:
@@ -314,31 +394,19 @@ class Transports:
                 self.udp, self.local, bound = udp, candidate, candidate
                 break
             try:
-                server = await loop.create_server(
-                    lambda: _StreamConn(self, "tcp", accepted=True),
-                    host=candidate[0],
-                    port=candidate[1],
-                    reuse_address=True,
-                )
+                sock = listen_socket(candidate[0], candidate[1])
             except OSError:
                 udp.close()
                 if port:
                     raise
                 continue  # the UDP port's TCP twin was taken: try another
-            self.udp, self.tcp_server, self.local, bound = udp, server, candidate, candidate
+            self._listen(sock, "tcp")
+            self.udp, self.local, bound = udp, candidate, candidate
             break
         if bound is None:
             raise OSError("no port free for both UDP and TCP")
         if self.tls_server is not None:
-            listener = await loop.create_server(
-                lambda: _StreamConn(self, "tls", accepted=True),
-                host=bound[0],
-                port=tls_port,
-                ssl=self.tls_server,
-                reuse_address=True,
-            )
-            self.tls_listener = listener
-            self.tls_local = _norm(listener.sockets[0].getsockname())
+            self.tls_local = self._listen(listen_socket(bound[0], tls_port), "tls").local
         return bound
 
     async def open_sockets(self, udp: socket.socket, tcp: socket.socket | None) -> Address:
@@ -352,10 +420,7 @@ class Transports:
             self.udp, _proto = await loop.create_datagram_endpoint(lambda: _Udp(self), sock=udp)
         self.local = _norm(udp.getsockname())
         if tcp is not None:
-            tcp.setblocking(False)
-            self.tcp_server = await loop.create_server(
-                lambda: _StreamConn(self, "tcp", accepted=True), sock=tcp
-            )
+            self._listen(tcp, "tcp")
         return self.local
 
     async def send(self, data: bytes, dest: Address, transport: str) -> None:
@@ -417,16 +482,13 @@ class Transports:
         if self.udp is not None:
             self.udp.close()
             self.udp = None
+        self.gate.close_all()  # connections still in their handshake included
         for conn in list(self.conns.values()):
             if conn.transport is not None:
                 conn.transport.close()
         self.conns.clear()
         self.accepted.clear()
-        for name in ("tcp_server", "tls_listener"):
-            server: asyncio.Server | None = getattr(self, name)
-            if server is not None:
-                server.close()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(server.wait_closed(), 1.0)
-                setattr(self, name, None)
+        listeners, self.listeners = self.listeners, []
+        for listener in listeners:
+            await listener.close()
         self.tls_local = None

@@ -19,7 +19,7 @@ def hostport(text: str) -> tuple[str, int]:
 
 
 def stop_on_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM (a tool's clean shutdown)."""
+    """An event set by SIGINT or SIGTERM (a tool's or a daemon's clean shutdown)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

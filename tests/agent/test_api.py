@@ -123,7 +123,7 @@ async def test_tail_streams_live_and_pub_buffers_when_down(
 async def test_sub_class_and_calendar_through_the_socket(
     running: RunningAgent, far: FarEnd, store: BrokerStore
 ) -> None:
-    """Issue 13: an application names its subscription's queue class and sends the
+    """An application names its subscription's queue class and sends the
     device's calendar through the API (what an ``mdeci agent`` process offers)."""
     from mdeci.agent.errors import ApiError
     from mdeci.store.calendars import SqlCalendars

@@ -1,5 +1,5 @@
-"""The agent records a burst of notifications with one fsync and acks it only after that
-(issue 14, criterion 8): AgentCore on real files in ``tmp_path``, with a counting fsync."""
+"""The agent records a burst of notifications with one fsync and acks it only after that:
+AgentCore on real files in ``tmp_path``, with a counting fsync."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mdeci.agent.core import Alert, Delivered, RequestFailed
+from mdeci.agent.events import Alert, Delivered, RequestFailed
+from mdeci.agent.intake import RETRY_WRITE
 from mdeci.agent.state import INBOX_FILE, NSEQ_FILE, OUTBOX_FILE, Outbox
 from mdeci.frames import Ack, Pub, PubOk, encode
 from mdeci.sms.dedupe import NseqGate
@@ -106,10 +107,60 @@ def test_a_failed_write_hands_over_nothing_acks_nothing_and_takes_the_resend(
     assert rig.frames(rig.commands()) == [] and delivered(rig) == 0
     assert [e.kind for e in rig.events if isinstance(e, Alert)] == ["state"]
     assert nseqs_in_inbox(tmp_path) == []  # the lines written were taken back
+    rig.core.frames_received(rig.now, burst)  # and again at each failure
+    assert nseqs_in_inbox(tmp_path) == [] and delivered(rig) == 0
 
     # The broker sends them again (no ack came): taken once, now that the disk works.
     syncs.fail = None
     rig.core.frames_received(rig.now, burst)
+    assert rig.frames(rig.commands()) == [Ack(upto=3)]
+    assert [e.record["nseq"] for e in rig.events if isinstance(e, Delivered)] == [1, 2, 3]
+    assert nseqs_in_inbox(tmp_path) == [1, 2, 3]
+
+
+def test_a_burst_the_disk_refused_is_written_again_on_a_timer_without_a_resend(
+    tmp_path: Path,
+) -> None:
+    """The broker sends an unacked notification again only to a new session: the agent
+    writes what it could not record again itself, once the disk takes it."""
+    syncs = Syncs()
+    rig = connected(tmp_path, syncs)
+    syncs.fail = OSError(28, "No space left on device")
+    rig.core.frames_received(rig.now, [rig.notify_frame(n) for n in (1, 2, 3)])
+    assert rig.frames(rig.commands()) == [] and delivered(rig) == 0
+    retry_at = rig.core.get_timer()
+    assert retry_at is not None and rig.now < retry_at <= rig.now + RETRY_WRITE
+    rig.now = retry_at
+    rig.core.handle_timer(rig.now)  # still full: nothing, and another attempt later
+    assert rig.frames(rig.commands()) == [] and delivered(rig) == 0
+    assert [e.kind for e in rig.events if isinstance(e, Alert)] == ["state"]  # not again
+    retry_at = rig.core.get_timer()
+    assert retry_at is not None and retry_at > rig.now
+
+    syncs.fail = None  # the operator freed space
+    rig.core.handle_timer(rig.now)  # not yet due: no write
+    assert syncs.calls == 0
+    rig.now = retry_at
+    rig.core.handle_timer(rig.now)
+    assert rig.frames(rig.commands()) == [Ack(upto=3)]
+    assert [e.record["nseq"] for e in rig.events if isinstance(e, Delivered)] == [1, 2, 3]
+    assert nseqs_in_inbox(tmp_path) == [1, 2, 3]
+    assert rig.core.get_timer() is None  # nothing left to write
+    rig.core.frames_received(rig.now, [rig.notify_frame(n) for n in (2, 3)])  # late copies
+    assert rig.frames(rig.commands()) == [Ack(upto=3)] and delivered(rig) == 3
+
+
+def test_a_later_burst_acks_nothing_the_disk_refused_before_it_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """The ack is cumulative: the burst after a failed write records the failed one's
+    notifications first, and its ack covers only what is recorded."""
+    syncs = Syncs()
+    rig = connected(tmp_path, syncs)
+    syncs.fail = OSError(28, "No space left on device")
+    rig.core.frames_received(rig.now, [rig.notify_frame(n) for n in (1, 2)])
+    syncs.fail = None
+    rig.core.frames_received(rig.now, [rig.notify_frame(3)])
     assert rig.frames(rig.commands()) == [Ack(upto=3)]
     assert [e.record["nseq"] for e in rig.events if isinstance(e, Delivered)] == [1, 2, 3]
     assert nseqs_in_inbox(tmp_path) == [1, 2, 3]

@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mdeci.agent.core import (
-    AgentCore,
-    AgentFiles,
+import pytest
+
+from mdeci.agent.core import AgentCore
+from mdeci.agent.events import (
     Alert,
     AttachMedia,
     ChurnRecord,
@@ -25,21 +26,11 @@ from mdeci.agent.core import (
     SendFrame,
     SipCommand,
     SipOutcome,
-    State,
-    Status,
     StoreReplaced,
 )
-from mdeci.agent.state import (
-    INBOX_FILE,
-    NSEQ_FILE,
-    OUTBOX_FILE,
-    SUBS_FILE,
-    Fsync,
-    Inbox,
-    NseqState,
-    Outbox,
-    SubsRecord,
-)
+from mdeci.agent.machine import State, Status
+from mdeci.agent.requests import RESEND_AFTER
+from mdeci.agent.state import SUBS_FILE, Fsync, StateFiles, SubsRecord, open_state_files
 from mdeci.config import (
     AgentConfig,
     AgentRegistrarConfig,
@@ -47,7 +38,20 @@ from mdeci.config import (
     HostPort,
     ReconnectConfig,
 )
-from mdeci.frames import Frame, List, Notify, Pub, PubOk, Sub, SubInfo, SubOk, Subs, decode, encode
+from mdeci.frames import (
+    Error,
+    Frame,
+    List,
+    Notify,
+    Pub,
+    PubOk,
+    Sub,
+    SubInfo,
+    SubOk,
+    Subs,
+    decode,
+    encode,
+)
 from rudp.keys import KeyExchange
 from sip.sdp import build_answer, parse_session
 from tests.keyx import psk
@@ -70,15 +74,9 @@ def config(state: Path) -> AgentConfig:
     )
 
 
-def open_files(state: Path, fsync: Fsync = os.fsync) -> AgentFiles:
+def open_files(state: Path, fsync: Fsync = os.fsync) -> StateFiles:
     state.mkdir(parents=True, exist_ok=True)
-    inbox = Inbox(state / INBOX_FILE, fsync=fsync)
-    return AgentFiles(
-        inbox=inbox,
-        nseq=NseqState(state / NSEQ_FILE, floor=inbox.last_nseq, fsync=fsync),
-        outbox=Outbox(state / OUTBOX_FILE, fsync=fsync),
-        subs=SubsRecord(state / SUBS_FILE, fsync=fsync),
-    )
+    return open_state_files(state, fsync)
 
 
 class Counter:
@@ -343,9 +341,34 @@ def test_new_store_incarnation_resets_gate_and_restores_subscriptions(tmp_path: 
     assert list(tmp_path.glob("inbox.store-1-*.jsonl"))  # the old records are kept aside
 
 
+def test_deadlines_follow_now_and_the_brokers_times_follow_wall(tmp_path: Path) -> None:
+    """``now`` (monotonic) and ``wall`` (epoch) apart, the wall clock an hour back: the
+    request deadline is ``now`` + the timeout, a restored fixed subscription's TTL is its
+    ``expires_at`` less ``wall``, and the old inbox is archived under ``wall``."""
+    rig = Rig(tmp_path)
+    rig.connect(store="store-1")
+    core = rig.core
+    req = core.subscribe(rig.now, "news.#", "", 3600, fixed=True)
+    core.frame_received(rig.now, encode(SubOk(req=req, sub_id="7", expires_at=T0 + 3600)))
+    rig.commands()
+    now, wall = 50.0, T0 - 3600.0  # a monotonic clock's value, and a wall clock set back
+    core.peer_lost(now, "rudp: 1 messages failed")
+    reinvite = rig.sip(rig.commands())
+    answer = rig.answer(reinvite.offer, "store-2")  # type: ignore[union-attr]
+    outcome = SipOutcome(status=200, body=answer, call_id="call-1")
+    core.sip_done(now, reinvite, outcome, wall=wall)
+    (probe,) = [f for f in rig.frames(rig.commands()) if isinstance(f, List)]
+    assert core.get_timer() == now + core.response_timeout
+    core.frame_received(now, encode(Subs(req=probe.req)), wall=wall)
+    (restored,) = [f for f in rig.frames(rig.commands()) if isinstance(f, Sub)]
+    assert restored.ttl == 7200
+    assert core.get_timer() == now + core.response_timeout
+    assert list(tmp_path.glob(f"inbox.store-1-{int(wall)}.jsonl"))
+
+
 def test_restored_subscriptions_keep_their_queue_class(tmp_path: Path) -> None:
-    """Issue 11: the broker's ``subs`` list has no qclass; a restore on a new store used
-    to send the subscription without it (its notifications fell into the default class)."""
+    """The broker's ``subs`` list has no qclass: a restore on a new store asks for the
+    class recorded by the agent, so that its notifications keep their class."""
     rig = Rig(tmp_path)
     rig.connect(store="store-1")
     core = rig.core
@@ -369,7 +392,7 @@ def test_restored_subscriptions_keep_their_queue_class(tmp_path: Path) -> None:
     core.frame_received(rig.now, encode(Subs(req=probe.req)))
     restored = [f for f in rig.frames(rig.commands()) if isinstance(f, Sub)]
     assert [(s.subject, s.filter, s.ttl, s.qclass) for s in restored] == [
-        ("news.#", "price < 10", 3590, "bulk")
+        ("news.#", "price < 10", 3600, "bulk")  # a lease asks its own TTL again
     ]
     core.frame_received(
         rig.now, encode(SubOk(req=restored[0].req, sub_id="1", expires_at=rig.now + 3590))
@@ -402,6 +425,138 @@ def test_a_request_without_answer_fails_at_its_deadline(tmp_path: Path) -> None:
     core.handle_timer(deadline)
     (failed,) = [e for e in rig.events if isinstance(e, RequestFailed)]
     assert failed.req == req and len(rig.files.outbox) == 1  # kept for the next connection
+
+
+def _sent_pub(rig: Rig) -> Pub:
+    """The one publish the core sent after its outbox's fsync."""
+    rig.core.sync_outbox(rig.now)
+    (pub,) = [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    return pub
+
+
+def _reconnect(rig: Rig) -> list[Command]:
+    """The media path is lost and found again (re-INVITE, probe answered): the commands
+    of the new connection."""
+    rig.core.peer_lost(rig.now, "rudp: 3 messages failed")
+    reinvite = rig.sip(rig.commands())
+    after = rig.ok(reinvite, rig.answer(reinvite.offer))  # type: ignore[union-attr]
+    (probe,) = [f for f in rig.frames(after) if isinstance(f, List)]
+    rig.core.frame_received(rig.now, encode(Subs(req=probe.req)))
+    assert status_of(rig.core) is Status.CONNECTED
+    return rig.commands()
+
+
+@pytest.mark.parametrize("code", [400, 500, 503])
+def test_a_refused_publish_leaves_the_outbox_and_is_not_sent_again(
+    tmp_path: Path, code: int
+) -> None:
+    rig = Rig(tmp_path)
+    rig.connect()
+    rig.commands()
+    rig.core.publish(rig.now, "news.a", {}, b"p")
+    pub = _sent_pub(rig)
+    refusal = Error(code=code, message="refused", req=pub.req)
+    rig.core.frame_received(rig.now, encode(refusal))
+    assert RequestDone(pub.req, refusal) in rig.events  # the application is told
+    assert len(rig.files.outbox) == 0
+    assert not [f for f in rig.frames(_reconnect(rig)) if isinstance(f, Pub)]
+
+
+@pytest.mark.parametrize(("code", "kept"), [(400, False), (503, True)])
+def test_a_publish_told_pending_stays_on_a_temporary_refusal(
+    tmp_path: Path, code: int, kept: bool
+) -> None:
+    """Nobody awaits a buffered publish's answer (the application was told it is
+    pending): a temporary refusal keeps it; a final one drops it."""
+    rig = Rig(tmp_path)
+    msg_id, req = rig.core.publish(rig.now, "news.a", {}, b"p")
+    assert req is None
+    rig.connect()
+    (pub,) = [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    rig.core.frame_received(rig.now, encode(Error(code=code, message="no", req=pub.req)))
+    assert [p.msg_id for p in rig.files.outbox.pending()] == ([msg_id] if kept else [])
+    again = [f.msg_id for f in rig.frames(_reconnect(rig)) if isinstance(f, Pub)]
+    assert again == ([msg_id] if kept else [])
+
+
+def test_a_publish_kept_on_a_temporary_refusal_goes_again_in_the_same_connection(
+    tmp_path: Path,
+) -> None:
+    """A publisher may hear nothing else from the broker: a timer sends it again."""
+    rig = Rig(tmp_path)
+    msg_id, _ = rig.core.publish(rig.now, "news.a", {}, b"p")
+    rig.connect()
+    (pub,) = [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    rig.core.frame_received(rig.now, encode(Error(code=503, message="busy", req=pub.req)))
+    assert not [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    due = rig.core.get_timer()
+    assert due is not None and due == rig.now + RESEND_AFTER
+    rig.core.handle_timer(due - 0.001)
+    assert not [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    rig.now = due
+    rig.core.handle_timer(rig.now)
+    (again,) = [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    assert again.msg_id == msg_id and again.req != pub.req
+    rig.core.frame_received(rig.now, encode(PubOk(req=again.req, msg_id=msg_id, matched=1)))
+    assert len(rig.files.outbox) == 0
+
+
+def test_a_publish_whose_wait_ended_stays_on_a_temporary_refusal(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.connect()
+    rig.commands()
+    msg_id, req = rig.core.publish(rig.now, "news.a", {}, b"p")
+    pub = _sent_pub(rig)
+    assert req == pub.req
+    rig.core.stop_awaiting(pub.req)  # the application was told "sent"
+    rig.core.frame_received(rig.now, encode(Error(code=503, message="busy", req=pub.req)))
+    assert [p.msg_id for p in rig.files.outbox.pending()] == [msg_id]
+
+
+def _unanswered_pub(rig: Rig) -> tuple[str, Pub]:
+    """A publish sent while CONNECTED whose answer did not come by its deadline (the
+    clock is then at the deadline): its msg_id and its frame."""
+    rig.connect()
+    rig.commands()
+    msg_id, _ = rig.core.publish(rig.now, "news.a", {}, b"p")
+    pub = _sent_pub(rig)
+    deadline = rig.core.get_timer()
+    assert deadline is not None
+    rig.now = deadline
+    rig.core.handle_timer(rig.now)
+    assert [e.req for e in rig.events if isinstance(e, RequestFailed)] == [pub.req]
+    assert [p.msg_id for p in rig.files.outbox.pending()] == [msg_id]
+    assert not [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    return msg_id, pub
+
+
+def test_a_publish_without_answer_keeps_its_msg_id_and_goes_again_when_the_broker_answers(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    msg_id, pub = _unanswered_pub(rig)
+    # Still CONNECTED; a frame from the broker shows it answers again.
+    again = [f for f in rig.frames(rig.notify(1)) if isinstance(f, Pub)]
+    assert [(p.msg_id, p.payload) for p in again] == [(msg_id, b"p")]
+    assert again[0].req != pub.req
+    ok = PubOk(req=again[0].req, msg_id=msg_id, matched=1)
+    rig.core.frame_received(rig.now, encode(ok))
+    assert len(rig.files.outbox) == 0
+    assert not [f for f in rig.frames(_reconnect(rig)) if isinstance(f, Pub)]
+
+
+def test_a_publish_without_answer_goes_again_on_a_timer_when_the_broker_is_silent(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    msg_id, pub = _unanswered_pub(rig)
+    resend = rig.core.get_timer()
+    assert resend == rig.now + RESEND_AFTER
+    rig.core.handle_timer(resend - 0.001)
+    assert not [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    rig.core.handle_timer(resend)
+    (again,) = [f for f in rig.frames(rig.commands()) if isinstance(f, Pub)]
+    assert again.msg_id == msg_id and again.req != pub.req
 
 
 def test_an_answer_without_key_exchange_fails_closed(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The pjsua2 SIP backend (issue 11): its SDP layout, and that nothing pjsua2 does can
+"""The pjsua2 SIP backend: its SDP layout, and that nothing pjsua2 does can
 end the daemon (the pjsua2 child dying is a lost session the agent recovers from).
 
 The end-to-end suites run on both backends (tests/e2e, the ``sip_stack`` fixture)."""
@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.agent import Agent, Status
-from mdeci.agent.core import Invite, MoveSip, Register
 from mdeci.agent.errors import AgentError
+from mdeci.agent.events import Invite, MoveSip, Register
 from mdeci.agent.pjsua2_backend import Pjsua2Backend, outcome_of, worker_settings
 from mdeci.config import AgentConfig
 from mdeci.store.repo import BrokerStore

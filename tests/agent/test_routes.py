@@ -1,4 +1,4 @@
-"""Mobility that follows the device (issue 11): the route decision on fake event streams.
+"""Mobility that follows the device: the route decision on fake event streams.
 
 No sockets: :class:`RouteFollower` is fed the events netlink would give for a phone with
 ``wifi`` (index 2, 10.1.0.2/24, gateway 10.1.0.1) and ``cell`` (index 3, 10.2.0.2/24,

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from mdeci.agent.backend import MdeciSipBackend
 from mdeci.agent.backoff import Backoff
-from mdeci.agent.core import Register
 from mdeci.agent.errors import AgentError
+from mdeci.agent.events import Register
 from mdeci.agent.ipmonitor import PollingIpMonitor, is_held, pick_new
-from mdeci.agent.state import Inbox, NseqState, Outbox, OutgoingPub
+from mdeci.agent.state import (
+    Inbox,
+    NseqState,
+    Outbox,
+    OutgoingPub,
+    lock_state_dir,
+    make_state_dir,
+    open_state_files,
+)
 from mdeci.config import ReconnectConfig, load_agent_config
 from tests.agent.farend import GUARD, agent_config
 from tests.sip.certs import make_certs
@@ -68,6 +78,33 @@ def test_outbox_survives_a_crash_and_a_torn_line(tmp_path: Path) -> None:
     assert [p.msg_id for p in Outbox(path).pending()] == ["c"]
     # Reopening compacts: only the pending publish is left in the file.
     assert len(path.read_text().splitlines()) == 1
+
+
+def test_state_files_are_0600_in_a_0700_folder_whatever_the_umask(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    old = os.umask(0)
+    try:
+        make_state_dir(state)
+        lock = lock_state_dir(state)
+        files = open_state_files(state)
+        files.outbox.add(OutgoingPub(msg_id="a", subject="x.y"))
+        files.nseq.save()  # nseq.json, through a temporary file
+        files.subs.replace(())  # subs.json likewise
+        files.inbox.append({"nseq": 1})
+        files.inbox.archive("old")
+        files.close()
+        lock.close()
+        # An existing folder and file left wider (an earlier version, a hand-made folder).
+        os.chmod(state, 0o755)
+        os.chmod(state / "outbox.jsonl", 0o644)
+        make_state_dir(state)
+        open_state_files(state).close()  # reopened, compacted (rewritten)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in state.iterdir()}
+    assert {"lock", "inbox.jsonl", "inbox.old.jsonl", "outbox.jsonl", "nseq.json"} <= set(modes)
+    assert set(modes.values()) == {0o600}, modes
 
 
 def test_backoff_schedule_with_fixed_random() -> None:

@@ -69,6 +69,7 @@ CROSS_DAYS = 7
 @pytest.fixture(scope="session")
 def generated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from analytics.generate import GeneratorConfig, generate
+    from analytics.mobility import MobilityParams
 
     out = tmp_path_factory.mktemp("log")
     cfg = GeneratorConfig(
@@ -77,6 +78,7 @@ def generated_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
         seed=20240506,
         model="commute",
         queue_limit=6,
+        mobility=MobilityParams(night_off_share=0.4),
         duplicate_fraction=0.005,
         reorder_fraction=0.005,
         malformed_fraction=0.001,

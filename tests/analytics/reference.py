@@ -25,6 +25,7 @@ EVENTS = {
     "ip_changed",
     "media_connected",
     "media_disconnected",
+    "broker_lost",
     "notify_queued",
     "notify_delivered",
     "notify_dropped",
@@ -33,7 +34,11 @@ EVENTS = {
     "subscription_added",
     "subscription_removed",
     "subscription_expired",
+    "notify_duplicate",
+    "notify_gap",
 }
+# The events whose agent line is the fact (docs/analytics.md, "One source of truth").
+AGENT_EVENTS = {"ip_changed", "broker_lost", "notify_duplicate", "notify_gap"}
 STRINGS = (
     "ts",
     "node",
@@ -45,8 +50,9 @@ STRINGS = (
     "prev_addr",
     "channel",
     "reason",
+    "published",
 )
-INTS = ("queue_depth", "nseq", "bytes")
+INTS = ("queue_depth", "nseq", "bytes", "missed")
 FLOATS = ("latency_ms", "cost")
 ORDER = ("ts", "node", "event", "uri", "call_id", "addr", "prev_addr", "channel")
 
@@ -123,7 +129,7 @@ def read(directory: Path) -> Parsed:
             lat = r.get("latency_ms")
             cost = r.get("cost")
             role = r.get("role")
-            owner = "agent" if r["event"] == "ip_changed" else "broker"
+            owner = "agent" if r["event"] in AGENT_EVENTS else "broker"
             device = role in (None, "agent") and r["event"] == "media_connected"
             out.events.append(
                 Event(
@@ -155,7 +161,7 @@ def episodes(events: list[Event], since: int, until: int) -> list[tuple[str, int
     """(uri, true start, clipped start, clipped duration) of the episodes in the window."""
     # (time, order at the same instant, kind): a session end, a disconnect, a connect.
     media: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    kinds = {"session_ended": 0, "media_disconnected": 1, "media_connected": 2}
+    kinds = {"session_ended": 0, "media_disconnected": 1, "broker_lost": 1, "media_connected": 2}
     for e in events:
         if e.event == "media_disconnected" and e.reason == "session ended":
             continue  # the broker's tear-down of an ended session: no outage

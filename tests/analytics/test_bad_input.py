@@ -93,7 +93,7 @@ def test_churn_of_one_non_log_file(tmp_path: Path) -> None:
 
 def test_non_log_files_next_to_a_log_are_skipped(tmp_path: Path) -> None:
     """The sniffing keeps logs, compressed or damaged at the top, and nothing else."""
-    from analytics.churn import find_inputs
+    from analytics.inputs import find_inputs
 
     folder = tmp_path / "in"
     _non_logs(folder)

@@ -49,6 +49,14 @@ def test_bad_time_window(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     )
 
 
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_negative_minimum_sample_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, value: str
+) -> None:
+    argv = ["analytics", "churn", "--input", str(tmp_path), "--output", str(tmp_path / "o")]
+    _one_line_error(capsys, [*argv, "--min-tail", value], "--min-tail must be 0 or more")
+
+
 def test_report_of_nothing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     _one_line_error(
         capsys,
@@ -135,8 +143,8 @@ def test_spark_submit_driver_file_parses_like_the_cli(
 
 
 def test_skipping_line_names_each_skipped_file_once_and_counts_the_rest(tmp_path: Path) -> None:
-    from analytics.churn import find_inputs
     from analytics.cli import skipping_line
+    from analytics.inputs import find_inputs
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

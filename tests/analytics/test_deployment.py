@@ -1,4 +1,4 @@
-"""Issue 16, acceptance 1, 4 and 5 on a real deployment's logs: ``mdeci demo --quick``
+"""The churn job on a real deployment's logs: ``mdeci demo --quick``
 runs a broker and two agents (alice moves twice and loses her radio once); the churn
 job then reads *all* their logs, the broker's and the agents', in a fresh process.
 
@@ -141,6 +141,12 @@ SECTIONS_WITH_DATA = {
     "per-user",
     "episodes",
     "recommendations",
+    # The papers' figures: alice's moves, both devices' deliveries, the one broker.
+    "per-move",
+    "siena",
+    "per-device",
+    "latency-by-network",
+    "per-broker",
 }
 # The quick demo has no SMS gateway and two users: no SMS spend and no reconnect storm
 # (tests/analytics/test_report.py draws both from a generated log).

@@ -13,6 +13,7 @@ import pytest
 
 from analytics.errors import OptionError
 from analytics.generate import MODELS, GeneratorConfig, generate
+from analytics.mobility import MobilityParams
 from analytics.schema import EVENTS, FIELD_NAMES
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -28,7 +29,7 @@ def _lines(directory: Path) -> list[str]:
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
-    cfg = GeneratorConfig(users=6, days=2, seed=7, model="random")
+    cfg = GeneratorConfig(users=6, days=2, seed=7, model="jecho-random")
     generate(cfg, tmp_path / "a")
     generate(cfg, tmp_path / "b")
     generate(replace(cfg, seed=8), tmp_path / "c")
@@ -63,7 +64,18 @@ def test_every_model_writes_valid_records_and_all_models_the_whole_vocabulary(
     seen: Counter[str] = Counter()
     per_model: dict[str, Counter[str]] = {}
     for model in MODELS:
-        cfg = GeneratorConfig(users=12, days=3, seed=11, model=model, **CLEAN)
+        # Nights off, a short queue and two brokers: the session ends, expiries, drops and
+        # failovers (a broker the device lost) of the vocabulary.
+        cfg = GeneratorConfig(
+            users=12,
+            days=3,
+            seed=11,
+            model=model,
+            queue_limit=4,
+            brokers=2,
+            mobility=MobilityParams(night_off_share=0.5),
+            **CLEAN,
+        )
         generate(cfg, tmp_path / model, parquet=False)
         counts: Counter[str] = Counter()
         last_addr: dict[str, str] = {}
@@ -80,10 +92,23 @@ def test_every_model_writes_valid_records_and_all_models_the_whole_vocabulary(
         per_model[model] = counts
         seen.update(counts)
     assert set(seen) == set(EVENTS)
-    # The models differ the way the papers describe them.
-    assert per_model["pervasive"]["ip_changed"] > 3 * per_model["popup"]["ip_changed"]
-    assert per_model["popup"]["notify_dropped"] > per_model["pervasive"]["notify_dropped"]
-    assert per_model["popup"]["sms_sent"] > per_model["commute"]["sms_sent"]
+    # The models differ the way the papers describe them: Walkabout's pervasive device
+    # moves most, its random one is disconnected most, JECho's devices never are.
+    assert (
+        per_model["walkabout-pervasive"]["ip_changed"] > 3 * per_model["jecho-popup"]["ip_changed"]
+    )
+    assert per_model["walkabout-random"]["sms_sent"] > per_model["walkabout-commute"]["sms_sent"]
+    assert (
+        per_model["jecho-salesman"]["media_disconnected"]
+        < per_model["walkabout-random"]["media_disconnected"] / 10
+    )
+
+
+def test_the_short_model_names_name_one_model_and_random_names_two() -> None:
+    assert GeneratorConfig(users=1, days=1, seed=1, model="commute").model == "walkabout-commute"
+    assert GeneratorConfig(users=1, days=1, seed=1, model="salesman").model == "jecho-salesman"
+    with pytest.raises(OptionError, match="--model"):
+        GeneratorConfig(users=1, days=1, seed=1, model="random")
 
 
 def test_every_break_is_restored_or_still_open_at_the_end(tmp_path: Path) -> None:

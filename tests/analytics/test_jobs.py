@@ -7,13 +7,12 @@ compares the job's frame with the expected one (``assertDataFrameEqual``).
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from analytics import jobs
+from analytics import jobs, parse, recommend
 from analytics import schema as S
 from tests.analytics.logs import T0_MS, assert_frames_equal, line, ms
 
@@ -26,11 +25,11 @@ C = "sip:carol@example.net"
 
 def parsed(spark: Any, lines: list[str], keep_extra: bool = False) -> Any:
     df = spark.createDataFrame([(x, "test.jsonl") for x in lines], "value string, source string")
-    return jobs.parse_lines(df, keep_extra=keep_extra)
+    return parse.parse_lines(df, keep_extra=keep_extra)
 
 
 def events(spark: Any, lines: list[str], keep_extra: bool = False) -> Any:
-    return jobs.valid_events(parsed(spark, lines, keep_extra))
+    return parse.valid_events(parsed(spark, lines, keep_extra))
 
 
 def frame(spark: Any, rows: list[tuple[Any, ...]], schema: Any) -> Any:
@@ -62,7 +61,7 @@ def test_invalid_lines_are_quarantined_with_a_reason_and_never_fatal(spark: Any)
         json.dumps({"ts": "2024-05-06T10:00:01.000Z", "uri": A}),
     ]
     p = parsed(spark, lines)
-    q = jobs.quarantine(p)
+    q = parse.quarantine(p)
     expected = frame(
         spark,
         [
@@ -78,7 +77,7 @@ def test_invalid_lines_are_quarantined_with_a_reason_and_never_fatal(spark: Any)
         S.QUARANTINE_SCHEMA,
     )
     assert_equal(q, expected)
-    ev = jobs.valid_events(p).collect()
+    ev = parse.valid_events(p).collect()
     assert len(ev) == 1
     assert ev[0]["ts_ms"] == ms(1)
     assert ev[0]["addr"] == "10.0.0.1:5060"
@@ -99,10 +98,10 @@ def test_parquet_records_parse_like_lines(spark: Any) -> None:
         [("2024-05-06T10:00:01.000Z", "registered", A, "x"), (None, "registered", A, "y")],
         "ts string, event string, uri string, colour string",
     )
-    p = jobs.parse_records(df)
-    ev = jobs.valid_events(p).collect()
+    p = parse.parse_records(df)
+    ev = parse.valid_events(p).collect()
     assert [(r["uri"], r["ts_ms"], r["extra"]) for r in ev] == [(A, ms(1), '{"colour":"x"}')]
-    assert [r["reason"] for r in jobs.quarantine(p).collect()] == ["missing ts"]
+    assert [r["reason"] for r in parse.quarantine(p).collect()] == ["missing ts"]
 
 
 # ----------------------------------------------------------------------- episodes
@@ -144,8 +143,8 @@ def test_episodes_over_the_whole_log(spark: Any) -> None:
 def test_episodes_given_the_last_instant_need_no_scan_of_every_event(spark: Any) -> None:
     """With the log's last instant known (``churn`` has it from the events' own job), the
     episodes are the same rows of the same schema, and their plan aggregates nothing
-    over the events: without it, the end of an open episode took a scan of every event
-    (issue 16)."""
+    over the events: without it, the end of an open episode would take a scan of every
+    event."""
     ev = events(spark, _episode_log())
     window = jobs.TimeWindow()
     scanned = jobs.episodes(ev, window)
@@ -201,6 +200,28 @@ def test_the_tear_down_of_an_ended_session_is_no_episode_in_either_order(spark: 
     eps = jobs.episodes(events(spark, log), jobs.TimeWindow())
     assert [(r["uri"], r["start_ms"], r["end_ms"]) for r in eps.collect()] == [
         (C, ms(10), ms(11))  # an outage that the session's end closed
+    ]
+
+
+def test_a_broker_the_agent_lost_is_an_episode_and_one_with_the_brokers_own(spark: Any) -> None:
+    """A killed broker logs nothing: alice's agent's ``broker_lost`` opens the episode,
+    and the restarted broker's ``media_connected`` ends it. Bob's outage is logged by
+    both sides: one episode, from the first of the two lines."""
+    log = [
+        line(0, "media_connected", A, latency_ms=10.0),
+        line(10, "broker_lost", A, role="agent", reason="rudp: dead"),
+        line(10, "media_disconnected", A, role="agent", reason="rudp: dead"),  # a copy
+        line(30, "media_connected", A, role="broker"),
+        line(0, "media_connected", B, latency_ms=10.0),
+        line(12, "broker_lost", B, role="agent"),
+        line(14, "media_disconnected", B, role="broker"),
+        line(20, "media_connected", B, role="broker"),
+        line(25, "broker_lost", C, role="broker"),  # not the broker's fact: no episode
+    ]
+    eps = jobs.episodes(events(spark, log), jobs.TimeWindow())
+    assert sorted((r["uri"], r["start_ms"], r["end_ms"]) for r in eps.collect()) == [
+        (A, ms(10), ms(30)),
+        (B, ms(12), ms(20)),
     ]
 
 
@@ -268,7 +289,7 @@ def test_per_user_counts_in_a_compiled_aggregate_and_percentiles_over_restores_o
 ) -> None:
     """The counts of every event are a (compiled, hashed) aggregate of their own: next to
     the exact percentiles, an object aggregate, Spark sorted every event of the log by user
-    past 128 users per task (issue 16)."""
+    past 128 users per task."""
     ev = events(spark, _user_log())
     window = jobs.TimeWindow()
     got = jobs.per_user(jobs.in_window(ev, window), jobs.episodes(ev, window))
@@ -402,7 +423,7 @@ def test_recommendations(spark: Any) -> None:
     ]
     ev = events(spark, lines)
     eps = jobs.episodes(ev, jobs.TimeWindow())
-    got = jobs.recommendations(ev, eps, jobs.JobConfig())
+    got = recommend.recommendations(ev, eps, jobs.JobConfig(min_tail_observations=0))
     values = {r["setting"]: r["value"] for r in got.collect()}
     # Live p99 = 39.7 ms -> 2x = 79.4 -> 100 -> at least 200 ms. Short breaks 3 s and 1 s:
     # p90 = 2.8 s -> retries = ceil(log2(2800/200 + 1)) = 4; give-up 200 * 15 = 3000 ms.
@@ -415,15 +436,41 @@ def test_recommendations(spark: Any) -> None:
         "queue_max_per_uri": 5.0,
     }
     assert got.schema.simpleString() == S.RECOMMENDATION_SCHEMA.simpleString()
+    # Four live deliveries hold a p99 with 0.04 observations above it, not with 0.05;
+    # the retries need the timeout's sample as well as the disconnections'.
+    enough = _recommended(ev, eps, jobs.JobConfig(min_tail_observations=0.04))
+    short = _recommended(ev, eps, jobs.JobConfig(min_tail_observations=0.05))
+    assert enough["rudp_initial_rto_ms"][0] == 200.0
+    assert enough["rudp_max_retries"][0] == 4.0
+    assert short["rudp_initial_rto_ms"] == (None, "not enough data: 4 live deliveries, 5 needed")
+    assert short["rudp_max_retries"] == short["rudp_initial_rto_ms"]
 
 
-def test_recommendations_without_data_are_defaults_not_errors(spark: Any) -> None:
+def _recommended(ev: Any, eps: Any, cfg: jobs.JobConfig) -> dict[str, tuple[float | None, str]]:
+    return {
+        r["setting"]: (r["value"], r["basis"])
+        for r in recommend.recommendations(ev, eps, cfg).collect()
+    }
+
+
+def test_a_small_log_gets_no_recommendation_but_the_sample_it_lacks(spark: Any) -> None:
+    lines = [line(i, "notify_delivered", A, channel="ip", latency_ms=10.0) for i in range(50)]
+    ev = events(spark, [*lines, line(60, "media_disconnected", A), line(61, "media_connected", A)])
+    eps = jobs.episodes(ev, jobs.TimeWindow())
+    got = _recommended(ev, eps, jobs.JobConfig())
+    assert got == {
+        "rudp_initial_rto_ms": (None, "not enough data: 50 live deliveries, 1,000 needed"),
+        "rudp_max_retries": (None, "not enough data: 50 live deliveries, 1,000 needed"),
+        "rudp_give_up_after_ms": (None, "not enough data for the timeout or the retries"),
+        "subscription_ttl_s": (None, "not enough data: 1 disconnections, 1,000 needed"),
+        "queue_max_per_uri": (None, "not enough data: 1 stretches between restores, 100 needed"),
+    }
+
+
+def test_recommendations_without_data_are_null_not_errors(spark: Any) -> None:
     ev = events(spark, [line(1, "registered", A)])
     eps = jobs.episodes(ev, jobs.TimeWindow())
-    values = {
-        r["setting"]: r["value"] for r in jobs.recommendations(ev, eps, jobs.JobConfig()).collect()
-    }
-    assert values["rudp_initial_rto_ms"] == 200.0
-    assert values["rudp_max_retries"] == 4.0
-    assert values["queue_max_per_uri"] == 0.0
-    assert not any(math.isnan(v) for v in values.values())
+    got = _recommended(ev, eps, jobs.JobConfig(min_tail_observations=0))
+    assert {setting: value for setting, (value, _) in got.items()} == dict.fromkeys(got)
+    assert len(got) == 5
+    assert got["rudp_initial_rto_ms"][1] == "not enough data: 0 live deliveries, 1 needed"

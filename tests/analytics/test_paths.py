@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from analytics import churn, jobs
+from analytics import churn, jobs, parse
+from analytics import inputs as inputs_mod
 from analytics.churn import TABLES, run_churn
 from analytics.generate import GeneratorConfig, generate
 from analytics.jobs import JobConfig, TimeWindow
@@ -67,9 +68,9 @@ def _all_paths(
 ) -> Any:
     config = config or JobConfig()
     small = run_churn(spark, str(log), str(tmp_path / "small"), config, fmt="parquet")
-    monkeypatch.setattr(churn, "SMALL_INPUT_ROWS", 0)  # the large path, job per table
+    monkeypatch.setattr(inputs_mod, "SMALL_INPUT_ROWS", 0)  # the large path, job per table
     large = run_churn(spark, str(log), str(tmp_path / "large"), config, fmt="parquet")
-    monkeypatch.setattr(churn, "QUICK_JIT_ROWS", 0)  # ... with the columnar cache
+    monkeypatch.setattr(inputs_mod, "QUICK_JIT_ROWS", 0)  # ... with the columnar cache
     cached = run_churn(spark, str(log), str(tmp_path / "cached"), config, fmt="parquet")
     return small, large, cached
 
@@ -80,10 +81,11 @@ def test_the_three_paths_agree_within_a_window(
     """The summary's first and last fact, its other-role copies and its restore
     percentiles are found by the events job and the sparse events on the large paths,
     by one aggregate on the small one: the same tables and summary in a window that cuts
-    the log's day in the middle (episodes clipped at both ends)."""
+    the log's day in the middle (episodes clipped at both ends). The log is clean: no
+    path quarantines a valid line."""
     import pyarrow.parquet as pq
 
-    log = _log(tmp_path / "log", bad=True)
+    log = _log(tmp_path / "log", bad=False)
     stamps = sorted(
         datetime.fromisoformat(ts)
         for ts in pq.read_table(log).column("ts").to_pylist()
@@ -94,47 +96,45 @@ def test_the_three_paths_agree_within_a_window(
         since_ms=int(first + (last - first) / 4), until_ms=int(first + 3 * (last - first) / 4)
     )
     small, large, cached = _all_paths(spark, log, tmp_path, monkeypatch, JobConfig(window=window))
-    assert 0 < small.summary["events"] < len(stamps) - 1
+    assert 0 < small.summary["events_in_window"] < small.summary["events"] == len(stamps)
     assert large.summary == small.summary
     assert cached.summary == small.summary
     assert _sorted_tables(tmp_path / "large") == _sorted_tables(tmp_path / "small")
     assert _sorted_tables(tmp_path / "cached") == _sorted_tables(tmp_path / "small")
+    for path in ("small", "large", "cached"):
+        assert _quarantine(tmp_path / path) == [], path
+    assert large.summary["invalid_lines"] == large.summary["duplicates_dropped"] == 0
 
 
-@pytest.mark.parametrize("bad", [True, False], ids=["bad-rows", "clean"])
 def test_small_and_large_paths_write_the_same_tables(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: bool
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = _log(tmp_path / "log", bad=bad)
+    log = _log(tmp_path / "log", bad=True)
     small, large, cached = _all_paths(spark, log, tmp_path, monkeypatch)
     assert _sorted_tables(tmp_path / "large") == _sorted_tables(tmp_path / "small")
     assert _sorted_tables(tmp_path / "cached") == _sorted_tables(tmp_path / "small")
     quarantined = _quarantine(tmp_path / "large")
     assert quarantined == _quarantine(tmp_path / "small")
     assert _quarantine(tmp_path / "cached") == quarantined
-    if bad:
-        assert [reason for _line, reason in quarantined] == [
-            "missing event",
-            "ts is not an RFC 3339 time",
-        ]
-        assert large.summary["invalid_lines"] == 2
-        assert large.summary["duplicates_dropped"] == 1
-    else:
-        assert quarantined == []
-        assert large.summary["invalid_lines"] == 0
+    assert [reason for _line, reason in quarantined] == [
+        "missing event",
+        "ts is not an RFC 3339 time",
+    ]
+    assert large.summary["invalid_lines"] == 2
+    assert large.summary["duplicates_dropped"] == 1
     assert large.summary == small.summary
     assert cached.summary == small.summary
     assert spark.conf.get(churn.ADAPTIVE) == "true"  # held rows turned it off for their run
-    assert large.summary["lines"] == large.summary["events"] + 3 * bad
+    assert large.summary["lines"] == large.summary["events"] + 3  # 2 invalid, 1 duplicate
 
 
 def test_events_held_as_rows_keep_their_partitioning(spark: Any, tmp_path: Path) -> None:
     """The per-user jobs over the events held as rows need no shuffle of their own (the
     reason the events are partitioned by user), and releasing them drops their blocks."""
-    inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
+    inputs = inputs_mod.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
     held = churn._Held(spark)
-    parsed = churn.read_parsed(spark, inputs, source=False)
-    events, known = churn._cached(spark, churn._for_jobs(jobs.valid_events(parsed), False), held)
+    parsed = inputs_mod.read_parsed(spark, inputs, source=False)
+    events, known = churn._cached(spark, churn._for_jobs(parse.valid_events(parsed), False), held)
     ids = set(held._rdds)
     try:
         assert known["events"] == inputs.rows
@@ -152,9 +152,9 @@ def test_frames_cached_for_several_tables_keep_their_partitioning(
     """A frame derived from the cached events and cached in turn (the sparse events, the
     episode starts) still says it is partitioned by user, so the per-user windows over it
     need no shuffle: planned adaptively, the cache reported no partitioning at all."""
-    inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
-    parsed = churn.read_parsed(spark, inputs, source=False)
-    events, _known = churn._cached(spark, churn._for_jobs(jobs.valid_events(parsed), False))
+    inputs = inputs_mod.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
+    parsed = inputs_mod.read_parsed(spark, inputs, source=False)
+    events, _known = churn._cached(spark, churn._for_jobs(parse.valid_events(parsed), False))
     sparse = churn._persist(jobs.sparse(events), "sparse events")
     try:
         plan = jobs.flapping(sparse, JobConfig())._jdf.queryExecution().executedPlan().toString()
@@ -187,7 +187,7 @@ def test_the_events_job_also_finds_what_the_summary_and_episodes_need(
     the job that holds or caches the events, not from scans of their own; the cache's
     de-duplication stays one hash pass although its setting is restored before the
     aggregate that builds the cache runs."""
-    inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=True)), "parquet")
+    inputs = inputs_mod.find_inputs(str(_log(tmp_path / "log", bad=True)), "parquet")
     window = jobs.TimeWindow(since_ms=1_709_510_400_000 + 3_600_000)  # an hour in
     held = churn._Held(spark) if rows else None
     ran: list[Any] = []
@@ -198,8 +198,8 @@ def test_the_events_job_also_finds_what_the_summary_and_episodes_need(
         return first(df)
 
     monkeypatch.setattr(churn, "_first", spy)
-    parsed = churn.read_parsed(spark, inputs, source=False)
-    valid = churn._for_jobs(jobs.valid_events(parsed), False)
+    parsed = inputs_mod.read_parsed(spark, inputs, source=False)
+    valid = churn._for_jobs(parse.valid_events(parsed), False)
     events, known = churn._cached(spark, valid, held, window)
     try:
         assert known == _known(events, window)
@@ -220,8 +220,8 @@ def test_tables_start_as_soon_as_what_they_read_is_held(spark: Any, tmp_path: Pa
     """With held frames computed as they are held, the six tables of the sparse events
     and the summary's percentiles are handed to the writers before the episode starts
     are held, the networks before the episodes, and no table before what it reads."""
-    inputs = churn.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
-    events = churn._for_jobs(jobs.valid_events(churn.read_parsed(spark, inputs)), False)
+    inputs = inputs_mod.find_inputs(str(_log(tmp_path / "log", bad=False)), "parquet")
+    events = churn._for_jobs(parse.valid_events(inputs_mod.read_parsed(spark, inputs)), False)
     log: list[tuple[str, str]] = []
 
     def hold(df: Any, name: str) -> Any:

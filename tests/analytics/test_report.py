@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from analytics.errors import InputError
+from analytics.paper_sections import DEFINITIONS
 from analytics.report import write_report
 from tests.analytics import png
 from tests.peers import require_binary
@@ -68,6 +70,15 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
     # The page's own check ran: no script errors, nine charts, each with marks and a size.
     assert (attrs["charts"], attrs["drawn"], attrs["errors"]) == ("9", "9", "0"), attrs
     assert attrs["empty"] == "", attrs  # every section has content on the generated log
+    # The papers' figures are there, each table under its definition.
+    papers = {"per-move", "siena", "per-device", "latency-by-network", "per-broker"}
+    assert papers <= set(attrs["sections"].split(",")), attrs
+    for name in papers:
+        shown = re.search(rf"data-section=\"{name}\"[^>]*>(.*?)</section>", dom.stdout, re.S)
+        assert shown is not None, name
+        text = html.unescape(re.sub(r"<[^>]+>", " ", shown.group(1)))
+        assert " ".join(DEFINITIONS[name].split()[:8]) in " ".join(text.split()), name
+        assert '<tr class="row">' in shown.group(1), name
     assert "Uncaught" not in dom.stderr and "SyntaxError" not in dom.stderr
 
     shot = tmp_path / "report.png"
@@ -94,7 +105,7 @@ def test_report_of_a_folder_that_is_not_churn_output(tmp_path: Path) -> None:
 def test_cdf_axis_runs_past_p99_and_marks_the_percentiles() -> None:
     import re as _re
 
-    from analytics.report import cdf_chart
+    from analytics.charts import cdf_chart
 
     buckets = [
         {"bucket_lo_ms": 500.0, "bucket_hi_ms": 750.0, "cumulative_fraction": 0.5},
@@ -108,21 +119,36 @@ def test_cdf_axis_runs_past_p99_and_marks_the_percentiles() -> None:
     assert "restore latency (log scale" in svg and "fraction of restores" in svg  # units
 
 
+def test_the_cdf_crosses_each_percentile_line_at_its_fraction() -> None:
+    import re as _re
+
+    from analytics.charts import cdf_chart
+
+    # Every restore took 38 ms: the histogram's bucket is 20-50 ms, the percentiles 38 ms.
+    buckets = [{"bucket_lo_ms": 20.0, "bucket_hi_ms": 50.0, "cumulative_fraction": 1.0}]
+    marks = (("p50", 38.0), ("p95", 38.0), ("p99", 38.0))
+    svg = cdf_chart(buckets, "cdf", marks)
+    (line,) = _re.findall(r'<polyline[^>]* points="([^"]+)"', svg)
+    curve = [tuple(float(v) for v in p.split(",")) for p in line.split()]
+    marker_x = {float(v) for v in _re.findall(r'<line class="pct" x1="([0-9.]+)"', svg)}
+    assert len(marker_x) == 1
+    (mx,) = marker_x
+    top, bottom = 20.0, float(_re.findall(r'y2="([0-9.]+)"', svg)[0])
+    crossing = sorted(round((bottom - y) / (bottom - top), 2) for x, y in curve if x == mx)
+    assert crossing == [0.5, 0.95, 0.99]
+    assert [y for _, y in curve] == sorted((y for _, y in curve), reverse=True)  # rises
+
+
+def _empty_tables() -> dict[str, list[dict[str, object]]]:
+    """The tables :func:`analytics.report.render` reads, all empty."""
+    names = ("per_user", "per_hour", "episodes", "transitions", "restore_latency")
+    return {name: [] for name in (*names, "storms", "flapping", "recommendations")}
+
+
 def test_time_disconnected_is_a_duration_not_zero_hours() -> None:
     from analytics.report import render
 
-    tables: dict[str, list[dict[str, object]]] = {
-        name: []
-        for name in (
-            "per_hour",
-            "episodes",
-            "transitions",
-            "restore_latency",
-            "storms",
-            "flapping",
-            "recommendations",
-        )
-    }
+    tables = _empty_tables()
     tables["summary"] = [{"metric": "disconnected_hours", "value": 0.0}]
     tables["per_user"] = [
         {
@@ -145,3 +171,53 @@ def test_time_disconnected_is_a_duration_not_zero_hours() -> None:
     page = render(tables)
     assert "<b>2 s</b><span>time disconnected</span>" in page
     assert "hours disconnected" not in page
+
+
+def test_every_headline_figure_stands_beside_its_definition() -> None:
+    import re as _re
+
+    from analytics.charts import esc
+    from analytics.report import HEADLINE_DEFINITIONS, render
+
+    tables = _empty_tables()
+    tables["summary"] = [
+        {"metric": "events", "value": 454.0},
+        {"metric": "events_in_window", "value": 300.0},
+    ]
+    page = render(tables)
+    cards = _re.findall(r"<div class='card mark-card'><b>[^<]*</b><span>([^<]+)</span>", page)
+    assert cards and set(cards) == set(HEADLINE_DEFINITIONS)
+    for label in cards:
+        assert f"<td>{label}</td>" in page and esc(HEADLINE_DEFINITIONS[label]) in page, label
+    assert "<b>454</b><span>events read</span>" in page  # what the churn CLI printed
+    assert "<b>300</b><span>events counted</span>" in page
+
+
+def test_the_papers_tables_show_in_a_screenshot_with_their_definitions(
+    report: Path, tmp_path: Path
+) -> None:
+    chromium = require_binary("chromium", "apt-get install chromium")
+    papers = ("per-move", "siena", "per-device", "latency-by-network", "per-broker")
+    # The same page with the other sections hidden, so that the papers' tables are on
+    # the screen (a headless screenshot shows the top of the page).
+    hide = "section:not(" + "):not(".join(f"#{name}" for name in papers) + "){display:none}"
+    page = report.read_text(encoding="utf-8").replace("</style>", hide + "</style>", 1)
+    only = tmp_path / "papers.html"
+    only.write_text(page, encoding="utf-8")
+    shots = {}
+    for name, path in (("full", report), ("papers", only)):
+        shot = tmp_path / f"{name}.png"
+        run = _chromium(
+            chromium, tmp_path / f"profile-{name}", f"--screenshot={shot}", path.resolve().as_uri()
+        )
+        assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+        shots[name] = png.decode(shot.read_bytes())
+    width, height, bpp, rows = shots["papers"]
+    assert (width, height) == (1280, 2000)
+    assert rows != shots["full"][3]  # another picture: the charts are gone
+    counts = png.colours(rows, bpp, 0, 1200)
+    # White section cards on the page's grey, and their text: the tables and definitions.
+    white = counts.get(b"\xff\xff\xff", 0)
+    text = sum(n for c, n in counts.items() if sum(c) < 3 * 140)
+    assert white > 200_000, white
+    assert text > 3_000, text

@@ -69,7 +69,7 @@ def test_finishing_a_run_that_writes_no_archive_leaves_the_session_alone(spark: 
 
 def test_a_local_driver_runs_the_throughput_collector(spark: Any) -> None:
     """A batch job wants throughput, not short pauses: the parallel collector, not G1
-    (10M events: 142 s of JVM CPU against 164-167 s; issue 16)."""
+    (10M events: 142 s of JVM CPU against 164-167 s)."""
     beans = spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
     names = {bean.getName() for bean in beans}
     assert names == {"PS Scavenge", "PS MarkSweep"}, names

@@ -1,4 +1,4 @@
-"""Acceptance 5: the churn job on a real standalone Spark cluster (master + worker).
+"""The churn job on a real standalone Spark cluster (master + worker).
 
 The master and the worker are the JVMs of the pyspark installation, started here on
 loopback with their own ports, work and log folders; ``mdeci analytics churn --master
@@ -158,7 +158,10 @@ def _tail(path: Path, n: int = 30) -> str:
 
 @pytest.mark.peer("spark")
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # two cluster JVMs, then churn and watch drivers, on 2 shared cores
+# Four JVMs (master, worker, then the churn and watch drivers with their executors) take
+# minutes of the two shared cores: a long run, so ``make bench`` runs it, not ``make test``.
+@pytest.mark.bench
+@pytest.mark.timeout(900)
 def test_churn_on_a_standalone_master_and_worker(tmp_path: Path) -> None:
     require_binary("java", "apt-get install openjdk-17-jre-headless")
     spark_home = _spark_home()

@@ -1,4 +1,4 @@
-"""Issue 16, acceptance 3: the live query over a churn-log folder that grows while it runs.
+"""The live query over a churn-log folder that grows while it runs.
 
 Files are added to the folder while the query runs, as a broker's rotation (or a log
 shipper) adds them; after each one the test waits for the query to have processed all

@@ -1,5 +1,5 @@
 """Many agents set up against one broker from one process, for the session-memory
-benchmark (issue 14, criterion 7).
+benchmark.
 
 A :class:`sip.aio.ua.UserAgent` per agent costs a socket and a transaction layer each;
 ten thousand of them would measure this process, not the broker. Here one UDP socket
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import cast
 
 from mdeci.frames import Sub, SubOk, decode, encode
-from rudp.aio import SOCKET_BUFFER, RudpEndpoint, RudpPeer, set_socket_buffers
+from rudp.aio import RudpEndpoint, RudpPeer
+from rudp.sockets import SOCKET_BUFFER, set_socket_buffers
 from sip.auth import DigestClient
 from sip.errors import SipParseError
 from sip.headers import Headers

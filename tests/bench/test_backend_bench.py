@@ -1,4 +1,4 @@
-"""Benchmark of the agent's SIP backends (issue 11): pjsua2 against ours.
+"""Benchmark of the agent's SIP backends: pjsua2 against ours.
 
 Run: ``.venv/bin/pytest -m bench -s tests/bench/test_backend_bench.py``. A broker runs in
 this process (real SIP and RUDP on loopback); one agent per backend connects

@@ -1,4 +1,4 @@
-"""Benchmark of the broker (issue 4): end-to-end fan-out, queue drain and RSS, against
+"""Benchmark of the broker: end-to-end fan-out, queue drain and RSS, against
 Mosquitto (QoS 1, persistent sessions) on the same machine in the same run.
 
 Run: ``.venv/bin/pytest -m bench -s tests/bench/test_broker_bench.py``; the last test
@@ -628,14 +628,14 @@ def test_report() -> None:
             print(
                 f"| fan-out {FAN_PUBS}x{N_AGENTS} | {label} | "
                 f"{r[f'{label}.fan_rate']:.0f} notifications/s | "
-                f"{r[f'{label}.fan_cpu']:.2f} s / 10k ({r[f'{label}.fan_cpu'] * 100:.0f} µs each) |"
+                f"{r[f'{label}.fan_cpu']:.2f} s / 10k ({r[f'{label}.fan_cpu'] * 100:.1f} µs each) |"
             )
     for label in ("mdeci-sqlite", "mdeci-postgresql", "mosquitto"):
         if f"{label}.drain_s" in r:
             print(
                 f"| drain {DRAIN} | {label} | {r[f'{label}.drain_s']:.2f} s "
                 f"({DRAIN / r[f'{label}.drain_s']:.0f}/s) | {r[f'{label}.drain_cpu']:.2f} s "
-                f"({r[f'{label}.drain_cpu'] / DRAIN * 1e6:.0f} µs each) |"
+                f"({r[f'{label}.drain_cpu'] / DRAIN * 1e6:.1f} µs each) |"
             )
     for label in ("mdeci-sqlite", "mdeci-postgresql", "mosquitto"):
         if f"{label}.pub_rate" in r:

@@ -1,4 +1,4 @@
-"""Microbenchmark of the broker's churn chain (issue 14, criterion 4): CPU per record.
+"""Microbenchmark of the broker's churn chain: CPU per record.
 
 Run: ``.venv/bin/pytest -m bench -s -p no:cacheprovider tests/bench/test_churn_bench.py``.
 It prints the CPU time per churn record of the chain the broker runs

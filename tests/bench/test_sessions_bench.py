@@ -1,4 +1,4 @@
-"""Benchmark of the broker's memory per session (issue 14, criterion 7): 10,000
+"""Benchmark of the broker's memory per session: 10,000
 registered sessions with one subscription each in at most 200 MB of broker RSS.
 
 Run: ``.venv/bin/pytest -m bench -s tests/bench/test_sessions_bench.py``. It prints the

@@ -15,8 +15,9 @@ from sip.aio.ua import UaConfig, UserAgent
 ROOT = Path(__file__).resolve().parents[2]
 GUARD = 60.0  # a cold start migrates a fresh SQLite file; this only guards against a hang
 
-CONFIG = """\
-node = "broker-test"
+NODE = "broker-test"
+CONFIG = f"""\
+node = "{NODE}"
 domain = "example.org"
 data_dir = "data"
 
@@ -64,7 +65,8 @@ async def test_ready_line_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         err = (await proc.stderr.read()).decode().splitlines()
         assert all(line.startswith("ts=") for line in err), err
         assert not [line for line in err if "level=error" in line], err
-        assert any("event=broker_started" in line for line in err), err
+        (started,) = [line for line in err if "event=broker_started" in line]
+        assert f"node={NODE}" in started.split(), started
         log = (tmp_path / "data" / "broker-churn.log").read_text()
         assert '"event":"registered"' in log.replace(" ", "")
         assert (tmp_path / "data" / "broker.db").exists()
@@ -96,7 +98,7 @@ async def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_broker_process_collects_young_objects_less_often() -> None:
-    """Issue 14: a fan-out's round of notifications dies young instead of being promoted
+    """A fan-out's burst of notifications dies young instead of being promoted
     into the full collections that walk every session's objects."""
     from mdeci.commands.broker import GC_YOUNG, collect_less_often
 

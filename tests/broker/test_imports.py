@@ -1,4 +1,4 @@
-"""Issue 14, criterion 7: memory a broker does not need is not loaded.
+"""Memory a broker does not need is not loaded.
 
 aiohttp (with its dependencies ~11 MB of a broker's RSS) serves only the metrics
 endpoint; a broker without ``[metrics]`` does not import it.

@@ -1,12 +1,13 @@
-"""The subscription matcher's index (issue 14) gives what a scan of every entry gives."""
+"""The subscription matcher's index gives what a scan of every entry gives."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher
-from mdeci.filters import subject_matches
+from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher, filter_cost
+from mdeci.filters import compile_filter, subject_matches
 from mdeci.store.subscriptions import Subscription
 
 WORDS = st.sampled_from(["a", "b", "c"])
@@ -165,3 +166,30 @@ def test_the_cached_targets_follow_adds_filters_wildcards_and_expiry() -> None:
     matcher.discard(4)
     assert targets() == [1, 2]
     assert targets(now=15.0) == [2]  # 1 expired
+
+
+@pytest.mark.parametrize(
+    ("text", "cost"),
+    [
+        ("", 1),  # still called
+        ("a == 1", 1),
+        ("a == 1 and b > 2", 3),
+        ("a == 1 or b == 2 or c == 3", 4),  # one Or of three
+        ("not (a == 1 and exists(b)) or prefix(s, 'x')", 6),
+    ],
+)
+def test_a_filter_costs_the_nodes_it_evaluates_at_most(text: str, cost: int) -> None:
+    assert filter_cost(compile_filter(text).expr) == cost
+
+
+def test_the_cost_refusal_counts_only_the_users_live_subscriptions() -> None:
+    matcher = SubscriptionMatcher()
+    three = compile_filter("a == 1 and b > 2")
+    matcher.add(CompiledSubscription.compile(_sub(1, "#", 10.0, three.text, user=0)))
+    matcher.add(CompiledSubscription.compile(_sub(2, "#", 20.0, three.text, user=0)))
+    matcher.add(CompiledSubscription.compile(_sub(3, "#", 20.0, three.text, user=1)))
+    uri = "sip:u0@x"
+    assert matcher.cost_refusal(uri, three, 9, 0.0) is None  # 3 + 3 + 3
+    refused = matcher.cost_refusal(uri, three, 8, 0.0)
+    assert refused is not None and "costs 3" in refused and "subscriptions 6" in refused
+    assert matcher.cost_refusal(uri, three, 6, 15.0) is None  # the first one expired

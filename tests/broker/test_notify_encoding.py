@@ -1,6 +1,7 @@
-"""The broker's notify frames built from stored rows (core._NotifyEncoder) are byte for
-byte what ``encode(Notify(...))`` gives, the ack fast path decodes as ``decode``, and the
-pub-ok fast path encodes as ``encode``."""
+"""The codec's short cuts (mdeci.frames.codec) agree with its general functions: notify
+frames built from stored rows (``NotifyEncoder``, ``notify_bytes``) are byte for byte
+what ``encode(Notify(...))`` gives, the ack and pub fast paths decode as ``decode``, and
+the pub-ok fast path encodes as ``encode``."""
 
 from __future__ import annotations
 
@@ -9,10 +10,22 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mdeci.broker.core import _NotifyEncoder
-from mdeci.broker.service import decode_fast, encode_reply
 from mdeci.errors import FrameError
-from mdeci.frames import MAX_FRAME_BYTES, UINT63, Ack, Notify, Pub, PubOk, SubOk, decode, encode
+from mdeci.frames import (
+    MAX_FRAME_BYTES,
+    UINT63,
+    Ack,
+    Notify,
+    NotifyEncoder,
+    Pub,
+    PubOk,
+    SubOk,
+    decode,
+    decode_fast,
+    encode,
+    encode_reply,
+    notify_bytes,
+)
 from mdeci.store.queues import DeliveryRow
 
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
@@ -79,8 +92,11 @@ def test_rows_encode_as_encode_does(
     subject = ".".join(words)
     row = (nseq, sub_id, "sip:p@x", msg_id, subject, cbor2.dumps(attrs), payload, published_at)
     expected = _expected(row, attrs, missed)
-    encoder = _NotifyEncoder(share=share)
+    encoder = NotifyEncoder(share=share)
     assert encoder.encode(row, missed) == expected
+    # The checked path (the core's for rows the short cut declines, the SMS side's).
+    assert notify_bytes(row, missed) == expected
+    assert notify_bytes(row, lambda: missed) == expected
     # The second recipient of the same publication takes the shared items.
     assert encoder.encode(row, missed) == expected
     # Another row of the same subscription and subject (the encodings kept per batch).
@@ -111,8 +127,8 @@ def test_a_row_that_is_not_ours_takes_the_checked_path(share: bool) -> None:
         (4, None),
     ]:
         row = (*good[:i], value, *good[i + 1 :])
-        assert _NotifyEncoder(share=share).encode(row, 0) is None, (i, value)  # type: ignore[arg-type]
-    assert _NotifyEncoder(share=share).encode(good, 0) == _expected(good, {}, 0)
+        assert NotifyEncoder(share=share).encode(row, 0) is None, (i, value)  # type: ignore[arg-type]
+    assert NotifyEncoder(share=share).encode(good, 0) == _expected(good, {}, 0)
 
 
 def test_a_msg_id_published_again_after_the_horizon_is_another_publication() -> None:
@@ -121,7 +137,7 @@ def test_a_msg_id_published_again_after_the_horizon_is_another_publication() -> 
     hand the first one's subject, payload and time to the second one's rows."""
     first = (1, 1, "sip:p@x", "m1", "a.x", b"\xa0", b"old", 1_700_000_000.0)
     again = (2, 1, "sip:p@x", "m1", "a.y", b"\xa0", b"new", 1_700_000_200.0)
-    encoder = _NotifyEncoder(share=True)
+    encoder = NotifyEncoder(share=True)
     assert encoder.encode(first, 0) == _expected(first, {}, 0)
     assert encoder.encode(again, 0) == _expected(again, {}, 0)
     bob = (1, 2, *again[2:])  # another recipient of the second publication
@@ -131,13 +147,13 @@ def test_a_msg_id_published_again_after_the_horizon_is_another_publication() -> 
 @pytest.mark.parametrize("share", [False, True])
 def test_attrs_stored_as_another_empty_map_are_left_out_as_encode_does(share: bool) -> None:
     row = (1, 1, "sip:p@x", "m", "a.b", b"\xbf\xff", b"", 1.0)  # {} of indefinite length
-    assert _NotifyEncoder(share=share).encode(row, 0) == _expected(row, {}, 0)
+    assert NotifyEncoder(share=share).encode(row, 0) == _expected(row, {}, 0)
 
 
 @pytest.mark.parametrize("share", [False, True])
 def test_a_frame_over_the_limit_takes_the_checked_path(share: bool) -> None:
     row = (1, 1, "sip:p@x", "m", "a.b", b"\xa0", b"p" * MAX_FRAME_BYTES, 1.0)
-    assert _NotifyEncoder(share=share).encode(row, 0) is None
+    assert NotifyEncoder(share=share).encode(row, 0) is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -228,3 +244,10 @@ def test_pub_fast_path_edges() -> None:
     ]
     for data in bad:
         assert _decoded(decode_fast, data) == _decoded(decode, data)
+
+
+@pytest.mark.parametrize("attrs", [b"\x01", b"\xff", b"\xa1\x01\x02"])
+def test_checked_path_refuses_rows_no_notify_can_carry(attrs: bytes) -> None:
+    row = (1, 1, "sip:p@x", "m", "a.b", attrs, b"", 1.0)
+    with pytest.raises(FrameError):
+        notify_bytes(row)

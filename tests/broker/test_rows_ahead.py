@@ -1,4 +1,4 @@
-"""The rows a publish queued, handed to connected users from memory (issue 14).
+"""The rows a publish queued, handed to connected users from memory.
 
 A connected user whose queue the core knows (``_Link.known``) is served the rows the
 core's own publishes just wrote without reading them back, and an empty queue is not
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mdeci.broker import Broker, MemorySink
-from mdeci.broker.core import AHEAD_LIMIT, OutgoingNotify
+from mdeci.broker.delivery import AHEAD_LIMIT, OutgoingNotify
 from mdeci.config import OverflowPolicy, QueueConfig
 from mdeci.frames import Ack, Error, Frame, Pub, PubOk, Sub, SubOk, encode
 from mdeci.store.base import make_engine
@@ -41,9 +41,11 @@ def _reads(store: BrokerStore) -> list[list[str]]:
     calls: list[list[str]] = []
     real = store.queues.pending_many
 
-    def counting(reads: Sequence[tuple[str, int, int]]) -> list[list[DeliveryRow]]:
+    def counting(
+        reads: Sequence[tuple[str, int, int]], epochs: Mapping[str, int] | None = None
+    ) -> list[list[DeliveryRow]]:
         calls.append([uri for uri, _, _ in reads])
-        return real(reads)
+        return real(reads, epochs)
 
     store.queues.pending_many = counting  # type: ignore[method-assign]
     return calls
@@ -70,8 +72,7 @@ def _sent(taken: dict[str, list[OutgoingNotify]]) -> dict[str, list[tuple[int, b
 def test_a_fan_out_is_served_without_reading_back_what_it_queued(
     store: BrokerStore, clock: FakeClock
 ) -> None:
-    """Fails before issue 14's change: each recipient's rows were read back, and every
-    acking user's empty queue read again."""
+    """Neither reads back each recipient's rows nor an acking user's empty queue."""
     broker = make_broker(store, clock, MemorySink())
     for uri in USERS:
         add_session(store, uri)
@@ -130,7 +131,7 @@ def test_a_user_further_behind_than_the_rows_kept_is_read_from_the_store(
     broker.handle_and_take(_pubs("a", ids), ())
     assert [n for n, _ in _sent(broker.take_batches([USERS[0]]))[USERS[0]]] == [1, 2]
     assert reads == [[USERS[0]]]  # more than AHEAD_LIMIT behind: forgotten, read
-    link = broker._links[USERS[0]]
+    link = broker.core._links[USERS[0]]
     assert link.ahead is None and not link.known
 
 
@@ -244,7 +245,7 @@ def test_an_encoded_publish_is_sent_as_a_read_gives_it(
     assert broker.take_batches([USERS[0]]) == {}
     frame = Pub(req=1, msg_id="x", subject="a", attrs={"k": 1.5, "s": "v"}, urgent=True)
     broker.handle_and_take([(PUBLISHER, frame)], ())
-    link = broker._links[USERS[0]]
+    link = broker.core._links[USERS[0]]
     assert link.ahead is not None
     [read] = store.queues.pending_many([(USERS[0], 0, 10)])
     assert link.ahead == read
@@ -273,9 +274,9 @@ def test_a_publish_committed_but_reported_failed_is_read_from_the_store(
     store: BrokerStore, clock: FakeClock
 ) -> None:
     """A publish whose COMMIT reached the server but whose connection was lost before
-    the answer: the publisher gets 500 and its retry is a duplicate that queues nothing.
-    Before the fix the user's link still took its empty queue as known, so the row
-    waited for the next sweep; now the link reads the store again and is woken."""
+    the answer: the publisher gets 503 and its retry is a duplicate that queues nothing.
+    The user's link does not take its empty queue as known (the row would wait for the
+    next sweep): it reads the store again and is woken."""
     broker = make_broker(store, clock, MemorySink())
     woken = _Woken()
     broker.listener = woken
@@ -292,7 +293,7 @@ def test_a_publish_committed_but_reported_failed_is_read_from_the_store(
     store.queues.publish_many = commits_then_fails  # type: ignore[method-assign]
     replies = broker.handle_and_take(_pubs("a", ["m0"]), ())[0]
     store.queues.publish_many = real  # type: ignore[method-assign]
-    assert isinstance(replies[0][0], Error) and replies[0][0].code == 500
+    assert isinstance(replies[0][0], Error) and replies[0][0].code == 503
     assert woken.queued_for == list(FOLLOWS["a"])  # both targets, connected or not
     assert [n for n, _ in _sent(broker.take_batches([USERS[0]]))[USERS[0]]] == [1]
     retry = broker.handle_and_take(_pubs("a", ["m0"]), ())[0]
@@ -318,7 +319,7 @@ def test_rows_kept_and_frames_in_flight_stay_within_window_bytes(
     for i in range(8):
         broker.handle_and_take(_pubs("a", [f"m{i}"], payload=b"x" * 200), ())
         got += [n for n, _ in _sent(broker.take_batches([uri])).get(uri, [])]
-        link = broker._links[uri]
+        link = broker.core._links[uri]
         assert link.ahead_bytes + link.inflight_bytes <= limit
     assert got and len(got) < 8  # the window filled: some rows wait
     while len(got) < 8:

@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy import func, select
 
 from mdeci.broker import BrokerService, SessionKeyError
-from mdeci.broker.core import PRUNE_CHUNK, Broker
+from mdeci.broker.core import PRUNE_CHUNK
+from mdeci.broker.glue import Broker
 from mdeci.config import QueueConfig, SubscriptionConfig
 from mdeci.frames import (
     Ack,
@@ -310,7 +311,7 @@ async def _delivery_done(service: BrokerService) -> None:
 async def test_idle_sessions_hold_no_task_and_a_publish_wakes_one(
     service: BrokerService, store: BrokerStore
 ) -> None:
-    """Issue 14: a broker holds thousands of idle sessions; none keeps a reader or a
+    """A broker holds thousands of idle sessions; none keeps a reader or a
     delivery task. A publish starts the one delivery task, which ends once sent."""
     broker = service.broker
     users = [f"sip:u{i}@example.com" for i in range(20)]
@@ -446,8 +447,8 @@ async def test_a_peer_heard_again_by_keepalives_alone_is_served(
 async def test_a_user_that_does_not_acknowledge_cannot_grow_the_broker(
     store: BrokerStore, clock: FakeClock, sink: WaitingSink
 ) -> None:
-    """Issue 12's probe: 60 subscriptions and 80 `list` requests whose replies are never
-    acknowledged grew the broker by 34 MB. Past ``max_unacked_reply_bytes`` of held
+    """Held replies are bounded per user (60 subscriptions and 80 `list` requests left
+    unacknowledged hold 34 MB without a bound). Past ``max_unacked_reply_bytes`` of held
     replies the user's requests are answered `error` 503 instead of being handled."""
     cap = 1 << 16
     broker = make_broker(store, clock, sink, queue=QueueConfig(max_unacked_reply_bytes=cap))
@@ -504,7 +505,7 @@ async def test_a_user_that_does_not_acknowledge_cannot_grow_the_broker(
 async def test_behind_a_relay_the_sdp_address_is_announced_and_moves_follow_the_source(
     service: BrokerService, store: BrokerStore, sink: WaitingSink
 ) -> None:
-    """``[media] advertise`` (issue 14): the SDP answer carries the relay's address, and a
+    """``[media] advertise``: the SDP answer carries the relay's address, and a
     move's SDP address (here one that reaches nobody, like a private address behind NAT)
     does not redirect a connected agent: its packets from the new address do, through
     RUDP path validation, and delivery goes on there."""
@@ -536,8 +537,9 @@ async def test_an_sms_side_makes_the_core_read_every_queue_it_serves(
     service: BrokerService,
 ) -> None:
     """The SMS side removes the rows it delivered, behind the core's back: the core then
-    no longer hands a publish's rows on from memory (issue 14's rows ahead)."""
-    assert service.broker._remember_rows
-    service.sms = types.SimpleNamespace()  # type: ignore[assignment]  # the setter's hooks only
+    no longer hands a publish's rows on from memory (the rows ahead)."""
+    assert service.broker.core._remember_rows
+    side = types.SimpleNamespace(bind=lambda ip: None)  # binding only
+    service.attach_sms(side)  # type: ignore[arg-type]
     await service.settled()
-    assert not service.broker._remember_rows
+    assert not service.broker.core._remember_rows

@@ -1,4 +1,4 @@
-"""The broker's SIP answers (issues 10 and 12) on loopback, with our UA as the device.
+"""The broker's SIP answers on loopback, with our UA as the device.
 
 - OPTIONS in and out of the session, 501 for an unknown method, Allow naming REGISTER
   only in embedded-registrar mode;
@@ -6,7 +6,7 @@
   digest ``uri`` is the broker's AOR is accepted (docs/sip.md, "Digest behind a proxy");
 - per-session SDP ``o=``: a sess-id per session, version + 1 per answer in that session;
 - an in-dialog BYE or re-INVITE not authenticated as the session's owner changes nothing
-  (the probe: an unauthenticated BYE from another address used to end the session).
+  (an unauthenticated BYE from another address does not end the session).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ async def test_options_and_unknown_methods(running: RunningBroker, devices: list
     message = ua.build_request("MESSAGE", BROKER, to=f"<{BROKER}>", body=b"hi")
     refused = await asyncio.wait_for(ua.request(message, running.sip_addr), GUARD)
     assert refused.status == 405 and refused.headers.get_raw("Allow")
-    # Inside the session too (it used to get 405).
+    # Inside the session too: an in-dialog OPTIONS is answered 200, not 405.
     await alice.call(running)
     assert alice.dialog is not None
     in_dialog = await asyncio.wait_for(ua.in_dialog(alice.dialog, "OPTIONS"), GUARD)
@@ -148,6 +148,8 @@ async def test_unauthenticated_bye_from_elsewhere_does_not_end_the_session(
             )
             if method == "INVITE":
                 request.headers.set("Content-Type", "application/sdp")
+            # As large as the challenge: a smaller request gets no answer at all.
+            request.headers.add("Padding", "x" * 600)
             response = await asyncio.wait_for(attacker.request(request, running.sip_addr), GUARD)
             assert response.status == 401, method
         assert running.endpoint.session_of(ALICE) == session
@@ -160,42 +162,94 @@ async def test_unauthenticated_bye_from_elsewhere_does_not_end_the_session(
         await attacker.close()
 
 
-async def test_unauthenticated_invite_is_challenged_once_and_kept_nowhere(
+SDP_OFFER = (
+    "v=0\r\no=alice 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    "m=application 41000 UDP/MDECI-RUDP mdeci\r\na=mdeci-kx:" + "A" * 43 + "\r\n"
+)
+
+
+def _unauthenticated(port: int, method: str, call_id: str, *, pad: int = 0) -> bytes:
+    """A request with no credentials from 127.0.0.1:``port``, ``pad`` bytes of padding
+    more; the INVITE of kind ``INVITE+SDP`` carries an offer."""
+    if method == "malformed":  # no From: the broker answers 400 statelessly
+        return (
+            f"INVITE {BROKER} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-"
+            f"{call_id}\r\nCSeq: 1 INVITE\r\n" + ("Padding: " + "x" * pad + "\r\n" if pad else "")
+            + "Content-Length: 0\r\n\r\n"
+        ).encode()  # fmt: skip
+    body = SDP_OFFER if method == "INVITE+SDP" else ""
+    verb = method.split("+")[0]
+    to = ALICE if verb == "REGISTER" else BROKER
+    target = "sip:example.org" if verb == "REGISTER" else BROKER
+    lines = [
+        f"{verb} {target} SIP/2.0",
+        f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-{call_id}",
+        "Max-Forwards: 70", f"From: <{ALICE}>;tag=f", f"To: <{to}>",
+        f"Call-ID: {call_id}", f"CSeq: 1 {verb}",
+    ]  # fmt: skip
+    if verb in ("INVITE", "REGISTER"):
+        lines.append(f"Contact: <sip:alice@127.0.0.1:{port}>")
+    if pad:
+        lines.append("Padding: " + "x" * pad)
+    if body:
+        lines.append("Content-Type: application/sdp")
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n" + body).encode()
+
+
+async def _answers(
+    sock: socket.socket, small: bytes, padded: bytes, tag: bytes, broker: tuple[str, int]
+) -> tuple[list[bytes], bytes]:
+    """The answers to ``small``, and the one to ``padded`` (the same kind of request,
+    sent after it and answered by the same path, after it; ``tag``: in its Via)."""
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendto(sock, small, broker)
+    await loop.sock_sendto(sock, padded, broker)
+    got: list[bytes] = []
+    while True:
+        answer = await asyncio.wait_for(loop.sock_recv(sock, 65536), GUARD)
+        if tag in answer:
+            return got, answer
+        got.append(answer)
+
+
+async def test_no_unauthenticated_answer_is_larger_than_its_request(
     running: RunningBroker,
 ) -> None:
-    """Issue 12's probe: a spoofed 330-byte INVITE used to earn 10 retransmitted 401s
-    (7.4 KB, 22x) and a 32 s transaction. Now: one 100 and one 401, nothing held."""
+    """Over UDP, the answers to a request without credentials, 100 Trying included, are
+    at most the request's size: a spoofed source is sent no more than it sent. A request
+    too small for its answer gets none; padded (as the agent pads), it gets one, and
+    no 100 before a challenge. Nothing is held: no server transaction, no resend."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.setblocking(False)
     port = sock.getsockname()[1]
-
-    def request(method: str, call_id: str) -> bytes:
-        return (
-            f"{method} {BROKER} SIP/2.0\r\n"
-            f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-{call_id}\r\n"
-            f"Max-Forwards: 70\r\nFrom: <{ALICE}>;tag=f\r\nTo: <{BROKER}>\r\n"
-            f"Call-ID: {call_id}\r\nCSeq: 1 {method}\r\n"
-            f"Contact: <sip:alice@127.0.0.1:{port}>\r\nContent-Length: 0\r\n\r\n"
-        ).encode()
-
+    figures = []
     try:
-        invite = request("INVITE", "probe-invite")
-        await loop.sock_sendto(sock, invite, running.sip_addr)
-        received: list[bytes] = []
-        while len(received) < 2:
-            received.append(await asyncio.wait_for(loop.sock_recv(sock, 65536), GUARD))
-        assert [r.split(b" ", 2)[1] for r in received] == [b"100", b"401"]
-        assert len(running.endpoint.ua.layer.servers) == 0  # nothing kept
-        # Timer G would resend the 401 after T1 (0.05 s here), 2 T1, 4 T1...: wait 8 T1
-        # of the broker's own clock for the probe's answer, which must come first.
+        for kind in ("INVITE+SDP", "INVITE", "REGISTER", "OPTIONS", "malformed"):
+            small = _unauthenticated(port, kind, f"s{secrets.token_hex(4)}")
+            tag = f"p{secrets.token_hex(4)}"
+            padded = _unauthenticated(port, kind, tag, pad=700)
+            answers, answer = await _answers(sock, small, padded, tag.encode(), running.sip_addr)
+            sent = sum(map(len, answers))
+            figures.append(
+                f"{kind}: {len(small)} B in, {sent} B out ({sent / len(small):.2f}x); "
+                f"padded {len(padded)} B in, {len(answer)} B out "
+                f"({len(answer) / len(padded):.2f}x, {answer.split(b' ', 2)[1].decode()})"
+            )
+            assert sent <= len(small), (kind, answers)
+            assert b" 100 " not in b"".join(a[:12] for a in answers), (kind, answers)
+            assert len(answer) <= len(padded) and not answer.startswith(b"SIP/2.0 100 ")
+        kept = [t.method for t in running.endpoint.ua.layer.servers.values()]
+        # Only OPTIONS's 200, which a retransmission of it gets again (one for one).
+        assert set(kept) <= {"OPTIONS"}, kept
+        # Timer G would resend a 401 after T1 (0.05 s here): wait 8 T1, then look.
         await asyncio.sleep(8 * 0.05)  # the absence of a resend is what is measured
-        await loop.sock_sendto(sock, request("OPTIONS", "sentinel"), running.sip_addr)
+        sentinel = _unauthenticated(port, "OPTIONS", "sentinel-last", pad=700)
+        await loop.sock_sendto(sock, sentinel, running.sip_addr)
         after = await asyncio.wait_for(loop.sock_recv(sock, 65536), GUARD)
-        assert b"Call-ID: sentinel" in after
-        ratio = sum(map(len, received)) / len(invite)
-        print(f"\nchallenge: {len(invite)} B in, {sum(map(len, received))} B out ({ratio:.1f}x)")
-        assert ratio < 5
+        assert b"sentinel-last" in after
+        print("\n" + "\n".join(figures))
     finally:
         sock.close()

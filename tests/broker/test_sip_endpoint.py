@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import secrets
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -62,6 +63,7 @@ async def start_broker(
     clock: FakeClock,
     sink: WaitingSink,
     sip_port: int = 0,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> RunningBroker:
     return await run_broker(
         broker_config(tmp_path),
@@ -71,6 +73,7 @@ async def start_broker(
         log=sink,
         clock=clock,
         expire_interval=3600.0,  # tests sweep by hand
+        monotonic=monotonic,
     )
 
 
@@ -373,7 +376,8 @@ async def test_garbage_gets_400_and_the_broker_keeps_serving(
         transport.sendto(
             b"INVITE sip:broker@example.org SIP/2.0\r\n"
             b"Via: SIP/2.0/UDP 127.0.0.1:%d;branch=z9hG4bKjunk\r\n"
-            b"CSeq: banana INVITE\r\n\r\n" % port,
+            b"CSeq: banana INVITE\r\n"
+            b"Padding: %s\r\n\r\n" % (port, b"x" * 300),  # else too small for an answer
             running.sip_addr,
         )
         transport.sendto(b"\x00\xff not sip at all", running.sip_addr)
@@ -438,10 +442,15 @@ async def test_sessions_survive_a_broker_restart(
     alice.agent._reader.cancel()
     alice.rudp.remove_peer(alice.key)
     alice.agent = Agent(alice.rudp, alice.rudp.peer(alice.key, alice.agent.peer.addr), alice.key)
+    heard = asyncio.Event()
+    alice.agent.peer.on_heard = heard.set
     # Same SIP address, a new media port: the dialog and the peer come back from SQL.
     second = await start_broker(tmp_path, store, clock, sink, sip_port=sip_port)
     try:
         await sink.wait_for("media_connected", ALICE, count=2)
+        # The restored association speaks first (a PING), before the agent says anything:
+        # what makes a real agent resume at once (docs/protocol.md §4).
+        await asyncio.wait_for(heard.wait(), 5.0)
         await alice.move("127.0.0.3")  # a re-INVITE in the dialog of the first process
         reinvited = await sink.wait_for("session_reinvited", ALICE)
         assert fields(reinvited)["addr"] == f"127.0.0.3:{alice.rudp.local_addr[1]}"

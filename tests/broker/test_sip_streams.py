@@ -1,8 +1,8 @@
-"""The broker over SIP/TCP and SIP/TLS (issue 10, criterion 2, with our UA as the
-device): call, move (re-INVITE), and the broker's own in-dialog request (the BYE of a
-replaced session) over the transport of the device's Contact, never UDP. The TLS
-listener comes from ``[sip] transports = [..., "tls"]`` with certificate paths in the
-config, as an operator writes it."""
+"""The broker over SIP/TCP and SIP/TLS, with our UA as the device: call, move (re-INVITE),
+and the broker's own in-dialog request (the BYE of a replaced session) over the
+transport of the device's Contact, never UDP. The TLS listener comes from
+``[sip] transports = [..., "tls"]`` with certificate paths in the config, as an operator
+writes it."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ async def test_session_over_a_stream_transport(
         assert UserAgent.dialog_transport(dialog) == transport
         await asyncio.wait_for(ua.reinvite(dialog, offer(rudp, 2)), GUARD)
         # A second session replaces the first: the broker BYEs the old dialog, to our
-        # Contact, over the same transport (it used to be a UDP datagram).
+        # Contact, over the same transport, never as a UDP datagram.
         await asyncio.wait_for(ua.invite(BROKER, dest, offer(rudp, 1), transport=transport), GUARD)
         while True:
             event = await asyncio.wait_for(ua.events.get(), GUARD)

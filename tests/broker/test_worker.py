@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import pytest
 
 from mdeci.broker import BrokerService
-from mdeci.broker.endpoint import CachedCredentials
 from mdeci.broker.errors import WrongThreadError
 from mdeci.broker.sink import FieldValue, Row
+from mdeci.broker.sip_auth import CachedCredentials
 from mdeci.broker.worker import DbWorker, LoopQueue, LoopSink
 from mdeci.frames import Sub, SubOk
 from mdeci.store.repo import BrokerStore
@@ -123,7 +123,7 @@ class RowsSink:
 
 
 async def test_rows_from_the_worker_are_merged_on_the_loop_in_order() -> None:
-    """Issue 14: an ack logs one row; the rows of consecutive calls reach the sink as one
+    """An ack logs one row; the rows of consecutive calls reach the sink as one
     batch, and nothing changes place (another event, or another set of fields, ends a
     batch)."""
     loop = asyncio.get_running_loop()

@@ -177,7 +177,7 @@ def _select_run(
 
 @pytest.mark.bench
 def test_selection_miss_path_against_hit_path() -> None:
-    """Issue 13, criterion 4: ``select`` with every size new (the miss path) against the
+    """``select`` with every size new (the miss path) against the
     same messages asked again (the hit path, the reference), interleaved in one run
     (7 rounds of 3,000 each, below the memo's 4,096 entries; the best round of each,
     which the machine's load disturbs least)."""

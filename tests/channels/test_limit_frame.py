@@ -1,4 +1,4 @@
-"""The ``limit`` frame (LimitReached, issue 13): round trip, bad fields, fuzz."""
+"""The ``limit`` frame (LimitReached): round trip, bad fields, fuzz."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ sends bring limits closer, across day, week and month boundaries and a clear()."
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -50,18 +51,19 @@ def _policy() -> SelectorPolicy:
     return SelectorPolicy(channels=CHANNELS, classes=CLASSES, limits=LIMITS)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_memoised_decisions_equal_fresh_ones(seed: int) -> None:
-    rng = random.Random(seed)
+def _run(rng: random.Random, steps: int, gaps: tuple[float, ...], sizes: Callable[[], int]) -> None:
+    """``steps`` random messages, ``gaps`` seconds apart: the memoised policy over a
+    :class:`CachedUsage` decides as a fresh one over plain counters, while most sends are
+    counted on both and the cache is cleared half-way."""
     memo_policy, fresh_policy = _policy(), _policy()
     cached, plain = CachedUsage(MemoryUsage()), MemoryUsage()
     now = T0
-    for step in range(400):
-        now += rng.choice((1.0, 60.0, 3600.0, 4 * 3600.0))
+    for step in range(steps):
+        now += rng.choice(gaps)
         msg = Outgoing(
             user=rng.choice(("sip:a@x", "sip:b@x")),
             qclass=rng.choice(tuple(CLASSES)),
-            size=rng.choice((100, 512, 900)),
+            size=sizes(),
             first_seen=now - rng.choice((0.0, 100.0, 1000.0)),
         )
         available = rng.choice(({"mno", "sms"}, {"sms"}, {"wifi", "mno", "sms"}, set()))
@@ -71,8 +73,14 @@ def test_memoised_decisions_equal_fresh_ones(seed: int) -> None:
         if isinstance(got, SendNow) and rng.random() < 0.8:
             record_send(cached, msg, got, at=now)
             record_send(plain, msg, got, at=now)
-        if step == 200:
+        if step == steps // 2:
             cached.clear()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_memoised_decisions_equal_fresh_ones(seed: int) -> None:
+    rng = random.Random(seed)
+    _run(rng, 400, (1.0, 60.0, 3600.0, 4 * 3600.0), lambda: rng.choice((100, 512, 900)))
 
 
 def test_a_repeated_question_is_answered_from_the_memo() -> None:
@@ -93,23 +101,9 @@ def test_every_size_new_decisions_equal_fresh_ones(seed: int) -> None:
     """The first-ask path (rooms per user, class and day; no ranking kept) near limits:
     sizes around the bytes limit's room, money close to the bound."""
     rng = random.Random(100 + seed)
-    memo_policy, fresh_policy = _policy(), _policy()
-    cached, plain = CachedUsage(MemoryUsage()), MemoryUsage()
-    now = T0
-    for step in range(600):
-        now += rng.choice((1.0, 60.0, 3600.0, 6 * 3600.0))
-        msg = Outgoing(
-            user=rng.choice(("sip:a@x", "sip:b@x")),
-            qclass=rng.choice(tuple(CLASSES)),
-            size=rng.randint(1, 3000) if rng.random() < 0.7 else rng.randint(1, 40),
-            first_seen=now - rng.choice((0.0, 100.0, 1000.0)),
-        )
-        available = rng.choice(({"mno", "sms"}, {"sms"}, {"wifi", "mno", "sms"}, set()))
-        got = select(memo_policy, msg, available=available, usage=cached, now=now, calendar=CAL)
-        want = select(fresh_policy, msg, available=available, usage=plain, now=now, calendar=CAL)
-        assert got == want, f"step {step}"
-        if isinstance(got, SendNow) and rng.random() < 0.8:
-            record_send(cached, msg, got, at=now)
-            record_send(plain, msg, got, at=now)
-        if step == 300:
-            cached.clear()
+    _run(
+        rng,
+        600,
+        (1.0, 60.0, 3600.0, 6 * 3600.0),
+        lambda: rng.randint(1, 3000) if rng.random() < 0.7 else rng.randint(1, 40),
+    )

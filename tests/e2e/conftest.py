@@ -1,4 +1,4 @@
-"""The SIP backends the end-to-end suites run with (issue 11, criterion 2)."""
+"""The SIP backends the end-to-end suites run with: each suite runs on both agent stacks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers of the end-to-end tests of matching, handover and disconnection (issue 4).
+"""Helpers of the end-to-end tests of matching, handover and disconnection.
 
 Real processes: ``python -m mdeci broker|agent`` started as children with
 ``sys.executable`` from the repository root (so they run this worktree's code), each

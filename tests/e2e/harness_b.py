@@ -1,4 +1,4 @@
-"""Helpers of the end-to-end tests of crash, TTL, auth and bad input (issue 4, 5-8).
+"""Helpers of the end-to-end tests of crash, TTL, auth and bad input.
 
 - :class:`BrokerProcess` / :class:`AgentProcess`: ``python -m mdeci broker|agent`` as
   children of the test, started from a TOML file written here, with the readiness line
@@ -199,33 +199,44 @@ class _Child:
 
 
 class BrokerProcess(_Child):
-    """``python -m mdeci broker`` on loopback with users alice and bob; ``sip``: more
-    lines of its ``[sip]`` table (e.g. transports and TLS files)."""
+    """``python -m mdeci broker`` on loopback ``host`` with users alice and bob; ``sip``:
+    more lines of its ``[sip]`` table (e.g. transports and TLS files); ``extra``: more
+    tables at the end of the file; ``node``: its name (several brokers on one store)."""
 
-    def __init__(self, folder: Path, store_url: str | None = None, sip: str = "") -> None:
+    def __init__(
+        self,
+        folder: Path,
+        store_url: str | None = None,
+        sip: str = "",
+        extra: str = "",
+        *,
+        host: str = "127.0.0.1",
+        node: str = "broker-e2e",
+    ) -> None:
         super().__init__()
         folder.mkdir(parents=True, exist_ok=True)
         self.config = folder / "broker.toml"
         store = "" if store_url is None else f'[store]\nurl = "{store_url}"\n\n'
         self.config.write_text(
-            f'node = "broker-e2e"\ndomain = "{DOMAIN}"\ndata_dir = "data"\n\n'
-            f'[sip]\nhost = "127.0.0.1"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\n{sip}\n'
+            f'node = "{node}"\ndomain = "{DOMAIN}"\ndata_dir = "data"\n\n'
+            f'[sip]\nhost = "{host}"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\n{sip}\n'
             f"{_RUDP_TOML}\n{store}"
             + "".join(
                 f'[[auth.users]]\nuser = "{u}"\npassword = "{p}"\n\n' for u, p in PASSWORDS.items()
             )
+            + extra
         )
         self.loaded = load_broker_config(self.config)  # a bad file fails here, not in the child
-        self.sip_addr: tuple[str, int] = ("127.0.0.1", 0)
-        self.media_addr: tuple[str, int] = ("127.0.0.1", 0)
+        self.sip_addr: tuple[str, int] = (host, 0)
+        self.media_addr: tuple[str, int] = (host, 0)
         self.tls_addr: tuple[str, int] | None = None
 
     async def start(self) -> BrokerProcess:
         """Start (again, on the same ports once they are known) and await the ready line."""
         line = await self._spawn(
             "broker", "--config", str(self.config),
-            "--listen-sip", f"127.0.0.1:{self.sip_addr[1]}",
-            "--listen-media", f"127.0.0.1:{self.media_addr[1]}",
+            "--listen-sip", f"{self.sip_addr[0]}:{self.sip_addr[1]}",
+            "--listen-media", f"{self.media_addr[0]}:{self.media_addr[1]}",
         )  # fmt: skip
         words = line.split()
         assert words[:2] == ["broker", "listening"], line
@@ -247,10 +258,19 @@ class BrokerProcess(_Child):
         return proc.returncode, out.decode(), err.decode()
 
 
+# An agent's SIP timers (lines of its [sip] table) and its [rudp] and [reconnect]
+# tables, for loopback.
+FAST_AGENT_TIMERS = (
+    "t1 = 0.05\nt2 = 0.4\nt4 = 0.5\n",
+    f"{_RUDP_TOML}\n[reconnect]\nbase = 0.05\nmax = 0.5\njitter = 0.2\n",
+)
+
+
 class AgentProcess(_Child):
     """``python -m mdeci agent`` of ``user`` bound to ``host``, talking to ``broker``
     (its SIP address, or ``address`` when given: a TLS port, a proxy); ``sip``: more
-    lines of its ``[sip]`` table (transports, TLS files)."""
+    lines of its ``[sip]`` table (transports, TLS files); ``timers``: its SIP timers
+    and its ``[rudp]`` and ``[reconnect]`` tables instead of the fast loopback ones."""
 
     def __init__(
         self,
@@ -262,6 +282,7 @@ class AgentProcess(_Child):
         *,
         address: tuple[str, int] | None = None,
         sip: str = "",
+        timers: tuple[str, str] = FAST_AGENT_TIMERS,
     ) -> None:
         super().__init__()
         folder.mkdir(parents=True, exist_ok=True)
@@ -274,9 +295,8 @@ class AgentProcess(_Child):
             f'password = "{password}"\nstate_dir = "state"\n\n'
             f'[registrar]\naddress = "{where[0]}:{where[1]}"\n\n'
             f'[broker]\naor = "{BROKER_AOR}"\naddress = "{where[0]}:{where[1]}"\n\n'
-            f'[sip]\nhost = "{host}"\nt1 = 0.05\nt2 = 0.4\nt4 = 0.5\n{sip}\n'
-            f'[media]\nhost = "{host}"\n\n{_RUDP_TOML}\n'
-            "[reconnect]\nbase = 0.05\nmax = 0.5\njitter = 0.2\n\n"
+            f'[sip]\nhost = "{host}"\n{timers[0]}{sip}\n'
+            f'[media]\nhost = "{host}"\n\n{timers[1]}\n\n'
             # Nothing moves in these tests: the monitor is as good as off.
             '[ip_monitor]\nmode = "poll"\npoll_interval = 600.0\n'
         )
@@ -319,8 +339,11 @@ class AgentProcess(_Child):
         code, out, err = await self.cli("move", host)
         assert code == 0, out + err
 
-    async def subscribe(self, subject: str, filter: str = "", ttl: int | None = None) -> str:
-        answer = await self.call({"op": "sub", "subject": subject, "filter": filter, "ttl": ttl})
+    async def subscribe(
+        self, subject: str, filter: str = "", ttl: int | None = None, *, lease: bool = True
+    ) -> str:
+        request = {"op": "sub", "subject": subject, "filter": filter, "ttl": ttl, "lease": lease}
+        answer = await self.call(request)
         return str(answer["sub_id"])
 
     async def cli(self, *args: str) -> tuple[int, str, str]:

@@ -1,4 +1,4 @@
-"""Issue 10, criterion 2: the agent scenario over SIP/TCP and SIP/TLS, without Kamailio.
+"""The agent scenario over SIP/TCP and SIP/TLS, without Kamailio.
 
 A broker process listens on UDP, TCP and TLS (a certificate from ``tests/sip/certs.py``);
 two ``mdeci agent`` processes are configured with ``[sip] transports = ["tcp"]`` or
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mdeci.agent.core import Register
+from mdeci.agent.events import Register
 from mdeci.agent.pjsua2_backend import Pjsua2Backend
 from mdeci.config import HostPort
 from tests.agent.farend import GUARD, agent_config

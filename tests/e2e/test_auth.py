@@ -1,4 +1,4 @@
-"""Issue 4, criterion 7: a user may only register, subscribe and receive as its own AOR.
+"""A user may only register, subscribe and receive as its own AOR.
 
 Wrong credentials are refused (401/403) and leave nothing in the database (no binding, no
 session, no subscription); an agent configured as alice with bob's password never gets a

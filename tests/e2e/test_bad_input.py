@@ -1,5 +1,5 @@
-"""Issue 4, criterion 8: bad input gets an ``error`` frame or a one-line CLI error, stores
-nothing, and the broker keeps serving.
+"""Bad input gets an ``error`` frame or a one-line CLI error, stores nothing, and the
+broker keeps serving.
 
 Over RUDP, straight to the broker, on the peer of a real session: bad filters, unknown
 ops, bytes that are not CBOR, an oversized publish, out-of-range TTLs. Through the CLI

@@ -1,4 +1,4 @@
-"""Issue 4, criterion 5: ``kill -9`` of the broker, then of an agent, with real processes.
+"""``kill -9`` of the broker, then of an agent, with real processes.
 
 Broker crash mid-stream (bob publishing, alice receiving), restarted on the same ports and
 database: every publish that got ``pub-ok`` reaches alice's application, nothing is handed
@@ -187,8 +187,9 @@ async def test_agent_kill9_mid_stream(tmp_path: Path, sip_stack: str) -> None:
 
 
 async def test_netlink_address_source_works_inside_the_event_loop() -> None:
-    """Regression: pyroute2's synchronous API raised "This event loop is already running"
-    when ``mdeci agent`` built its IP monitor, so the daemon did not start at all."""
+    """``mdeci agent`` builds its IP monitor inside its running event loop, where pyroute2's
+    synchronous API raises "This event loop is already running": the monitor must not
+    call it there, or the daemon does not start at all."""
     monitor = make_monitor(IpMonitorConfig(mode=IpMonitorMode.NETLINK), "127.0.0.2")
     assert monitor is not None
     assert monitor.check() is None  # 127.0.0.2 is still held by lo's 127.0.0.1/8

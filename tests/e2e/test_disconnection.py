@@ -1,5 +1,5 @@
-"""Issue 4, criterion 4: a silenced agent, the broker's DISCONNECTED state, the bounded
-queue with drop-oldest, and the in-order drain on resume.
+"""A silenced agent, the broker's DISCONNECTED state, the bounded queue with
+drop-oldest, and the in-order drain on resume.
 
 The broker runs in-process (its churn events are awaited on a sink, its session status
 read from the store); A is a ``python -m mdeci agent`` child silenced with SIGSTOP and
@@ -81,7 +81,8 @@ async def _broker(tmp: Path, store: BrokerStore, sink: WaitingSink) -> RunningBr
     "silence",
     [
         pytest.param(2.0, id="2s"),
-        pytest.param(30.0, id="30s", marks=pytest.mark.slow),
+        # Half a minute of real silence: a long run, in ``make bench``.
+        pytest.param(30.0, id="30s", marks=[pytest.mark.slow, pytest.mark.bench]),
     ],
 )
 async def test_silenced_agent_is_disconnected_queued_and_drained_in_order(

@@ -1,5 +1,4 @@
-"""Issue 10, criterion 1: the documented deployment behind a real Kamailio, over UDP, TCP
-and TLS.
+"""The documented deployment behind a real Kamailio, over UDP, TCP and TLS.
 
 Kamailio (Debian ``kamailio``, started and stopped here) runs the stock
 ``configs/kamailio.cfg`` as registrar and record-routing proxy of ``localhost`` (``-A

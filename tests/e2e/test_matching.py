@@ -1,4 +1,4 @@
-"""Issue 4, criterion 2: matching end to end with real processes on loopback.
+"""Matching end to end with real processes on loopback.
 
 ``python -m mdeci broker`` and two ``python -m mdeci agent`` children; A subscribes
 through ``python -m mdeci sub``; B publishes 1,000 deterministic events through its

@@ -1,5 +1,5 @@
-"""Issue 4, criterion 6: subscription TTL on a fake clock, through the whole broker
-(``run_broker`` with an injected clock) and real agents on loopback.
+"""Subscription TTL on a fake clock, through the whole broker (``run_broker`` with an
+injected clock) and real agents on loopback.
 
 An expired subscription stops matching at once (before any sweep); notifications queued
 for it before it expired are still delivered; expiry survives a broker restart on the same
@@ -46,9 +46,9 @@ async def test_ttl_expiry_queued_delivery_and_restart(tmp_path: Path) -> None:
         await bob.start()
         await asyncio.wait_for(alice.wait_connected(), GUARD)
         await asyncio.wait_for(bob.wait_connected(), GUARD)
-        short = await alice.subscribe("feed.*", ttl=60)
-        mid = await alice.subscribe("news.*", ttl=120)
-        long = await alice.subscribe("keep.*", ttl=3600)
+        short = await alice.subscribe("feed.*", ttl=60, lease=False)
+        mid = await alice.subscribe("news.*", ttl=120, lease=False)
+        long = await alice.subscribe("keep.*", ttl=3600, lease=False)
         assert (short.expires_at, mid.expires_at, long.expires_at) == (T0 + 60, T0 + 120, T0 + 3600)
 
         # Alice goes away; what bob publishes now waits in her queue.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from mdeci.config import (
     load_agent_config,
     load_broker_config,
 )
+from mdeci.config.reader import UNREAD_SECRET
 from mdeci.errors import ConfigError, MdeciError
 from rudp.config import RudpConfig
 
@@ -61,8 +63,8 @@ def test_shipped_broker_config_loads() -> None:
     assert cfg.queue.overflow is OverflowPolicy.DROP_OLDEST
     assert {u.user for u in cfg.auth.users} == {"alice", "bob"}
     assert isinstance(cfg.rudp, RudpConfig)
-    # The shipped file spells out the defaults of the delivery window: an operator who
-    # starts from it gets what was measured (it said 32 after the default became 256).
+    # The shipped file spells out the defaults of the delivery window, so an operator who
+    # starts from it gets the measured defaults, not a stale copy of them.
     assert cfg.queue == QueueConfig()
 
 
@@ -92,7 +94,8 @@ def test_shipped_broker_users_match_agent() -> None:
 
 def test_empty_broker_file_gives_documented_defaults(tmp_path: Path) -> None:
     cfg = load_broker_config(write(tmp_path, ""), env={})
-    assert cfg.node == "broker" and cfg.user == "broker" and cfg.domain == "localhost"
+    assert cfg.node == socket.gethostname() and cfg.user == "broker"
+    assert cfg.domain == "localhost"
     assert cfg.sip == SipConfig()
     assert cfg.sip.port == 5060 and cfg.sip.transports == ("udp", "tcp")
     assert cfg.queue == QueueConfig(max_per_uri=1000, overflow=OverflowPolicy.DROP_OLDEST)
@@ -192,6 +195,20 @@ def test_password_is_required(tmp_path: Path) -> None:
     assert agent_error(tmp_path, 'password = "x"\n').endswith("missing key 'aor'")
 
 
+def test_the_answer_bound_is_the_brokers_to_set_or_turn_off(tmp_path: Path) -> None:
+    from mdeci.broker.ua_config import ua_config
+
+    default = load_broker_config(write(tmp_path, ""))
+    assert ua_config(default).max_answer_ratio == 1.0
+    off = load_broker_config(write(tmp_path, "[auth]\nmax_answer_ratio = 0\n"))
+    assert ua_config(off).max_answer_ratio is None
+    wider = load_broker_config(write(tmp_path, "[auth]\nmax_answer_ratio = 2.5\n"))
+    assert ua_config(wider).max_answer_ratio == 2.5
+    assert "'max_answer_ratio' must be >= 0" in broker_error(
+        tmp_path, "[auth]\nmax_answer_ratio = -1\n"
+    )
+
+
 def test_users_inline_file_and_env(tmp_path: Path) -> None:
     (tmp_path / "users.toml").write_text(
         '[[users]]\nuser = "carol"\npassword_env = "CAROL_PW"\n', "utf-8"
@@ -204,6 +221,21 @@ def test_users_inline_file_and_env(tmp_path: Path) -> None:
     assert [(u.user, u.password) for u in cfg.auth.users] == [("alice", "a"), ("carol", "c")]
     assert cfg.auth.users_file == tmp_path / "users.toml"
     assert "password" not in repr(cfg.auth.users[1])
+
+
+def test_a_loader_told_not_to_read_secrets_reads_no_password_env(tmp_path: Path) -> None:
+    (tmp_path / "users.toml").write_text(
+        '[[users]]\nuser = "carol"\npassword_env = "CAROL_PW"\n', "utf-8"
+    )
+    text = '[auth]\nusers_file = "users.toml"\n[[auth.users]]\nuser = "bob"\npassword_env = "B"\n'
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match="'B'"):
+        load_broker_config(path, env={})
+    cfg = load_broker_config(path, env={}, secrets=False)
+    assert [(u.user, u.password) for u in cfg.auth.users] == [
+        ("bob", UNREAD_SECRET),
+        ("carol", UNREAD_SECRET),
+    ]
 
 
 def test_users_file_errors_name_that_file(tmp_path: Path) -> None:
@@ -329,12 +361,12 @@ def test_missing_file_and_bad_encoding(tmp_path: Path) -> None:
         load_agent_config(tmp_path)  # a folder
 
 
-# ---------------------------------------------------------------- one schema (issue 15)
+# ---------------------------------------------------------------- one schema
 
 
 def test_agent_sip_table_without_port_binds_any_port(tmp_path: Path) -> None:
-    """A [sip] table that leaves out 'port' keeps the agent's documented default 0 (it used
-    to take the broker's 5060)."""
+    """A [sip] table that leaves out 'port' keeps the agent's documented default 0, not
+    the broker's 5060."""
     cfg = load_agent_config(write(tmp_path, AGENT_MIN + '[sip]\nhost = "127.0.0.2"\n', "a.toml"))
     assert cfg.sip.port == 0
     assert cfg.sip.host == "127.0.0.2"
@@ -357,8 +389,8 @@ def test_core_takes_the_toml_sections_as_they_are(tmp_path: Path) -> None:
 
 
 def test_each_default_in_one_place() -> None:
-    """The core's defaults are the TOML defaults (the queue depth used to be 1,000 in TOML
-    and 10,000 in the core), and the SIP timers default to sip.transaction's."""
+    """The core's defaults are the TOML defaults (one value per setting, such as the queue
+    depth), and the SIP timers default to sip.transaction's."""
     from mdeci.broker import BrokerCoreConfig
     from sip.transaction import TimerConfig
 

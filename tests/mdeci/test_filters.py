@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.errors import FilterError, MdeciError
+from mdeci.filter_types import FilterTypeError, check_types, kinds_seen
 from mdeci.filters import (
     MAX_DEPTH,
     MAX_FILTER_LENGTH,
@@ -465,3 +466,27 @@ def test_printed_asts_reparse_to_the_same_evaluation(
     # printing is a fixed point after one parse (flattening is the only normalisation)
     assert format_filter(reparsed) == text
     assert parse_filter(format_filter(reparsed)) == reparsed
+
+
+def test_check_types_refuses_a_number_attribute_compared_with_a_string() -> None:
+    kinds = kinds_seen([{"Price": 24.5, "Stock": "PETR4"}, {"Price": 3, "Up": True}])
+    assert kinds == {"Price": "number", "Stock": "string", "Up": "bool"}
+    with pytest.raises(FilterTypeError) as info:
+        check_types(parse_filter("Stock == 'PETR4' and not (Price < 'abc')"), kinds)
+    assert str(info.value) == (
+        "Price is a number, so 'Price < 'abc'' compares it with a string and is never true"
+    )
+    assert isinstance(info.value, FilterError)
+    with pytest.raises(FilterTypeError, match="Up is a bool"):
+        check_types(parse_filter("Up > false"), kinds)
+    with pytest.raises(FilterTypeError, match="Stock is a string"):
+        check_types(parse_filter("Stock == 1"), kinds)
+    # Between kinds != holds for every notification, which the message says as it is.
+    with pytest.raises(FilterTypeError, match=r"with a string and is always true$"):
+        check_types(parse_filter("Price != 'abc'"), kinds)
+    assert compile_filter("Price != 'abc'")({"Price": 24.5}) is True
+    check_types(parse_filter("Price < 25 and Stock < 'Q' and Other < 'x' and Up == true"), kinds)
+    # An attribute seen with two kinds has none: nothing to hold a filter against.
+    assert kinds_seen([{"x": 1}, {"x": "1"}]) == {}
+    # The language itself still accepts it (matching never raises): false, not an error.
+    assert compile_filter("Price < 'abc'")({"Price": 24.5}) is False

@@ -21,6 +21,7 @@ from mdeci.frames import (
     Notify,
     Pub,
     PubOk,
+    Renew,
     Sub,
     SubInfo,
     SubOk,
@@ -64,8 +65,9 @@ frames: st.SearchStrategy[Frame] = st.one_of(
         filter=filters,
         ttl=st.none() | st.integers(1, 10**9),
     ),
-    st.builds(SubOk, req=reqs, sub_id=ids, expires_at=times),
+    st.builds(SubOk, req=reqs, sub_id=ids, expires_at=times, ttl=st.none() | times),
     st.builds(Unsub, req=reqs, sub_id=ids),
+    st.builds(Renew, req=reqs, sub_id=ids, ttl=st.none() | st.integers(1, 10**9)),
     st.builds(List, req=reqs),
     st.builds(
         Subs,

@@ -1,4 +1,4 @@
-"""Issue 15, acceptance 2-4 in one short session against a real broker on PostgreSQL:
+"""Operations in one short session against a real broker on PostgreSQL:
 metrics move as they should, ``/readyz`` turns unready when the database goes away, the
 admin commands work on the running broker (a user added registers at once, a session is
 kicked), and each operator event is one log line with no secret in any line.

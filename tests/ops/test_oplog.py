@@ -149,7 +149,7 @@ def _counts(metrics: BrokerMetrics) -> dict[str, float]:
 def test_rows_move_the_counters_and_write_the_lines_of_the_same_events_one_by_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 14: the broker hands its notification events down the chain as rows
+    """The broker hands its notification events down the chain as rows
     (sink.emit_rows). The churn log, the counters and the operator lines are those of
     the same events emitted one by one; a sink without emit_rows gets them one by one."""
     caplog.set_level(logging.INFO, logger="mdeci")

@@ -1,6 +1,7 @@
-"""Issue 15, acceptance 1: the built wheel, installed (not editable) in a fresh venv, runs
-``mdeci --version``, ``mdeci db upgrade`` and ``mdeci broker`` from an empty folder, and the
-broker answers a SIP OPTIONS."""
+"""The built wheel, installed (not editable, without extras) in a fresh venv: it runs
+``mdeci --version``, ``mdeci db upgrade`` and ``mdeci broker`` from an empty folder and the
+broker answers a SIP OPTIONS; ``mdeci init`` writes the sample configs and units it carries;
+the analytics steps, whose extra is not installed, say so in one line and exit 2."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import venv
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,7 @@ def _options(port: int) -> bytes:
             "To: <sip:broker@localhost>\r\n"
             "Call-ID: wheel-options-1\r\n"
             "CSeq: 1 OPTIONS\r\n"
+            f"Padding: {'x' * 300}\r\n"  # as large as the answer: else none (security.md)
             "Content-Length: 0\r\n\r\n"
         )
         sock.sendto(request.encode(), ("127.0.0.1", port))
@@ -46,7 +49,16 @@ def _options(port: int) -> bytes:
         return data
 
 
-def test_installed_wheel_runs_from_an_empty_folder(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Installed:
+    env_dir: Path
+    mdeci: Path
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The wheel built from these sources, installed with its dependencies (no extras)."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     dist = tmp_path / "dist"
     # Build from a copy of the sources: setuptools writes build/ and *.egg-info beside them.
     src = tmp_path / "src"
@@ -62,7 +74,11 @@ def test_installed_wheel_runs_from_an_empty_folder(tmp_path: Path) -> None:
     py = env_dir / "bin" / "python"
     log = _run([str(py), "-m", "pip", "install", "-q", str(wheel)], tmp_path)
     assert "deprecated" not in log.lower(), log
-    mdeci = env_dir / "bin" / "mdeci"
+    return Installed(env_dir, env_dir / "bin" / "mdeci")
+
+
+def test_installed_wheel_runs_from_an_empty_folder(installed: Installed, tmp_path: Path) -> None:
+    mdeci = installed.mdeci
     empty = tmp_path / "empty"
     empty.mkdir()
 
@@ -98,3 +114,48 @@ def test_installed_wheel_runs_from_an_empty_folder(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     assert proc.returncode == 0
     assert not (empty / "migrations").exists()  # nothing was looked up beside the cwd
+
+
+def _fails(cmd: list[str], cwd: Path) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_analytics_without_the_extra_is_one_line_and_exit_2(
+    installed: Installed, tmp_path: Path
+) -> None:
+    code, _, _ = _fails(
+        [str(installed.env_dir / "bin" / "python"), "-c", "import pyspark"], tmp_path
+    )
+    assert code != 0  # the extra really is absent
+    log = tmp_path / "churn.log"
+    log.write_text('{"ts": 1, "event": "registered"}\n')
+    tables = tmp_path / "tables"
+    for name in ("summary", "per_user", "per_hour", "episodes", "transitions", "restore_latency"):
+        (tables / name).mkdir(parents=True)  # the shape of churn's output, read with pyarrow
+    for step, args in (
+        ("churn", ["--input", str(log), "--output", str(tmp_path / "out")]),
+        ("report", ["--input", str(tables), "--output", str(tmp_path / "r.html")]),
+    ):
+        code, out, err = _fails([str(installed.mdeci), "analytics", step, *args], tmp_path)
+        assert (code, out) == (2, ""), err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(f"mdeci analytics {step}: error: "), err
+        assert "pip install 'mdeci[analytics]'" in err
+
+
+def test_init_writes_the_samples_the_wheel_carries(installed: Installed, tmp_path: Path) -> None:
+    dest = tmp_path / "etc-mdeci"
+    _run([str(installed.mdeci), "init", "--dest", str(dest)], tmp_path)
+    for name in (
+        "broker.toml",
+        "agent.toml",
+        "kamailio.cfg",
+        "systemd/mdeci-broker.service",
+        "systemd/mdeci-agent@.service",
+    ):
+        assert (dest / name).read_bytes() == (ROOT / "configs" / name).read_bytes(), name
+    # The written sample passes the installed check (its demo passwords are inline).
+    check = _run([str(installed.mdeci), "check", "--config", str(dest / "agent.toml")], tmp_path)
+    assert "ok (agent)" in check

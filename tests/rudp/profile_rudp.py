@@ -1,4 +1,4 @@
-"""Profile one rudp run of the benchmark (issue 14): CPU time, top entries by own time.
+"""Profile one rudp run of the benchmark: CPU time, top entries by own time.
 
 Run: ``.venv/bin/python -m tests.rudp.profile_rudp LOSS [MESSAGES]`` (1 KB messages through
 the impairment proxy, as ``tests/rudp/test_bench.py`` sends them). cProfile counts CPU

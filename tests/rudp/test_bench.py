@@ -272,7 +272,7 @@ async def test_rudp_vs_tcp_vs_quic(tmp_path: Path) -> None:
                 )
                 print(table[-1], clock.note, flush=True)
     print("\n" + "\n".join(table), flush=True)
-    # Issue 14, criterion 9: rudp >= 3x aioquic at 5 % loss, >= 0.3x kernel TCP at 0 %.
+    # The goals: rudp >= 3x aioquic at 5 % loss, >= 0.3x kernel TCP at 0 %.
     for loss, ref, goal in ((0.05, "aioquic", 3.0), (0.0, "tcp", 0.3)):
         key = (1024, loss, "rudp")
         if key in walls and (1024, loss, ref) in walls:

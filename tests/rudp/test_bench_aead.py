@@ -1,4 +1,4 @@
-"""Benchmark (issue 12, criterion 5): RUDP with AEAD against the integrity-only reference.
+"""Benchmark: RUDP with AEAD against the integrity-only reference.
 
 Run: ``.venv/bin/pytest -m bench -s tests/rudp/test_bench_aead.py``. Both protections run
 in the same process and the same run, interleaved (A B A B ...), so machine load hits

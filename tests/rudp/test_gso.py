@@ -1,4 +1,4 @@
-"""UDP GSO (rudp.aio.gso): how datagrams are grouped, and what arrives on loopback."""
+"""UDP GSO (rudp.gso): how datagrams are grouped, and what arrives on loopback."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rudp.aio import gso
+from rudp import gso
 
 
 def test_runs_group_equal_sizes_with_a_shorter_last_and_respect_the_limits() -> None:

@@ -1,5 +1,5 @@
-"""State a connection or peer builds on first use (issue 14: a broker holds thousands of
-idle ones) works from its first use on: the first loss, a failure, the first message."""
+"""State a connection or peer builds on first use (a broker holds thousands of idle
+ones) works from its first use on: the first loss, a failure, the first message."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Several frames per datagram (issue 14): what is due together shares datagrams."""
+"""Several frames per datagram: what is due together shares datagrams."""
 
 from __future__ import annotations
 

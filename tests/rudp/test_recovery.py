@@ -1,4 +1,4 @@
-"""Loss recovery on a fake clock (issue 14): tail-loss probe, incremental SACK and loss
+"""Loss recovery on a fake clock: tail-loss probe, incremental SACK and loss
 detection, ACKs while a hole is open."""
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def test_ack_processing_does_not_scan_the_window_while_a_hole_is_open() -> None:
     """The first packet of 4,000 (window 4,096) is lost and recovered late: every ACK
     until then carries a SACK block covering everything received so far. The sender's
     work per ACK (visits of in-flight packets) must stay flat, not grow with that block
-    (it was one visit per SACKed packet per ACK: ~8 M here)."""
+    (one visit per SACKed packet per ACK would be ~8 M here)."""
     config = RudpConfig(
         window=4096, keepalive_interval=0, rto_initial=5.0, rto_min=5.0, tail_probe=False
     )
@@ -177,7 +177,7 @@ def test_ack_processing_does_not_scan_the_window_while_a_hole_is_open() -> None:
             a.receive_datagram(ack, now + 0.01)
         now += 0.0001
     assert 1000 < acks < n  # ACKs every ack_every packets above the hole, not each one
-    # Each SACKed packet is visited about once in all (was: once per ACK, ~4 M visits).
+    # Each SACKed packet is visited about once in all, not once per ACK (~4 M visits).
     assert CountingDict.visits <= 2 * n, CountingDict.visits
 
 

@@ -1,4 +1,4 @@
-"""Issue 12, criteria 1 and 2: what the wire shows, and an on-path attacker on the SDP.
+"""What the wire shows, and an on-path attacker on the SDP.
 
 Real agents (``mdeci.agent.Agent``) against the real broker (``run_broker``) on
 loopback; every datagram is captured from ``lo`` by a packet socket, as an observer
@@ -18,14 +18,15 @@ from pathlib import Path
 import pytest
 
 from mdeci.agent import Agent, Status
-from mdeci.broker.app import RunningBroker, run_broker
-from mdeci.config import AuthConfig, BrokerConfig, HostPort, SipConfig, UserConfig
+from mdeci.broker.app import RunningBroker
+from mdeci.config import AuthConfig, HostPort
 from mdeci.store.repo import BrokerStore
 from rudp.keys import KeyExchange
 from sip.auth import compute_ha1
 from sip.sdp import encode_key
-from tests.agent.farend import FAST_RUDP, GUARD, agent_config, lo_only
+from tests.agent.farend import GUARD, agent_config, lo_only
 from tests.broker.conftest import FakeClock, WaitingSink
+from tests.loopback_broker import broker_config, run_loopback_broker, users
 from tests.security.capture import LoopbackCapture
 
 USERS = ("alice", "bob")
@@ -40,25 +41,8 @@ async def start_broker(
     *,
     key_confirm_timeout: float = 10.0,
 ) -> RunningBroker:
-    config = BrokerConfig(
-        domain="localhost",
-        data_dir=tmp / "broker",
-        sip=SipConfig(host="127.0.0.1", port=0, t1=0.02, t2=0.16, t4=0.2),
-        rudp=FAST_RUDP,
-        auth=AuthConfig(
-            users=tuple(UserConfig(user=u, password=f"{u}-secret") for u in USERS),
-            key_confirm_timeout=key_confirm_timeout,
-        ),
-    )
-    return await run_broker(
-        config,
-        sip_listen=("127.0.0.1", 0),
-        media_listen=("127.0.0.1", 0),
-        store=store,
-        log=sink,
-        clock=clock,
-        expire_interval=3600.0,
-    )
+    auth = AuthConfig(users=users(*USERS), key_confirm_timeout=key_confirm_timeout)
+    return await run_loopback_broker(broker_config(tmp, auth=auth), store, clock, sink)
 
 
 def _forms(secret: bytes) -> list[bytes]:

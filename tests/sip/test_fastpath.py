@@ -1,4 +1,4 @@
-"""The REGISTER fast path (issue 14): it answers exactly as the full stack does, keeps
+"""The REGISTER fast path: it answers exactly as the full stack does, keeps
 the answer for retransmissions, never takes what the full parser would refuse, and
 hands everything else to the full path, which answers it."""
 

@@ -1,4 +1,4 @@
-"""``python -m sip registrar`` with worker processes (issue 14): bindings live in one
+"""``python -m sip registrar`` with worker processes: bindings live in one
 SQLite file, so a REGISTER taken by one worker is seen through any other."""
 
 from __future__ import annotations

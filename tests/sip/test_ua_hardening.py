@@ -1,4 +1,4 @@
-"""The asyncio UA on loopback: what issues 10 and 12 asked of it.
+"""The asyncio UA on loopback: moves, CANCEL, caps and refusals.
 
 - a move with ``unregister_old`` removes the old contact (one binding);
 - CANCEL of an INVITE the application is still answering: 200, then 487 (§9.2);

@@ -1,5 +1,5 @@
-"""SIP over TCP and TLS between two of our UAs on loopback (issue 10, criterion 2 at the
-UA level; issue 12's TCP bounds).
+"""SIP over TCP and TLS between two of our UAs on loopback, and the bounds on accepted
+connections.
 
 - TCP end to end: INVITE, re-INVITE and BYE from either side all travel over TCP (the
   callee's BYE follows the caller's ``;transport=tcp`` Contact); no UDP message at all.
@@ -60,7 +60,7 @@ async def test_tcp_end_to_end_both_directions() -> None:
         # alice's re-INVITE follows bob's Contact (;transport=tcp) on its own.
         assert UserAgent.dialog_transport(dialog) == "tcp"
         await alice.reinvite(dialog, b"offer 2")
-        # bob's BYE: to alice's ;transport=tcp contact, over TCP (it used to be UDP).
+        # bob's BYE: to alice's ;transport=tcp contact, over TCP.
         assert (await bob.bye(bob_dialog)).status == 200
         await next_event(alice, DialogEnded)
         assert alice.stats.received.get("udp", 0) == 0
@@ -238,8 +238,8 @@ async def test_sips_uri_over_tcp_gets_416(transport: str) -> None:
 
 
 async def test_malformed_message_on_a_stream_gets_400_and_the_connection_lives() -> None:
-    """Issue 12's probe over TCP: a 5,000-digit CSeq used to raise out of the parser and
-    kill the connection. Now: 400 on the same connection, which goes on serving."""
+    """A 5,000-digit CSeq over TCP gets 400 on the same connection, which goes on
+    serving (the parser refuses it instead of raising out of the stream)."""
     ua = UserAgent(UaConfig(aor="sip:ua@example.org", timers=FAST))
     await ua.start("127.0.0.1")
     try:
@@ -271,8 +271,8 @@ async def test_malformed_message_on_a_stream_gets_400_and_the_connection_lives()
 async def test_a_peer_once_asked_over_tcp_gets_later_udp_requests_over_udp() -> None:
     """A request over TCP makes its retransmissions follow TCP only while it is in
     flight: once the connection is gone, a UDP request to the same peer goes over UDP
-    (the UA used to remember every TCP destination for good: a peer asked once over TCP
-    got every later request over TCP, and the set of such peers only grew)."""
+    (remembering every TCP destination for good would send a peer asked once over TCP
+    every later request over TCP, and grow the set of such peers without bound)."""
     bob = UserAgent(UaConfig(aor="sip:bob@example.org", timers=FAST), answer)
     await bob.start("127.0.0.1")
     alice = UserAgent(UaConfig(aor="sip:alice@example.org", timers=FAST))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mdeci.sms.codec import Sms
+from mdeci.sms.fakesmsc import mo_argument
 from tests.peers import free_port, require_binary
 
 HOW = "apt-get install kannel kannel-extras"
@@ -32,6 +35,24 @@ def fakesmsc_binary() -> str:
         if Path(path).exists():
             return path
     return require_binary("fakesmsc", HOW)
+
+
+async def fakesmsc_phone(fakesmsc: str, port: int, mo: Sms) -> asyncio.subprocess.Process:
+    """Kannel's test phone, sending ``mo`` once and printing the MT it gets."""
+    return await asyncio.create_subprocess_exec(
+        fakesmsc,
+        "-H",
+        "127.0.0.1",
+        "-r",
+        str(port),
+        "-m",
+        "1",
+        "-i",
+        "0.2",
+        mo_argument(mo),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
 
 
 def render_config(
@@ -78,8 +99,19 @@ omit-empty = true
 """
 
 
-def _wait_tcp(port: int, deadline: float, host: str = "127.0.0.1") -> None:
+class BoxExited(RuntimeError):
+    """bearerbox or smsbox stopped while starting (a port taken between choice and bind)."""
+
+
+def _wait_tcp(
+    port: int,
+    deadline: float,
+    host: str = "127.0.0.1",
+    proc: subprocess.Popen[bytes] | None = None,
+) -> None:
     while True:
+        if proc is not None and proc.poll() is not None:
+            raise BoxExited(f"{proc.args!r} exited with {proc.returncode}")
         try:
             with socket.create_connection((host, port), timeout=0.2):
                 return
@@ -111,25 +143,63 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-@contextmanager
-def running_kannel(workdir: Path, callback_url: str) -> Iterator[Kannel]:
+Ports = dict[str, int]
+
+
+def start_boxes(
+    workdir: Path,
+    choose_ports: Callable[[], Ports],
+    render: Callable[[Ports], str],
+    sendsms_host: str = "127.0.0.1",
+    attempts: int = 3,
+) -> tuple[list[subprocess.Popen[bytes]], Ports]:
+    """bearerbox, then smsbox, from ``render(ports)``; both up and connected.
+
+    A port the kernel hands out is free only until someone binds it: a client socket of
+    another test can take it before bearerbox does, and bearerbox then exits. Such a
+    start is stopped and made again on newly chosen ports.
+    """
     bearerbox = require_binary("bearerbox", HOW)
     smsbox = require_binary("smsbox", HOW)
-    fakesmsc = fakesmsc_binary()
-    tcp = socket.SOCK_STREAM
-    ports = {k: free_port(tcp) for k in ("admin", "smsbox", "fake", "sendsms")}
     conf = workdir / "kannel.conf"
-    conf.write_text(render_config(callback_url=callback_url, workdir=workdir, **ports))
-    procs: list[subprocess.Popen[bytes]] = []
+    for attempt in range(attempts):
+        ports = choose_ports()
+        conf.write_text(render(ports))
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            deadline = time.monotonic() + 15
+            with (workdir / "bearerbox.out").open("wb") as out:
+                procs.append(subprocess.Popen([bearerbox, str(conf)], stdout=out, stderr=out))
+            _wait_tcp(ports["admin"], deadline, proc=procs[0])
+            with (workdir / "smsbox.out").open("wb") as out:
+                procs.append(subprocess.Popen([smsbox, str(conf)], stdout=out, stderr=out))
+            _wait_tcp(ports["sendsms"], deadline, sendsms_host, proc=procs[1])
+            _wait_smsbox_connected(ports["admin"], deadline)
+            return procs, ports
+        except BoxExited:
+            for proc in reversed(procs):
+                _stop(proc)
+            if attempt + 1 == attempts:
+                raise
+        except BaseException:
+            for proc in reversed(procs):
+                _stop(proc)
+            raise
+    raise AssertionError("unreachable: the last attempt raises")
+
+
+@contextmanager
+def running_kannel(workdir: Path, callback_url: str) -> Iterator[Kannel]:
+    fakesmsc = fakesmsc_binary()
+
+    def choose() -> Ports:
+        return {k: free_port(socket.SOCK_STREAM) for k in ("admin", "smsbox", "fake", "sendsms")}
+
+    def render(ports: Ports) -> str:
+        return render_config(callback_url=callback_url, workdir=workdir, **ports)
+
+    procs, ports = start_boxes(workdir, choose, render)
     try:
-        out = (workdir / "bearerbox.out").open("wb")
-        procs.append(subprocess.Popen([bearerbox, str(conf)], stdout=out, stderr=out))
-        deadline = time.monotonic() + 15
-        _wait_tcp(ports["admin"], deadline)
-        out = (workdir / "smsbox.out").open("wb")
-        procs.append(subprocess.Popen([smsbox, str(conf)], stdout=out, stderr=out))
-        _wait_tcp(ports["sendsms"], deadline)
-        _wait_smsbox_connected(ports["admin"], deadline)
         yield Kannel(
             sendsms_url=f"http://127.0.0.1:{ports['sendsms']}/cgi-bin/sendsms",
             username="mdeci",

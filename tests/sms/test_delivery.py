@@ -1,4 +1,4 @@
-"""Criterion 3: urgent notifications over the simulated SMSC with the thesis' delays.
+"""Urgent notifications over the simulated SMSC with the thesis' delays.
 
 Every notification reaches the application exactly once, or is reported undeliverable
 when its TTL ends; when IP comes back midway nothing is delivered twice.

@@ -20,7 +20,7 @@ from mdeci.sms.kannel import KannelConfig, KannelGateway, parse_mo_query, sendsm
 from mdeci.sms.link import FrameReceived, SmsLink
 from tests.peers import free_port
 from tests.sms.events import EventLog
-from tests.sms.kannel_harness import running_kannel
+from tests.sms.kannel_harness import fakesmsc_phone, running_kannel
 from tests.sms.world import notify_frame
 
 BROKER, AGENT = "+15550000001", "+15550000002"
@@ -82,20 +82,7 @@ async def test_mt_and_mo_through_kannel(tmp_path: Path) -> None:
             ack_frame = cbor2.dumps({"op": "ack", "upto": 3})
             agent.send_frame(BROKER, ack_frame, 0.0)
             (mo,) = agent.sms_to_send()
-            phone = await asyncio.create_subprocess_exec(
-                kannel.fakesmsc,
-                "-H",
-                "127.0.0.1",
-                "-r",
-                str(kannel.fake_port),
-                "-m",
-                "1",
-                "-i",
-                "0.2",
-                mo_argument(mo),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
+            phone = await fakesmsc_phone(kannel.fakesmsc, kannel.fake_port, mo)
             try:
                 frame = notify_frame(3, bytes(range(200)))  # 3 segments
                 broker.send_frame(AGENT, frame)

@@ -1,4 +1,4 @@
-"""Criterion 3: the link's timers over the thesis' SMSC delay trace (mdeci.sms.tracesim).
+"""The link's timers over the thesis' SMSC delay trace (mdeci.sms.tracesim).
 
 The unit tests check what the simulation must show whatever the seed; the benchmark
 prints docs/benchmarks.md's table ("SMS link timers").

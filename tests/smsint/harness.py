@@ -15,21 +15,20 @@ from pathlib import Path
 from typing import TypeVar
 
 from mdeci.agent import Agent
-from mdeci.broker.app import RunningBroker, run_broker
+from mdeci.broker.app import RunningBroker
 from mdeci.channels.config import ChannelsConfig
 from mdeci.config import (
     AgentSmsConfig,
     AuthConfig,
-    BrokerConfig,
     BrokerSmsConfig,
-    SipConfig,
     UserConfig,
 )
 from mdeci.sms.gateway import SimulatedNetwork, SmsGateway
 from mdeci.sms.smsc import THESIS_DELAYS, SmscConfig
 from mdeci.store.repo import BrokerStore
-from tests.agent.farend import FAST_RUDP, agent_config, lo_only
+from tests.agent.farend import agent_config, lo_only
 from tests.broker.conftest import FakeClock, WaitingSink
+from tests.loopback_broker import broker_config, run_loopback_broker
 
 BROKER_NO, ALICE_NO = "+15550000001", "+15550000002"
 ALICE, BOB = "sip:alice@localhost", "sip:bob@localhost"
@@ -57,11 +56,8 @@ async def start_broker(
     gateway: SmsGateway | None,
     channels: ChannelsConfig | None = None,
 ) -> RunningBroker:
-    config = BrokerConfig(
-        domain="localhost",
-        data_dir=tmp / "broker",
-        sip=SipConfig(host="127.0.0.1", port=0, t1=0.02, t2=0.16, t4=0.2),
-        rudp=FAST_RUDP,
+    config = broker_config(
+        tmp,
         # Alice's MSISDN from the operator's user record: the only source the broker
         # trusts (the SDP's a=mdeci-msisdn is the device's word, not the operator's).
         auth=AuthConfig(
@@ -73,16 +69,7 @@ async def start_broker(
         sms=sms,
         channels=channels if channels is not None else ChannelsConfig(),
     )
-    return await run_broker(
-        config,
-        sip_listen=("127.0.0.1", 0),
-        media_listen=("127.0.0.1", 0),
-        store=store,
-        log=sink,
-        clock=clock,
-        expire_interval=3600.0,
-        sms_gateway=gateway,
-    )
+    return await run_loopback_broker(config, store, clock, sink, sms_gateway=gateway)
 
 
 def sms_agent(tmp: Path, port: int, gateway: SmsGateway | None) -> Agent:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.peers import free_port, require_binary
-from tests.sms.kannel_harness import HOW, _stop, _wait_smsbox_connected, _wait_tcp
+from tests.peers import free_port
+from tests.sms.kannel_harness import Ports, _stop, start_boxes
 
 SAMPLE = Path(__file__).resolve().parents[2] / "configs" / "kannel.conf"
 ADMIN_PASSWORD = "mdeci-test"
@@ -44,22 +42,15 @@ def adapt_sample(text: str, ports: dict[str, int], workdir: Path) -> str:
 
 @contextmanager
 def running_sample_kannel(workdir: Path) -> Iterator[SampleKannel]:
-    bearerbox = require_binary("bearerbox", HOW)
-    smsbox = require_binary("smsbox", HOW)
-    tcp = socket.SOCK_STREAM
-    ports = {k: free_port(tcp) for k in ("admin", "smsbox", "fake", "sendsms", "callback")}
-    conf = workdir / "kannel.conf"
-    conf.write_text(adapt_sample(SAMPLE.read_text(), ports, workdir))
-    procs: list[subprocess.Popen[bytes]] = []
+    def choose() -> Ports:
+        names = ("admin", "smsbox", "fake", "sendsms", "callback")
+        return {k: free_port(socket.SOCK_STREAM) for k in names}
+
+    def render(ports: Ports) -> str:
+        return adapt_sample(SAMPLE.read_text(), ports, workdir)
+
+    procs, ports = start_boxes(workdir, choose, render)
     try:
-        with (workdir / "bearerbox.out").open("wb") as out:
-            procs.append(subprocess.Popen([bearerbox, str(conf)], stdout=out, stderr=out))
-        deadline = time.monotonic() + 15
-        _wait_tcp(ports["admin"], deadline)
-        with (workdir / "smsbox.out").open("wb") as out:
-            procs.append(subprocess.Popen([smsbox, str(conf)], stdout=out, stderr=out))
-        _wait_tcp(ports["sendsms"], deadline)
-        _wait_smsbox_connected(ports["admin"], deadline)
         yield SampleKannel(
             sendsms_url=f"http://127.0.0.1:{ports['sendsms']}/cgi-bin/sendsms",
             fake_port=ports["fake"],

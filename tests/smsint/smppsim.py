@@ -17,7 +17,7 @@ import smpplib.smpp
 
 from mdeci.sms.codec import Sms
 from mdeci.sms.gateway import SmsHandler
-from mdeci.sms.smpp import BINARY, UDHI, sms_from_deliver
+from mdeci.sms.smpp import BINARY, UDHI, sms_from_pdu
 
 
 class SmppSim:
@@ -75,14 +75,7 @@ class SmppSim:
                     writer.write(self._pdu("bind_transceiver_resp", sequence=seq, system_id="sim"))
                     self.bound.set()
                 elif pdu.command == "submit_sm":
-                    sms = sms_from_deliver(
-                        source_addr=pdu.source_addr,
-                        source_addr_ton=pdu.source_addr_ton,
-                        destination_addr=pdu.destination_addr,
-                        dest_addr_ton=pdu.dest_addr_ton,
-                        esm_class=pdu.esm_class,
-                        short_message=pdu.short_message,
-                    )
+                    sms = sms_from_pdu(pdu)
                     self.submitted.append(sms)
                     msg_id = str(len(self.submitted))
                     writer.write(self._pdu("submit_sm_resp", sequence=seq, message_id=msg_id))

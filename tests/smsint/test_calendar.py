@@ -1,4 +1,4 @@
-"""Issue 13: the device's calendar reaches the broker (a frame, kept in SQL) and a
+"""The device's calendar reaches the broker (a frame, kept in SQL) and a
 delay-tolerant class waits ``D = P * Dmax`` for IP before it pays for SMS.
 
 Class ``bulk`` here may use IP or SMS, cheapest first, Dmax one hour. Alice's calendar

@@ -1,4 +1,4 @@
-"""Issue 13: a subscription or a publish names its queue class; the running broker's
+"""A subscription or a publish names its queue class; the running broker's
 selector decides with that class's policy. Unknown classes are refused (400)."""
 
 from __future__ import annotations

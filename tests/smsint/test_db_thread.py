@@ -1,4 +1,4 @@
-"""Issue 12: with SMS on, the broker still runs no database statement on its event loop.
+"""With SMS on, the broker still runs no database statement on its event loop.
 
 Probe: the SMS side read the session and the queue, counted usage, read calendars and
 deleted delivered rows on the event loop, so a hung PostgreSQL stalled every SIP and

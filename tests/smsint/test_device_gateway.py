@@ -1,4 +1,4 @@
-"""Issue 13: ``mdeci agent`` opens its own SMS gateway from ``[sms]`` (no gateway object
+"""``mdeci agent`` opens its own SMS gateway from ``[sms]`` (no gateway object
 handed in), takes notifications by SMS, acknowledges them by SMS, and publishes urgent
 ones by SMS while its IP is down.
 

@@ -1,4 +1,4 @@
-"""Issue 6, criterion 3 end to end: a real broker (``run_broker``) and agents, the
+"""SMS fallback end to end: a real broker (``run_broker``) and agents, the
 simulated SMSC with the thesis' delay distribution scaled down.
 
 Alice's IP path fails (her RUDP endpoint goes deaf): the broker marks her DISCONNECTED

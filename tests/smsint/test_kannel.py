@@ -1,29 +1,34 @@
-"""Issue 6, criterion 4: the broker's SMS fallback through Kannel (bearerbox + smsbox from
+"""The broker's SMS fallback through Kannel (bearerbox + smsbox from
 a temp copy of configs/kannel.conf, fakesmsc as the phone, all on loopback).
 
 MT: an urgent notification for DISCONNECTED alice leaves the broker through sendsms,
 fakesmsc prints its segments, and alice's agent (whose SMS gateway reads fakesmsc's
 output) hands it to the application. MO: a frame fakesmsc injects reaches the broker's
-get-url callback (``sms_received``).
+get-url callback (``sms_received``). Every SMS is sealed with the user's SMS keys: a
+forged MO from alice's number is refused, logged, and changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
 from mdeci.config import HostPort, SmsGatewayKind
 from mdeci.frames import Ack, encode
+from mdeci.sms.auth import KeyRing, MemoryCounters, Role, SmsAuth
 from mdeci.sms.codec import Sms
+from mdeci.sms.config import SmsConfig
 from mdeci.sms.errors import GatewayError
-from mdeci.sms.fakesmsc import mo_argument, parse_mt_line
+from mdeci.sms.fakesmsc import parse_mt_line
 from mdeci.sms.gateway import SmsHandler
 from mdeci.sms.link import SmsLink
 from mdeci.store.repo import BrokerStore
+from mdeci.store.users import ha1
 from tests.broker.conftest import FakeClock
-from tests.sms.kannel_harness import fakesmsc_binary
+from tests.sms.kannel_harness import fakesmsc_binary, fakesmsc_phone
 from tests.smsint.harness import (
     ALICE,
     ALICE_NO,
@@ -37,6 +42,15 @@ from tests.smsint.harness import (
     start_broker,
 )
 from tests.smsint.kannel_sample import SENDSMS_PASSWORD, running_sample_kannel
+
+
+def phone_link(password: str) -> SmsLink:
+    """Alice's number with the SMS keys of ``password`` (hers is ``alice-secret``)."""
+    ring = KeyRing(Role.DEVICE)
+    ring.set(BROKER_NO, ha1("SHA-256", "alice", "localhost", password))
+    auth = SmsAuth(ring.get, MemoryCounters(), clock=time.time)
+    return SmsLink(ALICE_NO, SmsConfig(authenticated=True), auth=auth)
+
 
 pytestmark = pytest.mark.peer("kannel")
 
@@ -84,23 +98,10 @@ async def test_urgent_notification_through_kannel_and_mo_back(
         )
         broker = await start_broker(tmp_path, store, clock, sink, sms, None)
         # The phone's one MO: a small frame from alice's number to the broker's.
-        phone_link = SmsLink(ALICE_NO)
-        phone_link.send_frame(BROKER_NO, encode(Ack(upto=1)), 0.0)
-        (mo,) = phone_link.sms_to_send()
-        phone = await asyncio.create_subprocess_exec(
-            fakesmsc,
-            "-H",
-            "127.0.0.1",
-            "-r",
-            str(kannel.fake_port),
-            "-m",
-            "1",
-            "-i",
-            "0.2",
-            mo_argument(mo),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
+        link = phone_link("alice-secret")
+        link.send_frame(BROKER_NO, encode(Ack(upto=1)), 0.0)
+        (mo,) = link.sms_to_send()
+        phone = await fakesmsc_phone(fakesmsc, kannel.fake_port, mo)
         port = broker.sip_addr[1]
         alice = sms_agent(tmp_path, port, FakesmscPhone(phone))
         bob = plain_agent(tmp_path, "bob", "127.0.0.4", port)
@@ -134,3 +135,59 @@ async def test_urgent_notification_through_kannel_and_mo_back(
             if phone.returncode is None:
                 phone.terminate()  # our own child, by its PID
             await phone.wait()
+
+
+async def test_a_forged_mo_from_the_victims_number_changes_nothing_and_is_logged(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: Sink
+) -> None:
+    fakesmsc = fakesmsc_binary()
+    with running_sample_kannel(tmp_path) as kannel:
+        sms = sms_config(
+            gateway=SmsGatewayKind.KANNEL,
+            kannel_sendsms_url=kannel.sendsms_url,
+            kannel_password=SENDSMS_PASSWORD,
+            kannel_callback=HostPort("127.0.0.1", kannel.callback_port),
+            ttl=60.0,
+            ack_timeout=30.0,  # nobody acks: no resend during the test
+            ack_timeout_max=30.0,
+            first_part_ack=False,
+        )
+        broker = await start_broker(tmp_path, store, clock, sink, sms, None)
+        port = broker.sip_addr[1]
+        alice = sms_agent(tmp_path, port, None)  # her phone is off: the SMS waits
+        bob = plain_agent(tmp_path, "bob", "127.0.0.4", port)
+        phone = None
+        try:
+            await alice.start()
+            await bob.start()
+            await guard(alice.wait_connected())
+            await guard(bob.wait_connected())
+            await guard(alice.subscribe("alerts.*"))
+            Deaf(alice).on = True
+            await guard(bob.publish("alerts.fire", {"level": 3}, b"fire", urgent=True))
+            await guard(sink.wait_for("media_disconnected", ALICE))
+            sent = await guard(sink.wait_for("sms_sent", ALICE))
+            assert sent.fields["nseq"] == 1
+            assert broker.sms is not None and broker.sms.in_flight(ALICE) == (1,)
+            depth = store.queues.depth(ALICE)
+            assert depth >= 1
+            # Mallory knows alice's number and the format, not her password: a sealed
+            # "ack everything" from alice's number, through Kannel like a real MO.
+            forged_link = phone_link("mallory-guess")
+            forged_link.send_frame(BROKER_NO, encode(Ack(upto=1_000_000)), 0.0)
+            (forged,) = forged_link.sms_to_send()
+            phone = await fakesmsc_phone(fakesmsc, kannel.fake_port, forged)
+            logged = await guard(sink.wait_for("sms_received", ALICE))
+            assert logged.fields["reason"] == "refused buffer: failed authentication"
+            assert broker.sms.link.stats.unauthentic == 1
+            assert list(broker.sms.received) == []  # never reached the frame handling
+            assert store.queues.depth(ALICE) == depth
+            assert broker.sms.in_flight(ALICE) == (1,)
+        finally:
+            await alice.close()
+            await bob.close()
+            await broker.close()
+            if phone is not None:
+                if phone.returncode is None:
+                    phone.terminate()  # our own child, by its PID
+                await phone.wait()

@@ -1,4 +1,4 @@
-"""Issue 13, criterion 1, end to end with real processes: Kannel's bearerbox + smsbox
+"""SMS fallback end to end with real processes: Kannel's bearerbox + smsbox
 (+ fakesmsc from kannel-extras), ``mdeci broker`` and two ``mdeci agent`` processes
 started from config files only; alice's IP is cut under her running agent.
 
@@ -49,13 +49,7 @@ from tests.e2e.harness_a import (
     wait_status,
 )
 from tests.peers import free_port, require_binary, require_netns
-from tests.sms.kannel_harness import (
-    HOW,
-    _stop,
-    _wait_smsbox_connected,
-    _wait_tcp,
-    fakesmsc_binary,
-)
+from tests.sms.kannel_harness import HOW, Ports, _stop, fakesmsc_binary, start_boxes
 
 pytestmark = pytest.mark.peer("kannel")
 
@@ -145,28 +139,21 @@ def _wait_fake_online(admin: int, deadline: float) -> None:
 
 @contextmanager
 def running_routed_kannel(workdir: Path, modem_host: str, alice_callback: str) -> Iterator[Routed]:
-    bearerbox = require_binary("bearerbox", HOW)
-    smsbox = require_binary("smsbox", HOW)
     fakesmsc = fakesmsc_binary()
-    tcp = socket.SOCK_STREAM
-    ports = {k: free_port(tcp) for k in ("admin", "smsbox", "fake", "callback")}
-    ports["sendsms"] = free_port(tcp, modem_host)
-    conf = workdir / "kannel.conf"
-    conf.write_text(
-        routed_config(
+
+    def choose() -> Ports:
+        ports = {k: free_port(socket.SOCK_STREAM) for k in ("admin", "smsbox", "fake", "callback")}
+        ports["sendsms"] = free_port(socket.SOCK_STREAM, modem_host)
+        return ports
+
+    def render(ports: Ports) -> str:
+        return routed_config(
             ports=ports, modem_host=modem_host, alice_callback=alice_callback, workdir=workdir
         )
-    )
-    procs: list[subprocess.Popen[bytes]] = []
+
+    procs, ports = start_boxes(workdir, choose, render, sendsms_host=modem_host)
+    deadline = time.monotonic() + 15
     try:
-        with (workdir / "bearerbox.out").open("wb") as out:
-            procs.append(subprocess.Popen([bearerbox, str(conf)], stdout=out, stderr=out))
-        deadline = time.monotonic() + 15
-        _wait_tcp(ports["admin"], deadline)
-        with (workdir / "smsbox.out").open("wb") as out:
-            procs.append(subprocess.Popen([smsbox, str(conf)], stdout=out, stderr=out))
-        _wait_tcp(ports["sendsms"], deadline, modem_host)
-        _wait_smsbox_connected(ports["admin"], deadline)
         # The SMSC of every other number: interactive (no MO of its own), its log kept.
         fake_out = workdir / "fakesmsc.out"
         with fake_out.open("wb") as out:

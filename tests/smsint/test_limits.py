@@ -1,4 +1,4 @@
-"""Issue 6, criterion 6: a user's monthly SMS limit stops SMS and logs it; the urgent
+"""A user's monthly SMS limit stops SMS and logs it; the urgent
 notifications over the limit wait in the queue (and IP delivers them later)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13: L and V are measured live. RUDP loss lowers IP's V (a moving average) until
+"""L and V are measured live. RUDP loss lowers IP's V (a moving average) until
 SMS wins for an urgent notification; SMS delivery reports move SMS's figures."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13, criterion 2: the running broker's channel decisions follow the cost function.
+"""The running broker's channel decisions follow the cost function.
 
 A real broker (SIP, RUDP, SQLite) with alice CONNECTED over IP and an MSISDN in her user
 record, bob publishing. Every queued notification goes through the selector with IP and

@@ -1,6 +1,6 @@
 """A device whose SIP works while its IP downlink does not re-INVITEs while an SMS is on
-its way: the SMS is neither stopped nor paid for a second time (found by the Kannel and
-SMPP tests, where it sent 8 parts for 4 under load).
+its way: the SMS is neither stopped nor paid for a second time (stopping it and sending it
+again when IP fails anew would pay every part twice).
 
 The broker tells the SMS side that IP is back only once a datagram sent over the new
 connection was acknowledged; the re-INVITE alone proves SIP, not IP.

@@ -1,4 +1,4 @@
-"""Issue 6, criterion 5: the SMPP backend (smpplib) bound to an SMSC: the broker's urgent
+"""The SMPP backend (smpplib) bound to an SMSC: the broker's urgent
 notification goes out as ``submit_sm``, the agent's buffer ack comes back as
 ``deliver_sm`` and removes the notification from the queue."""
 

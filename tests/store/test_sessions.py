@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import Engine
 
+from mdeci.store.base import make_engine
 from mdeci.store.sessions import SessionRecord, SessionStatus, SqlSessionStore
 
 ALICE = "sip:alice@example.com"
+BOB = "sip:bob@example.com"
 
 
 def _session(uri: str = ALICE, **kw: object) -> SessionRecord:
@@ -78,3 +82,29 @@ def test_unknown_status_is_refused(engine: Engine) -> None:
     with pytest.raises(ValueError):
         store.set_status(ALICE, "ASLEEP", 1.0)  # type: ignore[arg-type]
     assert store.get_session(ALICE) == _session()
+
+
+def test_an_ended_sessions_key_leaves_the_sqlite_files_at_once(sqlite_path: Path) -> None:
+    """The key is cleared at ENDED, and no copy stays behind in the write-ahead log (nor
+    in the database file) until some later checkpoint: the broker still runs."""
+    engine = make_engine(f"sqlite:///{sqlite_path}")
+    try:
+        store = SqlSessionStore(engine)
+        key = os.urandom(32)
+        for uri, session_key in ((ALICE, key), (BOB, os.urandom(32))):
+            store.upsert_session(_session(uri, session_key=session_key))
+        wal = sqlite_path.with_name(sqlite_path.name + "-wal")
+        assert key in wal.read_bytes()
+        with engine.connect() as conn:  # an earlier checkpoint took it into the file too
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        assert key in sqlite_path.read_bytes()
+        store.set_status(ALICE, SessionStatus.DISCONNECTED, 1500.0)  # the page in the log
+        assert key in wal.read_bytes()
+        ended = store.end_session(ALICE, 2000.0)
+        assert ended is not None and ended.session_key == b""
+        for path in (sqlite_path, wal):
+            assert not path.exists() or key not in path.read_bytes(), path.name
+        bob = store.get_session(BOB)
+        assert bob is not None and bob.session_key  # a live session keeps its key
+    finally:
+        engine.dispose()

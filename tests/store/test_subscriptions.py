@@ -68,3 +68,18 @@ def test_expiry_at_the_exact_boundary(engine: Engine) -> None:
     assert subs.sweep_expired(1010.0) == []
     assert subs.sweep_expired(2000.0) == [long]
     assert subs.active_subscriptions(0.0) == []
+
+
+def test_renew_moves_a_live_subscriptions_expiry_only(engine: Engine) -> None:
+    subs = SqlSubscriptionStore(engine)
+    a = subs.add_subscription(ALICE, "stock.*", "Price < 25", 10.0, 1000.0, "bulk")
+    renewed = subs.renew_subscription(ALICE, a.sub_id, 30.0, 1008.0)
+    assert renewed == Subscription(a.sub_id, ALICE, "stock.*", "Price < 25", 1000.0, 1038.0, "bulk")
+    assert subs.list_subscriptions(ALICE, 1020.0) == [renewed]
+    assert subs.renew_subscription(BOB, a.sub_id, 30.0, 1009.0) is None  # not Bob's
+    assert subs.renew_subscription(ALICE, 9999, 30.0, 1009.0) is None
+    with pytest.raises(InvalidArgument):
+        subs.renew_subscription(ALICE, a.sub_id, 0.0, 1009.0)
+    # At its expiry it is dead, swept or not: never brought back.
+    assert subs.renew_subscription(ALICE, a.sub_id, 30.0, 1038.0) is None
+    assert subs.get_subscription(a.sub_id, 0.0) == renewed

@@ -97,7 +97,7 @@ def test_set_password_and_remove(engine: Engine) -> None:
 
 
 def test_md5_ha1_is_kept_only_on_opt_in(engine: Engine) -> None:
-    """Issue 12: MD5 was stored (and offered) by default; now SHA-256 only."""
+    """Only SHA-256 is stored (and offered) by default; MD5 only on opt-in."""
     users = SqlUserStore(engine)
     users.add_user("sip:alice@example.com", "example.com", "secret")
     assert users.get_credentials("alice", "example.com", "MD5") is None
@@ -108,7 +108,7 @@ def test_md5_ha1_is_kept_only_on_opt_in(engine: Engine) -> None:
 
 def test_a_postgresql_url_keeps_its_own_options() -> None:
     """connect_args replace the URL's query arguments: the operator's ``options`` (here a
-    search_path) must survive next to the statement timeout (it was silently dropped)."""
+    search_path) survive next to the statement timeout."""
     url = os.environ.get("MDECI_TEST_PG_URL")
     if not url:
         missing("PostgreSQL", "export MDECI_TEST_PG_URL=postgresql+psycopg://...")

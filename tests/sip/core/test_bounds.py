@@ -1,8 +1,8 @@
-"""Issue 12: numeric fields and header counts are bounded in the parser.
+"""Numeric fields and header counts are bounded in the parser.
 
-The probe: a 4,300+-digit port, rport, CSeq or Content-Length made ``int()`` raise a
-``ValueError`` out of :func:`parse_message` (a traceback per packet; over TCP it killed
-the connection). Each must now be a :class:`SipParseError` (a 400 or a drop).
+A 4,300+-digit port, rport, CSeq or Content-Length makes ``int()`` raise a
+``ValueError``; out of :func:`parse_message` that would be a traceback per packet (and
+over TCP a killed connection). Each is a :class:`SipParseError` (a 400 or a drop).
 """
 
 from __future__ import annotations

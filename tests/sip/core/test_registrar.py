@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sip.auth import DigestClient, DigestConfig, DigestServer, MemoryCredentialStore
+from sip.auth import (
+    AuthChallenge,
+    AuthOk,
+    DigestClient,
+    DigestConfig,
+    DigestServer,
+    MemoryCredentialStore,
+)
 from sip.message import NameAddr, Request, Response, parse_message
 from sip.registrar import (
     Binding,
@@ -454,6 +461,26 @@ def test_auth_wrong_password_and_malformed_credentials() -> None:
 def test_auth_query_needs_credentials_too() -> None:
     reg, _ = make_auth()
     assert reg.handle(register(), 0.0).status == 401
+
+
+def test_a_verifier_given_with_the_request_replaces_the_registrars_own() -> None:
+    reg, store = make_auth()
+    seen: list[Request] = []
+
+    class Refuse:
+        def verify(
+            self, request: Request, now: float, *, proxy: bool = False
+        ) -> AuthOk | AuthChallenge:
+            seen.append(request)
+            return AuthChallenge(headers=(), status=401, reason="locked")
+
+    client = DigestClient("alice", "secret", source(9))
+    req = register("Contact: <sip:alice@h>")
+    name, value = client.respond(reg.handle(req, 0.0), req)
+    retry = register("Contact: <sip:alice@h>", f"{name}: {value}", cseq=2)
+    assert reg.handle(retry, 0.0, auth=Refuse()).status == 401  # good credentials, refused
+    assert seen == [retry] and store.bindings(AOR, 0.0) == []
+    assert reg.handle(retry, 0.0).status == 200  # the registrar's own verifier
 
 
 # ---------------------------------------------------------------- store & helpers

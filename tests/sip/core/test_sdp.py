@@ -438,7 +438,7 @@ def test_any_text_parses_or_raises_sdp_error(text: str) -> None:
 
 
 def test_a_session_key_in_clear_is_refused() -> None:
-    """Version 1 put the RUDP key itself in SDP (issue 12); such an offer is refused."""
+    """An offer with the RUDP key itself in SDP (version 1's ``a=mdeci-key``) is refused."""
     offer = sdp(
         "v=0",
         "o=- 1 1 IN IP4 192.0.2.1",

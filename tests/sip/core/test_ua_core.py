@@ -1,12 +1,13 @@
-"""The sans-IO UAS core (sip/ua.py): the RFC 3261 answers, without sockets (issue 10)."""
+"""The sans-IO UAS core (sip/ua.py): the RFC 3261 answers, without sockets."""
 
 from __future__ import annotations
 
 import pytest
 
-from sip.dialog import Dialog
+from sip.dialog import Dialog, TwoXxRetransmitter
 from sip.errors import SipParseError
-from sip.message import Request, parse_message
+from sip.message import Request, make_response, parse_message, serialize
+from sip.transaction import TimerConfig
 from sip.ua import (
     Answer,
     Cancelled,
@@ -14,6 +15,7 @@ from sip.ua import (
     Reply,
     UaConfig,
     UasCore,
+    answer_address,
     check_request,
     malformed_response,
     stateless_response,
@@ -202,11 +204,11 @@ def test_cseq_method_mismatch_gets_400() -> None:
     assert problem is not None and problem[0] == 400
 
 
-# ------------------------------------------------------------------ guard (issue 12)
+# ------------------------------------------------------------------ guard
 
 
 def test_guard_refusal_changes_nothing_in_the_dialog() -> None:
-    core = UasCore(EXTERNAL, guard=lambda msg, dialog: Reply(401))
+    core = UasCore(EXTERNAL, guard=lambda msg, dialog, source: Reply(401))
     dialog = confirmed(core)
     before = (dialog.remote_seq, dialog.remote_target, dialog.state)
     for method in ("BYE", "INVITE"):
@@ -234,3 +236,111 @@ def test_require_with_an_unknown_extension_gets_420() -> None:
     decision = UasCore(BROKER).decide(request("INVITE", extra="Require: 100rel\r\n"))
     assert isinstance(decision, Answer) and decision.reply.status == 420
     assert dict(decision.reply.headers)["Unsupported"] == "100rel"
+
+
+# ------------------------------------------------------------------ before a transaction
+
+
+def test_screen_lets_a_good_request_in() -> None:
+    core = UasCore(BROKER)
+    assert core.screen(request("OPTIONS"), "udp", lambda: "t1") is None
+
+
+def test_screen_refuses_a_bad_request_with_400_and_counts_it() -> None:
+    core = UasCore(BROKER)
+    msg = request("OPTIONS")
+    msg.headers.set("CSeq", "1 INVITE")
+    refusal = core.screen(msg, "udp", lambda: "t1")
+    assert refusal is not None and refusal.response is not None
+    assert refusal.response.status == 400
+    assert refusal.response.to.tag == "t1"
+    assert core.stats.answered_400 == 1
+
+
+def test_screen_caps_a_busy_source_with_503_and_retry_after() -> None:
+    core = UasCore(UaConfig(aor="sip:broker@example.org", max_open_per_source=2))
+    msg = request("OPTIONS")
+    assert core.screen(msg, "udp", lambda: "t", busy=1) is None
+    refusal = core.screen(msg, "udp", lambda: "t", busy=2)
+    assert refusal is not None and refusal.response is not None
+    assert refusal.response.status == 503
+    assert refusal.response.headers.get("Retry-After") == "5"
+    assert core.stats.over_cap == 1
+    # A retransmission of a request already held still reaches its transaction.
+    assert core.screen(msg, "udp", lambda: "t", busy=2, retransmission=lambda _: True) is None
+
+
+def test_malformed_request_gets_400_and_is_counted() -> None:
+    core = UasCore(BROKER)
+    data = serialize(request("OPTIONS")).replace(b"CSeq: 1 OPTIONS", b"CSeq: x OPTIONS")
+    with pytest.raises(SipParseError) as caught:
+        parse_message(data)
+    response = core.malformed(caught.value, "t1")
+    assert response is not None and response.status == 400
+    assert core.stats.answered_400 == 1
+
+
+# ------------------------------------------------------------------ answering INVITE
+
+
+def test_answer_goes_to_the_source_with_rport_or_over_a_stream() -> None:
+    msg = request("INVITE")
+    response = make_response(msg, 200)
+    assert answer_address(response, ("198.51.100.1", 4000), "udp") == ("192.0.2.7", 5060)
+    assert answer_address(response, ("198.51.100.1", 4000), "tcp") == ("198.51.100.1", 4000)
+    msg.headers.set("Via", "SIP/2.0/UDP 192.0.2.7:5060;branch=z9hG4bK-1;rport=4000")
+    rport = make_response(msg, 200)
+    assert answer_address(rport, ("198.51.100.1", 4000), "udp") == ("198.51.100.1", 4000)
+
+
+def test_new_dialog_is_held_and_an_unusable_invite_gets_400() -> None:
+    core = UasCore(BROKER)
+    made = core.new_dialog(request("INVITE"), "b1")
+    assert isinstance(made, Dialog) and core.dialogs[made.id] is made
+    broken = request("INVITE")
+    broken.headers.remove("Contact")
+    refused = core.new_dialog(broken, "b2")
+    assert isinstance(refused, Reply) and refused.status == 400
+
+
+def test_accepted_invite_over_a_stream_records_the_flow() -> None:
+    core = UasCore(BROKER)
+    made = core.new_dialog(request("INVITE"), "b1")
+    assert isinstance(made, Dialog)
+    response = make_response(request("INVITE"), 200, to_tag="b1")
+    assert core.accepted(made, response, ("198.51.100.1", 4000), "tcp") is None
+    record = core.dialogs.record(made.id)
+    assert record is not None and record.flow == ("tcp", ("198.51.100.1", 4000))
+    assert core.accepted(made, response, ("198.51.100.1", 4000), "udp") == ("192.0.2.7", 5060)
+    assert record.flow is None
+
+
+def test_ack_stops_the_2xx_retransmission_and_confirms_once() -> None:
+    core = UasCore(BROKER)
+    made = core.new_dialog(request("INVITE"), "b1")
+    assert isinstance(made, Dialog)
+    record = core.dialogs.record(made.id)
+    assert record is not None
+    resent: list[bytes] = []
+    retransmitter = TwoXxRetransmitter(
+        b"2xx", 0.0, TimerConfig(), on_resend=resent.append, on_give_up=lambda: None
+    )
+    core.dialogs.retransmit(made.id, retransmitter)
+    assert core.dialogs.retransmitting() == [retransmitter]
+    ack = request("ACK", to_tag="b1")
+    assert core.acked(ack) is made
+    assert retransmitter.get_timer() is None  # stopped
+    assert core.dialogs.retransmitting() == []
+    retransmitter.handle_timer(10.0)
+    assert resent == []
+    assert core.acked(ack) is None  # a repeated ACK confirms nothing more
+
+
+def test_respond_uses_the_via_transport_for_the_contact() -> None:
+    core = UasCore(BROKER)
+    msg = request("INVITE")
+    msg.headers.set("Via", "SIP/2.0/TCP 192.0.2.7:5060;branch=z9hG4bK-1")
+    response = core.respond(msg, Reply(200), tag="b1", contact=lambda t: f"<sip:b@h;t={t}>")
+    assert response is not None
+    assert response.headers.get("Contact") == "<sip:b@h;t=tcp>"
+    assert response.to.tag == "b1"

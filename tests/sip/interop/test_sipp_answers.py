@@ -1,4 +1,4 @@
-"""sipp against our UAS (`python -m sip uas`): the RFC 3261 answers of issue 10 —
+"""sipp against our UAS (`python -m sip uas`): the RFC 3261 answers of the UAS core:
 OPTIONS with an honest Allow, 501 for an unknown method, 405 + Allow for a known one we
 do not serve, and CANCEL of a pending INVITE (200, then 487)."""
 

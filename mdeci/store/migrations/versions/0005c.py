@@ -1,5 +1,5 @@
 """device_calendars (each device's weekly channel calendar); the queue class of a
-subscription and of a queued notification (issue 13)
+subscription and of a queued notification
 
 Revision ID: 0005c
 Revises: "0004"

@@ -1,4 +1,7 @@
-"""Issue 11's findings, one test each (each fails on the agent before the rebuild)."""
+"""The running agent (real broker, sockets, processes) when something goes wrong: a second
+agent on the same state_dir, a broker that died unnoticed, a wrong password, an agent
+started before its broker, a duplicate AOR, a replaced broker store, SIGTERM with a
+``tail`` attached; and what ``status`` says meanwhile."""
 
 from __future__ import annotations
 

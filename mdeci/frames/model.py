@@ -1,31 +1,18 @@
-"""Application frames over RUDP (docs/protocol.md §5): one CBOR map per message, ``op`` first.
+"""The application frames over RUDP (docs/protocol.md §5) as typed values.
 
-Theory of operation
--------------------
 Each op is a frozen, slotted dataclass validated on construction (types and ranges), so a
-frame object that exists is a well-formed frame. :func:`encode` writes the map with ``op``
-first and every other field under its own name; a field that has a default and holds it
-is left out (so ``sub`` with no filter and no TTL is just ``{op, req, subject}``).
-:func:`decode` is the single inbound boundary, as h11's reader is: it returns a frame or
-raises :class:`~mdeci.errors.FrameError`, never anything else, whatever the bytes. Keys it
-does not know are ignored, so later versions may add fields. Byte layout and codes:
-``docs/frames.md``.
-
-CBOR tags are refused: cbor2 would otherwise build datetimes, big integers, sets and even
-compiled regular expressions from a peer's bytes.
+frame object that exists is a well-formed frame. Their bytes are
+:mod:`mdeci.frames.codec`'s; byte layout and codes: ``docs/frames.md``.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
-
-import cbor2
 
 from mdeci.errors import FrameError, SubjectError
 from mdeci.filters import MAX_FILTER_LENGTH, validate_pattern, validate_subject
@@ -110,7 +97,7 @@ _NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
 def _attrs(frame: object, op: str, name: str = "attrs") -> None:
     value = getattr(frame, name)
     if not value and type(value) in (dict, MappingProxyType):
-        # The common case, without the ABC check and the copy (issue 14: a Pub's checks
+        # The common case, without the ABC check and the copy (a Pub's checks
         # cost as much as the broker's handling of it).
         object.__setattr__(frame, name, _NO_ATTRS)
         return
@@ -180,7 +167,7 @@ class Sub:
     subject: str
     filter: str = ""
     ttl: int | None = None
-    qclass: str = ""  # queue class of its notifications (issue 13); "": the broker's default
+    qclass: str = ""  # queue class of its notifications; "": the broker's default
 
     def __post_init__(self) -> None:
         _req(self.op, self.req)
@@ -195,18 +182,23 @@ class Sub:
 class SubOk:
     """Broker to agent: the subscription of request ``req`` is ``sub_id`` until ``expires_at``.
 
-    ``expires_at`` is UTC epoch seconds (float).
+    ``expires_at`` is UTC epoch seconds (float); ``ttl`` (``sub`` and ``renew`` answers)
+    is the lifetime granted, in seconds from the answer, which an agent whose clock is
+    not the broker's can time its renewal on.
     """
 
     op: ClassVar[str] = "sub-ok"
     req: int
     sub_id: str
     expires_at: float
+    ttl: float | None = None
 
     def __post_init__(self) -> None:
         _req(self.op, self.req)
         _id(self.op, "sub_id", self.sub_id)
         _time(self, self.op, "expires_at")
+        if self.ttl is not None:
+            _time(self, self.op, "ttl")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +212,27 @@ class Unsub:
     def __post_init__(self) -> None:
         _req(self.op, self.req)
         _id(self.op, "sub_id", self.sub_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Renew:
+    """Agent to broker: extend live subscription ``sub_id`` to ``ttl`` seconds from now
+    (``None``: the broker's default TTL), keeping its id, subject, filter and class.
+
+    Answered by ``sub-ok`` with the new ``expires_at``, or ``error`` 404 when the
+    subscription no longer lives (expired, swept, cancelled, another user's).
+    """
+
+    op: ClassVar[str] = "renew"
+    req: int
+    sub_id: str
+    ttl: int | None = None
+
+    def __post_init__(self) -> None:
+        _req(self.op, self.req)
+        _id(self.op, "sub_id", self.sub_id)
+        if self.ttl is not None:
+            _int(self.op, "ttl", self.ttl, 1, UINT63)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -278,7 +291,7 @@ class Pub:
     attrs: Mapping[str, AttrValue] = field(default_factory=dict)
     payload: bytes = b""
     urgent: bool = False
-    qclass: str = ""  # queue class (issue 13); "": the subscription's, else by ``urgent``
+    qclass: str = ""  # queue class; "": the subscription's, else by ``urgent``
 
     def __post_init__(self) -> None:
         _req(self.op, self.req)
@@ -368,7 +381,7 @@ class Error:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LimitReached:
-    """Broker to agent: a usage limit stops ``channel`` for this user (issue 13).
+    """Broker to agent: a usage limit stops ``channel`` for this user.
 
     ``limit`` describes it (period, scope, bounds), ``qclass`` is the class of the
     notification it stopped, ``until`` (UTC epoch seconds) when its period ends. The
@@ -419,7 +432,7 @@ class CalendarRule:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Calendar:
-    """Agent to broker: the device's weekly calendar of channel availability (issue 13),
+    """Agent to broker: the device's weekly calendar of channel availability,
     replacing any earlier one; ``utc_offset_minutes`` east of UTC. Answered by
     ``calendar-ok``. The broker waits for a better channel only as long as this says
     it is likely to come (docs/channels.md "Delay tolerance")."""
@@ -459,6 +472,7 @@ Frame = (
     Sub
     | SubOk
     | Unsub
+    | Renew
     | List
     | Subs
     | Pub
@@ -478,6 +492,7 @@ FRAME_TYPES: Mapping[str, type[Frame]] = MappingProxyType(
             Sub,
             SubOk,
             Unsub,
+            Renew,
             List,
             Subs,
             Pub,
@@ -491,171 +506,3 @@ FRAME_TYPES: Mapping[str, type[Frame]] = MappingProxyType(
         )
     }
 )
-
-
-# ---------------------------------------------------------------------------------------
-# Encoding and decoding
-# ---------------------------------------------------------------------------------------
-
-
-# Per frame class: (field name, has a default, the default or its factory, is a factory),
-# in field order. Read once per class: ``fields()`` per encoded frame was a third of
-# ``encode`` (issue 14: an agent encodes a frame per publish and per ack).
-_Plan = tuple[tuple[str, bool, Any, bool], ...]
-_PLANS: dict[type, _Plan] = {}
-
-
-def _plan(cls: type) -> _Plan:
-    plan = _PLANS.get(cls)
-    if plan is None:
-        plan = _PLANS[cls] = tuple(
-            (
-                f.name,
-                f.default is not f.default_factory,  # both MISSING when required
-                f.default_factory if callable(f.default_factory) else f.default,
-                callable(f.default_factory),
-            )
-            for f in fields(cls)
-        )
-    return plan
-
-
-def _to_map(obj: object) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, has_default, default, factory in _plan(type(obj)):
-        value = getattr(obj, name)
-        if has_default and value == (default() if factory else default):
-            continue  # defaults are implied on decode; keeps frames small (SMS is 140 B)
-        if isinstance(value, MappingProxyType):
-            value = dict(value)
-        elif isinstance(value, tuple):
-            value = [_to_map(v) for v in value]
-        out[name] = value
-    return out
-
-
-def encode(frame: Frame) -> bytes:
-    """Encode a frame as one CBOR map, key ``op`` first.
-
-    Raises :class:`FrameError` (code 413) if the result exceeds :data:`MAX_FRAME_BYTES`.
-    """
-    data = cbor2.dumps({"op": frame.op, **_to_map(frame)})
-    if len(data) > MAX_FRAME_BYTES:
-        raise FrameError(
-            f"{frame.op}: frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}",
-            code=TOO_LARGE,
-            req=getattr(frame, "req", None),
-        )
-    return data
-
-
-def _refuse_tag(*_args: object) -> object:
-    raise FrameError("CBOR tags are not allowed in frames")
-
-
-class _EveryTag(Mapping[int, Any]):
-    """A semantic-decoder table that answers every tag number with :func:`_refuse_tag`.
-
-    cbor2 looks a tag up here before its own decoders, so no tag ever turns into an
-    object. (A dict of the 65,536 numbers below which cbor2's own tags live did the same
-    for 4.8 MB of every process's memory.)
-    """
-
-    def __getitem__(self, tag: int) -> Any:
-        return _refuse_tag
-
-    def __len__(self) -> int:
-        return 0
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(())
-
-
-_NO_TAGS = _EveryTag()
-
-
-def _from_map(cls: type[Any], m: Mapping[str, Any], op: str) -> Any:
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name in m:
-            value = m[f.name]
-            if f.name == "items":
-                if not isinstance(value, list):
-                    raise FrameError(f"{op}: items must be a list, not {_name(value)}")
-                value = tuple(_item(v, op) for v in value)
-            elif cls is Calendar and f.name == "rules":
-                if not isinstance(value, list):
-                    raise FrameError(f"{op}: rules must be a list, not {_name(value)}")
-                if len(value) > MAX_CALENDAR_RULES:
-                    raise FrameError(f"{op}: at most {MAX_CALENDAR_RULES} rules")
-                value = tuple(_rule(v, op) for v in value)
-            kwargs[f.name] = value
-        elif f.default is f.default_factory:  # both MISSING: a required field
-            raise FrameError(f"{op}: missing field '{f.name}'")
-    return cls(**kwargs)
-
-
-def _rule(value: object, op: str) -> CalendarRule:
-    if not isinstance(value, dict):
-        raise FrameError(f"{op}: each rule must be a map, not {_name(value)}")
-    rule: CalendarRule = _from_map(CalendarRule, value, op)
-    return rule
-
-
-def _item(value: object, op: str) -> SubInfo:
-    if not isinstance(value, dict):
-        raise FrameError(f"{op}: each item must be a map, not {_name(value)}")
-    item: SubInfo = _from_map(SubInfo, value, op)
-    return item
-
-
-def decode(data: bytes) -> Frame:
-    """Decode one frame; unknown keys are ignored (forward compatibility).
-
-    Raises :class:`FrameError` and nothing else for any other input: 413 when ``data``
-    is longer than :data:`MAX_FRAME_BYTES`, 400 for bad CBOR, trailing bytes, a non-map,
-    an unknown ``op``, a missing field, a wrong type or a value out of range. The error's
-    ``req`` is set when the map had a valid request id, so the answer can name it.
-    """
-    if len(data) > MAX_FRAME_BYTES:
-        raise FrameError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}", code=TOO_LARGE)
-    buf = io.BytesIO(data)
-    try:
-        obj = cbor2.CBORDecoder(
-            buf,
-            tag_hook=_refuse_tag,
-            semantic_decoders=_NO_TAGS,
-            max_depth=MAX_DEPTH,
-            allow_duplicate_keys=False,
-            strict_hashable_types=True,
-        ).decode()
-    except FrameError:
-        raise
-    except Exception as exc:
-        # cbor2 raises several types (CBORDecodeError, ValueError, UnicodeDecodeError...);
-        # the boundary turns every one of them into the protocol error.
-        cause = exc.__cause__ if isinstance(exc.__cause__, FrameError) else None
-        text = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise cause or FrameError(f"bad CBOR: {text}") from None
-    if buf.tell() != len(data):
-        raise FrameError(f"{len(data) - buf.tell()} bytes after the CBOR map")
-    if not isinstance(obj, dict):
-        raise FrameError(f"a frame is a CBOR map, not {_name(obj)}")
-    if any(not isinstance(k, str) for k in obj):
-        raise FrameError("frame keys must be text")
-    req = obj.get("req")
-    valid_req = req if isinstance(req, int) and not isinstance(req, bool) else None
-    if valid_req is not None and not 0 <= valid_req <= UINT63:
-        valid_req = None
-    op = obj.get("op")
-    if not isinstance(op, str):
-        raise FrameError("missing or non-text 'op'", req=valid_req)
-    cls = FRAME_TYPES.get(op)
-    if cls is None:
-        raise FrameError(f"unknown op {op[:32]!r}", req=valid_req)
-    try:
-        frame: Frame = _from_map(cls, obj, op)
-    except FrameError as exc:
-        exc.req = valid_req
-        raise
-    return frame

@@ -1,0 +1,119 @@
+"""The agent's RUDP link to the broker: one peer, frames out, bursts of messages in.
+
+:class:`MediaLink` is glue (it runs on the event loop): :meth:`MediaLink.attach` points
+the peer at the broker's media address under the session's key (a new key: a new peer),
+:meth:`MediaLink.send` sends a frame without a task, and the messages RUDP reads in one
+loop turn are handed to ``on_burst`` together once the turn's reading is done, so that
+the core records a burst's notifications with one ``fsync`` (docs/agent.md). A peer
+RUDP gives up on is reported to ``on_lost`` with the reason, and a new incarnation of the
+broker speaking under the key of a peer given up on, to ``on_restarted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from rudp.aio import RudpEndpoint, RudpPeer
+from rudp.errors import PeerUnreachable
+
+Address = tuple[str, int]
+
+
+class MediaLink:
+    """The broker's peer on ``endpoint``; nothing is reported once :attr:`closed`."""
+
+    def __init__(
+        self,
+        endpoint: RudpEndpoint,
+        on_burst: Callable[[list[bytes]], None],
+        on_lost: Callable[[str], None],
+        on_restarted: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._on_burst = on_burst
+        self._on_lost = on_lost
+        self._on_restarted = on_restarted
+        self.closed = False
+        self._peer: RudpPeer | None = None
+        self._peer_key: bytes | None = None
+        self._burst: list[bytes] = []  # messages read in this loop turn
+        self._burst_soon = False
+
+    def send(self, data: bytes) -> None:
+        # No task per frame (a task and its steps cost the device more than the frame's
+        # encoding): the acknowledgement's future reports a failure.
+        peer = self._peer
+        if peer is None:
+            return
+        try:
+            future = peer.send_nowait(data)
+        except PeerUnreachable as exc:
+            # Not from inside the glue's loop over the core's commands: next iteration.
+            asyncio.get_running_loop().call_soon(self._send_failed, peer, exc)
+            return
+        future.add_done_callback(lambda done: self._sent(peer, done))
+
+    def _sent(self, peer: RudpPeer, future: asyncio.Future[None]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()  # retrieved even when closing: asyncio would log it
+        if isinstance(exc, PeerUnreachable):
+            self._send_failed(peer, exc)
+
+    def _send_failed(self, peer: RudpPeer, exc: PeerUnreachable) -> None:
+        # Closing fails what is still pending: that is no lost peer.
+        if not self.closed:
+            self._peer_lost(peer, exc)
+
+    def _peer_lost(self, peer: RudpPeer, exc: PeerUnreachable) -> None:
+        if peer is not self._peer:
+            return
+        reason = f"rudp: {exc.reason}"
+        if exc.reason.startswith("0 messages"):
+            reason = "rudp: the broker stopped answering keepalives"
+        self._on_lost(reason)
+
+    def attach(self, key: bytes, addr: Address, *, fresh: bool = False) -> None:
+        """Point the broker's peer keyed by ``key`` at ``addr`` (``fresh``: a new peer
+        even for the same key)."""
+        if self._peer is None or self._peer_key != key or fresh:
+            self.stop_reader()
+            if self._peer_key is not None:
+                self.endpoint.remove_peer(self._peer_key)
+            peer = self.endpoint.peer(key, addr)
+            self._peer, self._peer_key = peer, key
+            peer.on_disconnected = lambda exc: self._peer_lost(peer, exc)
+            peer.on_message = lambda data: self._on_message(peer, data)
+            peer.on_restarted = lambda: self._restarted(peer)
+        peer = self._peer
+        peer.set_address(addr)
+        if not peer.connected:
+            peer.reset()
+
+    def _restarted(self, peer: RudpPeer) -> None:
+        if peer is self._peer and not self.closed:
+            self._on_restarted()
+
+    def stop_reader(self) -> None:
+        """Read nothing more from the current peer (and drop what was read)."""
+        if self._peer is not None:
+            self._peer.on_message = None
+        self._burst.clear()
+
+    def _on_message(self, peer: RudpPeer, data: bytes) -> None:
+        # Called by RUDP for each message as it reads a datagram: collected, and handed
+        # over as one burst once the loop turn's reading is done.
+        if peer is not self._peer:
+            return
+        self._burst.append(data)
+        if not self._burst_soon:
+            self._burst_soon = True
+            asyncio.get_running_loop().call_soon(self._take_burst)
+
+    def _take_burst(self) -> None:
+        self._burst_soon = False
+        burst, self._burst = self._burst, []
+        if not burst or self.closed:
+            return
+        self._on_burst(burst)

@@ -1,0 +1,595 @@
+"""The broker core's delivery: each connected user's window of notifications in flight.
+
+Theory of operation
+-------------------
+Delivery is pulled: for a CONNECTED user, :meth:`Delivery.take_batches` gives the next
+encoded ``notify`` frames, in ``nseq`` order, at most ``window`` of them unacked at a
+time. ``ack`` frees the window at once, but reaches the store later: acks are
+cumulative, so the core keeps only each user's highest and deletes up to it once, when
+the user's delivery next wakes (:meth:`Delivery.take_batches`), on (dis)connection, or
+on :meth:`Delivery.flush_acks`. An agent acks every notify, and one store transaction
+per ack dominates delivery; an ack not yet applied when the broker dies only makes it
+send those notifications again, which the agent drops by nseq (acks are never fsync'd).
+:meth:`Delivery.mark_connected` opens the window from the lowest queued (un-acked)
+``nseq``; :meth:`Delivery.mark_disconnected` closes it. Whether a user is CONNECTED is
+the Session Manager's (mdeci/broker/sessions.py): the service opens and closes the
+window as it says.
+
+A connected user's queue need not be read back: the rows this core's publishes just
+wrote for it are handed on from memory while its link knows that nothing else waits
+(``_Link.known``; anything that may change the queue behind it makes the next take read
+the store, as does an SMS side, which removes rows: :meth:`Delivery.forget_rows`).
+
+Sans-IO: the core holds no store, thread or socket. An entry point that needs the
+store is a generator (:data:`Step`): it yields each store operation as a typed
+:class:`StoreCommand` and is resumed with its result, or with the
+:class:`~mdeci.errors.StoreError` it raised thrown in, and returns its answer.
+:class:`~mdeci.broker.glue.Broker` carries the commands out on the database thread,
+all of one call in that call (a batch of frames is one hand-off, as before); tests
+drive the generators with scripted results. Who may make progress (``Wake``) is
+collected in :attr:`Delivery.events` for the glue to hand to its
+:class:`QueueListener`.
+
+:class:`~mdeci.broker.core.BrokerCore` is a :class:`Delivery`: it adds the frames
+(subscriptions, publishes) that fill the queues this class drains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Collection, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
+
+from mdeci.broker.config import BrokerCoreConfig
+from mdeci.broker.sink import ChurnSink, NullSink, Row, emit_rows
+from mdeci.errors import FrameError, StoreError
+from mdeci.frames import NotifyEncoder, notify_bytes
+from mdeci.store.queue_rows import DeliveryRow, PublishResult, StoredRow, as_delivery
+
+R = TypeVar("R")
+
+# The fields of the churn rows of a delivered notification (sink.emit_rows).
+_DELIVERED_KEYS = ("nseq", "latency_ms")
+# Rows a connected user's link remembers ahead of its window at most (_Link.ahead); a
+# user further behind is served from the store.
+AHEAD_LIMIT = 64
+
+
+class StoreCommand(Generic[R]):
+    """A store operation a core asks the glue to carry out; ``R`` is its result."""
+
+    __slots__ = ()
+
+
+#: An entry point of the core: yields store commands, is sent each one's result (or
+#: thrown its StoreError), returns the answer.
+Step = Generator[StoreCommand[Any], Any, R]
+
+
+def call(command: StoreCommand[R]) -> Step[R]:
+    """``command``'s result, from whoever drives the step (``yield from call(...)``)."""
+    result: R = yield command
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class AckMany(StoreCommand[list[int]]):
+    """Apply each ``(uri, upto)`` of ``held`` in one transaction."""
+
+    held: Sequence[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMany(StoreCommand[list[list[DeliveryRow]]]):
+    """Read each ``(uri, after_nseq, limit)`` of ``reads``'s queued rows."""
+
+    reads: Sequence[tuple[str, int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class MissedMany(StoreCommand[dict[str, int]]):
+    """Those of ``uris`` with overflow drops not yet taken, and how many (a read)."""
+
+    uris: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class TakeMissed(StoreCommand[int]):
+    """Take (and reset) ``uri``'s count of overflow drops."""
+
+    uri: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckHeld(StoreCommand[frozenset[str]]):
+    """Those of ``uris`` this broker no longer holds (another broker took them over):
+    asked, when :attr:`Delivery.fenced`, before rows handed on from memory are sent (the
+    glue reads the store's rows fenced already)."""
+
+    uris: tuple[str, ...]
+
+
+class Wake(NamedTuple):
+    """``uri``'s delivery may make progress: something was ``queued`` for it, or it
+    ``acked`` (a named tuple: one per woken user of a fan-out)."""
+
+    kind: Literal["queued", "acked"]
+    uri: str
+
+
+class QueueListener(Protocol):
+    """Told when a user's delivery may make progress (the service wakes its task)."""
+
+    def queued(self, uri: str) -> None:
+        """New notifications were queued for ``uri``."""
+
+    def acked(self, uri: str) -> None:
+        """``uri`` acknowledged notifications: its window has room again."""
+
+
+class OutgoingNotify(NamedTuple):
+    """An encoded ``notify`` frame ready to send, with its ``nseq`` (a named tuple: one
+    per notification, built cheaper than a frozen dataclass)."""
+
+    nseq: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class _Link:
+    """Delivery state of one user for the current connection (reset on each connect)."""
+
+    open: bool  # the window is open: the Session Manager says CONNECTED
+    addr: str | None
+    # nseq -> published_at of notifications sent on this connection and not yet acked.
+    inflight: dict[int, float]
+    # nseq -> size of the frame of each of ``inflight``, and their sum (window_bytes);
+    # None while nothing was sent (no dict per idle session).
+    sizes: dict[int, int] | None = None
+    inflight_bytes: int = 0
+    sent_upto: int = 0
+    # The last read filled the window's room: more may wait in the store (see take_batch).
+    backlog: bool = False
+    # True while this core knows every row of the user's queue after ``sent_upto``: they
+    # are ``ahead`` (None: there are none), queued by this core's publishes since a read
+    # of the store found no more. take_batches then serves the user without reading the
+    # store (a fan-out read back each recipient's rows it had just written, and
+    # read every acking user's empty queue again). Anything else that may change the
+    # queue (an overflow drop, a disconnection, a sweep, a side that removes rows)
+    # clears it, and the next read of the store sets it again.
+    known: bool = False
+    ahead: list[DeliveryRow] | None = None
+    ahead_bytes: int = 0  # their payloads' and attrs' bytes (bounded: see _remember)
+
+    def forget(self) -> None:
+        """The queue after ``sent_upto`` is no longer known: the next take reads it."""
+        self.known = False
+        self.ahead = None
+        self.ahead_bytes = 0
+
+    # The same for notifications sent on earlier connections: their ack may come after a
+    # reconnection, before they are sent again (then never), and is logged all the same.
+    earlier: dict[int, float] = field(default_factory=dict)
+
+
+class Delivery:
+    """Each user's delivery window over the store's queues; see the module docstring.
+
+    ``clock`` gives UTC epoch seconds (latencies). Not thread-safe, and needs no lock:
+    one thread at a time drives it (the glue's).
+    """
+
+    def __init__(
+        self,
+        config: BrokerCoreConfig,
+        clock: Callable[[], float],
+        log: ChurnSink | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.log: ChurnSink = log if log is not None else NullSink()
+        #: Users whose delivery may progress, in order, since the glue last took them.
+        self.events: list[Wake] = []
+        self._links: dict[str, _Link] = {}
+        # Users whose queue may have overflow drops not yet reported in a notify's missed.
+        self._missed_pending: set[str] = set()
+        # missed counts already taken from the store, by user and nseq, kept until acked
+        # so that a notify re-sent after a reconnection still carries its count.
+        self._missed_at: dict[str, dict[int, int]] = {}
+        # The highest ack of each user not yet applied to the store (see the docstring).
+        self._acks: dict[str, int] = {}
+        # Users whose held ack is applied at the end of the current batch (see _ack).
+        self._acks_due: set[str] = set()
+        # Users who acked in the current batch, in order: each is woken once (a Wake).
+        self._acked: dict[str, None] = {}
+        # Whether a connected user may be served the rows this core queued for it from
+        # memory (_Link.ahead); False once something else may remove queued rows.
+        self._remember_rows = True
+        #: Whether what is about to be sent is checked with CheckHeld first (several
+        #: brokers on one database: the glue's fence, mdeci/broker/fencing.py).
+        self.fenced = False
+
+    def _remember(self, written: Sequence[StoredRow], results: Sequence[PublishResult]) -> None:
+        """Append the rows a publish call wrote to their connected users' ``ahead``
+        (see _Link.known), in nseq order; a user whose rows do not follow on from what
+        its link knows, or with an overflow drop in this call, is forgotten instead (its
+        next take reads the store). Bounded per user by AHEAD_LIMIT rows, and by
+        ``window_bytes`` for these rows' payloads and attrs with the frames in flight."""
+        links = self._links
+        dropped = {d.uri for result in results for d in result.dropped}
+        for uri in dropped:
+            link = links.get(uri)
+            if link is not None:
+                link.forget()
+        if not self._remember_rows:
+            return  # no link is known (take_batches): every take reads the store
+        limit = self.config.window_bytes
+        for row in written:  # StoredRow: uri, nseq, sub_id, ..., attrs_cbor, payload, ...
+            link = links.get(row[0])
+            if link is None or not link.known:
+                continue
+            ahead = link.ahead
+            size = link.ahead_bytes + len(row[6]) + len(row[7])
+            nseq = row[1]
+            # What the link holds, sent and ahead, stays within window_bytes: the bound
+            # operators read for a user that does not ack (not twice it).
+            room = link.inflight_bytes + size <= limit
+            if ahead is None:
+                if nseq == link.sent_upto + 1 and room:
+                    link.ahead = [as_delivery(row)]
+                    link.ahead_bytes = size
+                    continue
+            elif nseq == ahead[-1][0] + 1 and len(ahead) < AHEAD_LIMIT and room:
+                ahead.append(as_delivery(row))
+                link.ahead_bytes = size
+                continue
+            link.forget()
+
+    def queued_elsewhere(self, uri: str) -> None:
+        """Another broker queued rows for ``uri``: its next take reads the store, and it
+        is woken (a wake-up missed is repaired by the sweep, which forgets every link's
+        rows: BrokerCore.sweep)."""
+        link = self._links.get(uri)
+        if link is not None:
+            link.forget()
+        self.events.append(Wake("queued", uri))
+
+    def forget_rows(self) -> None:
+        """From now on every delivery reads the store: something besides this core may
+        remove queued rows (the SMS side, once a notification went by SMS), so the rows
+        a publish queued cannot be handed on from memory (see _Link.known)."""
+        self._remember_rows = False
+        for link in self._links.values():
+            link.forget()
+
+    def _ack(self, uri: str, upto: int) -> None:
+        if upto > self._acks.get(uri, 0):
+            self._acks[uri] = upto
+        link = self._links.get(uri)
+        if link is not None:
+            if upto > link.sent_upto:
+                link.forget()  # acked what was not sent: its rows ahead may be gone
+            now = self.clock()
+            if link.earlier:
+                acked = sorted(n for n in {*link.inflight, *link.earlier} if n <= upto)
+            else:
+                # The common case, without a set and a sort per ack: ``inflight`` gets
+                # its nseqs in increasing order (take_batches), so those acked lead it.
+                acked = []
+                for n in link.inflight:
+                    if n > upto:
+                        break
+                    acked.append(n)
+            delivered: list[Row] = []  # one batch for the sink
+            sizes = link.sizes or {}
+            inflight = link.inflight
+            freed = 0
+            if link.earlier:
+                for nseq in acked:
+                    published_at = link.earlier.pop(nseq, 0.0)
+                    published_at = inflight.pop(nseq, published_at)
+                    freed += sizes.pop(nseq, 0)
+                    delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
+            else:  # the same without a lookup in the empty ``earlier`` per notification
+                for nseq in acked:
+                    latency = (now - inflight.pop(nseq)) * 1000.0
+                    freed += sizes.pop(nseq, 0)
+                    delivered.append((uri, nseq, latency if latency > 0.0 else 0.0))
+            link.inflight_bytes -= freed
+            emit_rows(self.log, "notify_delivered", _DELIVERED_KEYS, delivered)
+            link.sent_upto = max(link.sent_upto, upto)
+            if not link.inflight and link.sizes is not None:
+                # Idle again: an emptied dict keeps its table (up to a window's entries);
+                # clear() frees it (memory per session).
+                link.inflight.clear()
+                link.sizes = None
+        missed = self._missed_at.get(uri)
+        if missed:
+            for nseq in [n for n in missed if n <= upto]:
+                del missed[nseq]
+        if link is None or not link.inflight:
+            # Nothing left in flight: the stream went idle, so no later wake-up would
+            # apply the held ack; apply it now (coalescing only pays while a backlog runs),
+            # that is at the end of this batch of frames, with the other users' in the
+            # same transaction (a fan-out's acks arrive together).
+            self._acks_due.add(uri)
+        # Told once per user at the end of the batch of frames (_flush_due_acks), not once
+        # per ack: the loop wakes the user's delivery once either way.
+        self._acked[uri] = None
+
+    def flush_acks(self, uri: str | None = None) -> Step[None]:
+        """Apply the held acks of ``uri`` (every user if None) to the store.
+
+        Raises:
+            StoreError: the database failed; the acks stay held for the next call.
+        """
+        yield from self._apply_acks([uri] if uri is not None else sorted(self._acks))
+
+    def _apply_acks(self, uris: Sequence[str]) -> Step[None]:
+        """The held acks of ``uris`` in one transaction (raises :class:`StoreError`)."""
+        held = [(user, self._acks[user]) for user in uris if user in self._acks]
+        if not held:
+            return
+        yield from call(AckMany(held))
+        for user, upto in held:
+            # An ack that arrived meanwhile cannot be lower (nothing runs in between),
+            # but keep the rule "only ever forget what was applied" explicit.
+            if self._acks.get(user) == upto:
+                del self._acks[user]
+
+    def _try_flush_acks(self, *uris: str) -> Step[None]:
+        # Held acks only repeat work if left unapplied: never fail a caller over them.
+        if not self._acks:
+            return
+        with contextlib.suppress(StoreError):
+            yield from self._apply_acks(uris)
+
+    def _flush_due_acks(self, served: Collection[str] = frozenset()) -> Step[list[str]]:
+        """Wake who acked in this batch, except the users of ``served`` (returned: the
+        caller refills their window itself), and apply the held acks that are due."""
+        held_back: list[str] = []
+        if self._acked:
+            acked, self._acked = self._acked, {}
+            events = self.events
+            for uri in acked:
+                if uri in served:
+                    held_back.append(uri)
+                else:
+                    events.append(Wake("acked", uri))
+        if self._acks_due:
+            due, self._acks_due = self._acks_due, set()
+            yield from self._try_flush_acks(*sorted(due))
+        return held_back
+
+    # ------------------------------------------------------------------ sessions
+
+    def in_flight(self, uri: str) -> tuple[int, ...]:
+        """The nseqs sent to ``uri`` on this connection and not yet acked, in order."""
+        link = self._links.get(uri)
+        return () if link is None else tuple(sorted(link.inflight))
+
+    def mark_connected(self, uri: str, addr: str | None = None) -> Step[None]:
+        """``uri``'s media is CONNECTED (INVITE or re-INVITE done): open its delivery
+        window, empty, from the lowest queued nseq again. The session's status is the
+        Session Manager's (it writes it)."""
+        yield from self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
+        previous = self._links.get(uri)
+        prev_addr = previous.addr if previous is not None else None
+        earlier = {} if previous is None else {**previous.earlier, **previous.inflight}
+        self._links[uri] = _Link(open=True, addr=addr, inflight={}, earlier=earlier)
+        # Drops may have happened while nobody was looking (or before a restart).
+        self._missed_pending.add(uri)
+        self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
+
+    def mark_moved(self, uri: str, addr: str) -> bool:
+        """``uri``'s re-INVITE moved its media to ``addr`` on the same association while
+        it was CONNECTED: delivery carries on where it is (the transport resends what is
+        in flight to the new address), so nothing is sent twice; only the address and the
+        churn log change (the same ``media_connected`` event as :meth:`mark_connected`,
+        with ``prev_addr``). False, changing nothing, when ``uri`` is not CONNECTED: the
+        caller then uses :meth:`mark_connected`.
+        """
+        link = self._links.get(uri)
+        if link is None or not link.open:
+            return False
+        prev_addr, link.addr = link.addr, addr
+        self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
+        return True
+
+    def delivered_elsewhere(self, uri: str, nseq: int) -> None:
+        """``uri``'s notification ``nseq`` was delivered, and logged, by another channel
+        (SMS): if it was also sent over IP, a later ack covering it is not a second
+        delivery (it was logged twice, and the analytics counted it twice)."""
+        link = self._links.get(uri)
+        if link is not None:
+            link.inflight.pop(nseq, None)
+            if link.sizes is not None:
+                link.inflight_bytes -= link.sizes.pop(nseq, 0)
+            link.earlier.pop(nseq, None)
+
+    def mark_disconnected(self, uri: str, reason: str) -> Step[None]:
+        """``uri``'s media stopped answering (or the dialog ended): close its delivery
+        window; what was sent and not acked is sent again after the next
+        :meth:`mark_connected`. The session's status is the Session Manager's (it writes
+        it before this call: whoever reads the event finds the status stored)."""
+        yield from self._try_flush_acks(uri)  # the SMS fallback reads the queue next
+        link = self._links.get(uri)
+        was_connected = link is not None and link.open
+        if link is not None:
+            link.open = False
+            link.earlier.update(link.inflight)
+            link.inflight.clear()
+            link.sizes = None
+            link.inflight_bytes = 0
+            link.sent_upto = 0
+            link.forget()
+        if was_connected:
+            addr = link.addr if link is not None else None
+            self.log.emit("media_disconnected", uri, addr=addr, channel="ip", reason=reason)
+
+    # ------------------------------------------------------------------ delivery
+
+    def take_batches(self, uris: Sequence[str]) -> Step[dict[str, list[OutgoingNotify]]]:
+        """The next notify frames of each of ``uris``, in nseq order, as many as each
+        window allows (none unless CONNECTED); they count as in flight until acked.
+        Their held acks are applied in one transaction, their queues read on one
+        connection (a fan-out wakes every subscriber together). Users with nothing to
+        send are left out.
+
+        Raises:
+            StoreError: the database failed; nothing was taken. (If only the ``missed``
+            count of one user cannot be read, that user alone is left out, unchanged,
+            and the error raised after the others were taken only if it is the only one.)
+        """
+        plan: list[tuple[str, _Link, int]] = []
+        for uri in uris:
+            link = self._links.get(uri)
+            if link is None or not link.open:
+                continue
+            room = self.config.window - len(link.inflight)
+            # While a backlog drains, refill only once half the window is free: one read
+            # (and one applied ack) per half window instead of one per ack, with at least
+            # half a window still in flight, so the link never runs dry. A user with no
+            # backlog gets a new notification at once.
+            if room <= 0 or (link.backlog and room < max(1, self.config.window // 2)):
+                continue
+            if link.inflight_bytes >= self.config.window_bytes:
+                continue
+            plan.append((uri, link, room))
+        if not plan:
+            return {}
+        yield from self._try_flush_acks(*sorted(uri for uri, _, _ in plan))
+        # Only the users whose queue this core does not know are read (see _Link.known).
+        unknown = [(uri, link.sent_upto, room) for uri, link, room in plan if not link.known]
+        reads = iter((yield from call(PendingMany(unknown))) if unknown else ())
+        taken: dict[str, list[OutgoingNotify]] = {}
+        error: StoreError | None = None
+        # For this batch: a fan-out's rows share their publications' items; one user's
+        # rows (a drain) share nothing worth a key per row.
+        encoder = NotifyEncoder(share=len(plan) > 1)
+        encode_row = encoder.encode
+        rows_of: list[Sequence[DeliveryRow]] = []
+        for _, link, room in plan:
+            if not link.known:
+                rows_of.append(next(reads))
+            elif link.ahead is not None:
+                rows_of.append(link.ahead[:room])
+            else:
+                rows_of.append(())  # known: nothing waits
+        if self.fenced:
+            # Rows read from the store were read fenced (PendingMany); those from memory
+            # are checked now.
+            sending = tuple(
+                uri
+                for (uri, link, _), rows in zip(plan, rows_of, strict=True)
+                if rows and link.known
+            )
+            lost = (yield from call(CheckHeld(sending))) if sending else frozenset()
+            if lost:
+                # Not ours to send: the Session Manager drops them (the fence told it).
+                rows_of = [() if p[0] in lost else r for p, r in zip(plan, rows_of, strict=True)]
+        if self._missed_pending:
+            yield from self._missed_none(
+                [uri for (uri, _, _), rows in zip(plan, rows_of, strict=True) if rows]
+            )
+        for (uri, link, room), rows in zip(plan, rows_of, strict=True):
+            ahead = link.ahead
+            if rows and uri in self._missed_pending:
+                try:
+                    # The only other store call; made before this user's state changes
+                    # so that a StoreError leaves its link as it was.
+                    yield from self._missed(uri, rows[0][0])
+                except StoreError as exc:
+                    error = exc
+                    continue
+            link.backlog = len(rows) == room
+            out: list[OutgoingNotify] = []
+            room_bytes = self.config.window_bytes - link.inflight_bytes
+            # _missed's answer without a call per row: the call above took the store's
+            # count (the user is no longer pending), so only the remembered ones remain.
+            known = self._missed_at.get(uri)
+            sizes = link.sizes if link.sizes is not None else {}
+            inflight = link.inflight
+            for row in rows:
+                nseq = row[0]
+                data = encode_row(row, known.get(nseq, 0) if known else 0)
+                if data is None:
+                    data = self._encode_notify(uri, row, known)
+                if data is None:
+                    link.sent_upto = nseq  # skipped for good (logged)
+                    continue
+                size = len(data)
+                if size > room_bytes and inflight:
+                    # Over window_bytes: this one and the rest are read again next time
+                    # (one always goes when nothing is in flight, whatever its size).
+                    link.backlog = True
+                    break
+                room_bytes -= size
+                link.sent_upto = nseq
+                inflight[nseq] = row[7]  # published_at
+                sizes[nseq] = size
+                out.append(OutgoingNotify(nseq, data))
+            link.inflight_bytes = self.config.window_bytes - room_bytes
+            if sizes:
+                link.sizes = sizes
+            if ahead is not None:
+                # Rows are taken (or skipped) in order and ahead's nseqs follow on, so
+                # what went is a prefix up to sent_upto; the rest waits for the window.
+                del ahead[: max(0, link.sent_upto - ahead[0][0] + 1)]
+                link.backlog = bool(ahead)
+                if not ahead:
+                    link.ahead = None
+                    link.ahead_bytes = 0
+                else:
+                    link.ahead_bytes = sum(len(r[6]) + len(r[5]) for r in ahead)
+            elif not link.known and not link.backlog and self._remember_rows:
+                # The read found fewer rows than there was room for, and all of them
+                # went: nothing waits after sent_upto until this core queues more.
+                link.known = True
+            if out:
+                taken[uri] = out
+        if error is not None and len(plan) == 1:
+            raise error
+        return taken
+
+    def _missed_none(self, uris: list[str]) -> Step[None]:
+        """Of ``uris``, those whose missed count is still to be taken from the store
+        (see _missed) and is 0 there are no longer pending: one read for all, not a
+        ``take_missed`` each (a hundred users connecting, then a fan-out). The
+        others keep their own ``take_missed``; so does everyone if this read fails."""
+        pending = [uri for uri in uris if uri in self._missed_pending]
+        if len(pending) < 2:
+            return
+        try:
+            counted = yield from call(MissedMany(pending))
+        except StoreError:
+            return
+        for uri in pending:
+            if uri not in counted:
+                self._missed_pending.discard(uri)
+
+    def _missed(self, uri: str, nseq: int) -> Step[int]:
+        known = self._missed_at.setdefault(uri, {})
+        if nseq in known:
+            return known[nseq]
+        if uri not in self._missed_pending:
+            return 0
+        count = yield from call(TakeMissed(uri))
+        self._missed_pending.discard(uri)
+        if count:
+            known[nseq] = count
+        return count
+
+    def _encode_notify(
+        self, uri: str, row: DeliveryRow, known: dict[int, int] | None
+    ) -> bytes | None:
+        # ``known``: the user's remembered missed counts. take_batches took the store's
+        # count before its first row, so no other count waits in the store.
+        try:
+            return notify_bytes(row, known.get(row[0], 0) if known else 0)
+        except FrameError as exc:
+            # Only a row written by something else than _pub can get here; skipping it
+            # keeps the user's stream moving (the agent's ack removes it later).
+            self.log.emit("notify_dropped", uri, nseq=row[0], reason=f"unsendable: {exc}")
+            return None

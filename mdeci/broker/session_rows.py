@@ -1,0 +1,120 @@
+"""The one writer of the stored sessions: the Session Manager's store commands, on the
+database thread.
+
+:class:`~mdeci.broker.sessions.SessionManager` decides; this runs its
+:class:`~mdeci.broker.sessions.StoreSession` and :class:`~mdeci.broker.sessions.SetStatus`
+commands through the service's :class:`~mdeci.broker.worker.DbWorker`, in the order they
+were given (a row before its status, a status before the churn event posted after it). A
+write that fails is logged as ``database_error`` and repeated at the next change.
+
+It also keeps the epoch this broker holds each user at (mdeci/store/ownership.py), as the
+store answered its last claim: on the database thread, so that every later store call
+for the user, whatever thread asked for it, names the epoch of the writes before it. A
+new session claims the user (the epoch rises); a refresh, a status and the queue calls of
+:class:`~mdeci.broker.glue.Broker` are written only while the user is still held at it.
+A refusal (:class:`~mdeci.store.ownership.Lost`) goes to :attr:`SessionRows.on_lost`
+once; the stale epoch is kept, so that every later call for the user is refused as well
+(not let through unfenced) until a new session claims the user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mdeci.broker.sessions import SetStatus, Status, StoreSession
+from mdeci.broker.worker import DbWorker
+from mdeci.store.ownership import Lost
+from mdeci.store.repo import BrokerStore
+from mdeci.store.sessions import SessionRecord, SessionStatus
+
+_STORED = {
+    Status.CONNECTED: SessionStatus.CONNECTED,
+    Status.DISCONNECTED: SessionStatus.DISCONNECTED,
+    Status.NONE: SessionStatus.ENDED,
+}
+
+
+def _ignore(lost: Lost) -> None:
+    del lost
+
+
+class SessionRows:
+    """Writes session rows and statuses of ``store`` on ``worker``'s thread; ``clock``
+    stamps a status change (wall-clock seconds)."""
+
+    def __init__(self, store: BrokerStore, worker: DbWorker, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._worker = worker
+        self._clock = clock
+        #: The epoch this broker holds (or last held, see refused) each user at (the
+        #: database thread's, see above).
+        self.held_epochs: dict[str, int] = {}
+        # Users lost since their last claim: a refresh still queued for one writes nothing.
+        self._gone: set[str] = set()
+        #: Told, on the database thread, of each user this broker found it lost.
+        self.on_lost: Callable[[Lost], None] = _ignore
+
+    def write(self, command: StoreSession | SetStatus) -> None:
+        """Queue ``command``'s write behind every call made so far."""
+        if isinstance(command, SetStatus):
+            status = _STORED[command.status]
+            self._worker.post("session status", self._status, command.uri, status, self._clock())
+            return
+        c = command
+        record = SessionRecord(
+            uri=c.uri,
+            call_id=c.call_id,
+            local_tag=c.local_tag,
+            remote_tag=c.remote_tag,
+            remote_target=c.remote_target,
+            route_set=c.route_set,
+            remote_sdp=c.remote_sdp,
+            media_addr=c.media_addr,
+            session_key=c.session_key,
+            msisdn=c.msisdn,
+            status=SessionStatus.CONNECTED,
+            local_cseq=c.local_cseq,
+            remote_cseq=c.remote_cseq,
+            started_at=c.started_at,
+            updated_at=c.updated_at,
+        )
+        self._worker.post("session row", self._row, record, c.refresh)
+
+    def refused(self, lost: Lost) -> None:
+        """A store call for ``lost.uri`` found another epoch (on the database thread).
+        The epoch stays in :attr:`held_epochs`, so every later call for the user is
+        refused too, until a new session claims the user again."""
+        if lost.uri in self.held_epochs and lost.uri not in self._gone:
+            self._gone.add(lost.uri)
+            self.on_lost(lost)
+
+    def holds(self, uri: str) -> bool:
+        """This broker holds ``uri`` as far as its last store call knows."""
+        return uri in self.held_epochs and uri not in self._gone
+
+    def restored(self, uri: str, epoch: int) -> None:
+        """``uri``'s row, read back at start, is this broker's at ``epoch``."""
+        self.held_epochs[uri] = epoch
+
+    def _row(self, record: SessionRecord, refresh: bool) -> None:
+        uri = record.uri
+        if refresh and uri in self._gone:
+            return  # a refresh of a session already lost: the new holder's row stays
+        # A refresh whose claim never reached the store (it failed) claims the user.
+        held = self.held_epochs.get(uri) if refresh else None
+        got = self._store.sessions.upsert_session(record, self._store.node, held)
+        if isinstance(got, Lost):
+            self.refused(got)
+        else:
+            self.held_epochs[uri] = got.epoch
+            self._gone.discard(uri)
+
+    def _status(self, uri: str, status: SessionStatus, now: float) -> None:
+        sessions = self._store.sessions
+        held = self.held_epochs.get(uri)
+        if held is None:
+            sessions.set_status(uri, status, now)  # a session made without SIP: unfenced
+            return
+        got = sessions.set_status_held(uri, status, now, held)
+        if isinstance(got, Lost):
+            self.refused(got)

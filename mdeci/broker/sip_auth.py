@@ -1,0 +1,309 @@
+"""Digest authentication of the broker's SIP endpoint, over the SQL users.
+
+- :class:`StoreCredentials` reads HA1 from the store (on the database thread);
+- :class:`CachedCredentials` answers the UA's synchronous checks from memory, filled on
+  the database thread first (the event loop never calls the database);
+- :class:`LoginAttempt` is one request's authentication context (source, user, nonce,
+  outcome), which travels with the request;
+- :class:`GuardedDigest` checks an attempt's credentials and refuses, unchecked, the
+  logins the :class:`~mdeci.broker.throttle.LoginThrottle` locked (unlimited guessing);
+- :func:`ensure_users` adds the configured users the store does not have;
+- :class:`FailedLogins` logs credentials given and refused (``auth_failed``), rate-limited
+  and summarised (``auth_failed_summary``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mdeci.broker.login_log import LoginLog
+from mdeci.broker.sessions import addr_text
+from mdeci.broker.throttle import LoginThrottle, source_key
+from mdeci.config import LoginThrottleConfig, UserConfig
+from mdeci.oplog import event as oplog_event
+from mdeci.store.errors import UnsupportedAlgorithm
+from mdeci.store.repo import BrokerStore
+from sip.aio.ua import Reply
+from sip.auth import (
+    AuthChallenge,
+    AuthOk,
+    CredentialStore,
+    DigestConfig,
+    DigestServer,
+    parse_auth_header,
+)
+from sip.errors import AuthHeaderError, SipParseError
+from sip.message import Request
+from sip.transaction import Address
+from sip.uri import SipUri
+
+CACHED_HA1 = 10_000  # HA1 entries kept for Digest (each user has one per algorithm)
+
+
+class StoreCredentials:
+    """:class:`sip.auth.CredentialStore` over ``BrokerStore.users`` (HA1 only)."""
+
+    def __init__(self, store: BrokerStore) -> None:
+        self._store = store
+
+    def ha1(self, username: str, realm: str, algorithm: str) -> str | None:
+        """HA1 hex, or None for an unknown user or algorithm. Raises StoreError."""
+        try:
+            return self._store.users.get_credentials(username, realm, algorithm)
+        except UnsupportedAlgorithm:
+            return None
+
+
+class CachedCredentials:
+    """:class:`sip.auth.CredentialStore` answering from memory, filled off the loop.
+
+    :meth:`fetch` runs on the database thread and returns what :meth:`keep` stores on
+    the loop; :meth:`ha1` never touches the database (an entry not fetched reads as an
+    unknown user). At most ``size`` entries, least recently used dropped first.
+    """
+
+    def __init__(
+        self, store: BrokerStore, algorithms: tuple[str, ...], size: int = CACHED_HA1
+    ) -> None:
+        self._store = store
+        self._algorithms = tuple(dict.fromkeys((*algorithms, "SHA-256")))
+        self._size = size
+        self._known: OrderedDict[tuple[str, str, str], str | None] = OrderedDict()
+
+    def fetch(self, username: str, realm: str) -> dict[tuple[str, str, str], str | None]:
+        """Every HA1 of ``username`` in ``realm`` (database thread). Raises StoreError."""
+        found: dict[tuple[str, str, str], str | None] = {}
+        for algorithm in self._algorithms:
+            try:
+                ha1 = self._store.users.get_credentials(username, realm, algorithm)
+            except UnsupportedAlgorithm:
+                ha1 = None
+            found[(username, realm, algorithm)] = ha1
+        return found
+
+    def keep(self, found: dict[tuple[str, str, str], str | None]) -> None:
+        for key, ha1 in found.items():
+            self._known[key] = ha1
+            self._known.move_to_end(key)
+        while len(self._known) > self._size:
+            self._known.popitem(last=False)
+
+    def ha1(self, username: str, realm: str, algorithm: str) -> str | None:
+        return self._known.get((username, realm, algorithm))
+
+
+def ensure_users(
+    store: BrokerStore,
+    domain: str,
+    realm: str,
+    users: tuple[UserConfig, ...],
+    *,
+    md5: bool = False,
+) -> int:
+    """Add each user ``sip:<user>@<domain>`` that the store does not have; how many were added.
+
+    Existing users keep their stored password. Raises StoreError (incl. DuplicateUser
+    when the username exists in the realm under another URI).
+    """
+    added = 0
+    for u in users:
+        uri = f"sip:{u.user}@{domain}"
+        if store.users.get_user(uri) is None:
+            store.users.add_user(uri, realm, u.password, username=u.user, md5=md5)
+            added += 1
+    return added
+
+
+@dataclass(slots=True)
+class LoginAttempt:
+    """The authentication context of one request, made when it arrives. It travels with
+    the request through every await (the database reads included), so that requests
+    handled at the same time never see each other's source or outcome."""
+
+    source: Address
+    user: str | None = None  # the username of its credentials for our realm
+    nonce: str | None = None  # the nonce those credentials answer
+    refused: str = ""  # why the guard refused it: "wrong credentials", a lock
+    locked: str = ""  # what its failure locked: "source", "user", "user and source"
+
+
+class _BoundVerifier:
+    """A :class:`sip.auth.Verifier` for one :class:`LoginAttempt`."""
+
+    def __init__(self, guard: GuardedDigest, attempt: LoginAttempt) -> None:
+        self._guard = guard
+        self._attempt = attempt
+
+    def verify(
+        self, request: Request, now: float, *, proxy: bool = False
+    ) -> AuthOk | AuthChallenge:
+        return self._guard.check(self._attempt, request, now, proxy=proxy)
+
+
+class GuardedDigest:
+    """Digest (:class:`~sip.auth.DigestServer`) behind the
+    :class:`~mdeci.broker.throttle.LoginThrottle`: a login the throttle locked is refused
+    with a challenge, its credentials not even checked; a failure is counted against the
+    attempt's source address and (when the user exists) its user.
+
+    Every check names its :class:`LoginAttempt` (:meth:`check`, :meth:`bound`); there is
+    no shared "current request". :meth:`verify`, with no attempt, only challenges.
+
+    The throttle runs on ``monotonic``: a lockout is a duration, which a wall-clock step
+    must neither end nor stretch. The ``now`` of the checks (wall clock) only dates
+    nonces, which the peer sees.
+    """
+
+    def __init__(
+        self,
+        config: DigestConfig,
+        store: CredentialStore,
+        random: Callable[[int], bytes],
+        throttle: LoginThrottle,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.server = DigestServer(config, store, random)
+        self._store = store
+        self.throttle = throttle
+        self.monotonic = monotonic
+        self.failures = 0
+
+    def _credentials(self, request: Request) -> dict[str, str] | None:
+        for value in request.headers.get_raw("Authorization"):
+            try:
+                scheme, params = parse_auth_header(value)
+            except AuthHeaderError:
+                continue
+            if scheme.lower() == "digest" and params.get("realm") == self.config.realm:
+                return params
+        return None
+
+    def username(self, request: Request) -> str | None:
+        """The user named by ``request``'s Digest credentials for our realm, if any."""
+        params = self._credentials(request)
+        return None if params is None else params.get("username")
+
+    def attempt(self, request: Request, source: Address) -> LoginAttempt:
+        """The context of ``request`` from ``source``."""
+        params = self._credentials(request) or {}
+        return LoginAttempt(source, user=params.get("username"), nonce=params.get("nonce"))
+
+    def bound(self, attempt: LoginAttempt) -> _BoundVerifier:
+        """A verifier that checks requests as ``attempt``."""
+        return _BoundVerifier(self, attempt)
+
+    def verify(self, request: Request, now: float, *, proxy: bool = False) -> AuthChallenge:
+        """Without an attempt there is no source to throttle by: a challenge, unchecked."""
+        return self.server.challenge(now, proxy=proxy, reason="no request context")
+
+    def check(
+        self, attempt: LoginAttempt, request: Request, now: float, *, proxy: bool = False
+    ) -> AuthOk | AuthChallenge:
+        """As ``DigestServer.verify``, for ``attempt``; raises AuthHeaderError alike."""
+        user = attempt.user
+        if user is None:
+            return self.server.verify(request, now, proxy=proxy)  # no credentials yet
+        host = attempt.source[0]
+        if self.throttle.retry_after(user, host, self.monotonic()) is not None:
+            attempt.refused = "too many failed logins"
+            return self.server.challenge(now, proxy=proxy, reason=attempt.refused)
+        result = self.server.verify(request, now, proxy=proxy)
+        if isinstance(result, AuthChallenge) and result.reason == "wrong credentials":
+            self.failures += 1
+            attempt.refused = result.reason
+            attempt.locked = self.throttle.failed(
+                user, host, self.monotonic(), known_user=self._known(user)
+            )
+        elif isinstance(result, AuthOk):
+            self.throttle.succeeded(result.username)
+        return result
+
+    def _known(self, user: str) -> bool:
+        realm = self.config.realm
+        return any(self._store.ha1(user, realm, a) is not None for a in self.config.algorithms)
+
+
+class FailedLogins:
+    """The failed-login log: one ``auth_failed`` line per failed login up to
+    ``log_burst`` per ``log_interval``, then one ``auth_failed_summary`` line for the
+    interval (:class:`~mdeci.broker.login_log.LoginLog`). Call on the event loop."""
+
+    def __init__(
+        self, config: LoginThrottleConfig, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate = LoginLog(config.log_burst, config.log_interval)
+        self.monotonic = monotonic
+        self._timer: asyncio.TimerHandle | None = None
+
+    def close(self) -> None:
+        """Stop the timer; what was left out so far is summarised now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._summarise(self.monotonic(), early=True)
+
+    def record(self, request: Request, attempt: LoginAttempt, reply: Reply) -> None:
+        """Log ``reply`` to ``request`` if it refused credentials that were given (a first
+        request without them is the normal start of Digest, a stale nonce the normal end
+        of one; neither is a failure) or is a 403."""
+        if not _failed(request, reply):
+            return
+        now = self.monotonic()
+        self._summarise(now)
+        source = addr_text(attempt.source)
+        if not self.rate.note(now, source_key(attempt.source[0]), attempt.user):
+            self._arm(now)
+            return
+        try:
+            uri = request.from_.uri.aor if isinstance(request.from_.uri, SipUri) else None
+        except SipParseError:
+            uri = None
+        oplog_event(
+            "auth_failed",
+            level=logging.WARNING,
+            method=request.method,
+            uri=uri,
+            user=None if attempt.user is None else attempt.user[:64],
+            source=source,
+            status=reply.status,
+            reason=attempt.refused or None,
+            locked=attempt.locked or None,
+        )
+
+    def _arm(self, now: float) -> None:
+        due = self.rate.deadline()
+        if self._timer is None and due is not None:
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, due - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = self.monotonic()
+        self._summarise(now)
+        self._arm(now)  # a fake clock behind the loop's: try again later
+
+    def _summarise(self, now: float, *, early: bool = False) -> None:
+        summary = self.rate.summary(now, early=early)
+        if summary is not None:
+            oplog_event(
+                "auth_failed_summary",
+                level=logging.WARNING,
+                suppressed=summary.suppressed,
+                sources=summary.sources,
+                users=summary.users,
+                interval=summary.interval,
+            )
+
+
+def _failed(request: Request, reply: Reply) -> bool:
+    if reply.status not in (401, 403, 407):
+        return False
+    given = "Authorization" in request.headers or "Proxy-Authorization" in request.headers
+    if reply.status != 403 and not given:
+        return False
+    return not any("stale=true" in value.lower() for _, value in reply.headers)

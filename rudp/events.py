@@ -1,0 +1,89 @@
+"""What a connection reports: its events (pulled with ``RudpConnection.next_event``) and
+its counters (``RudpConnection.stats``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rudp.path import Address
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MessageAcked:
+    message_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFailed:
+    message_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDisconnected:
+    failed: int  # number of messages failed with it
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRestarted:
+    """While DISCONNECTED, an authentic datagram came under our key from another sender
+    than the peer we gave up on: a new incarnation of the peer holding our key (or a
+    replay of an older one; only a new association proves which)."""
+
+    sender: int
+
+
+@dataclass(frozen=True, slots=True)
+class PathChallenged:
+    """An authentic datagram came from ``address``, a new candidate path: it is challenged."""
+
+    address: Address
+    current: Address | None
+
+
+@dataclass(frozen=True, slots=True)
+class PathValidated:
+    """``address`` answered our challenge from there: datagrams go to it from now on."""
+
+    address: Address
+    previous: Address | None
+
+
+@dataclass(slots=True)
+class RudpStats:
+    """Counters of one connection (drops are counted here, never raised)."""
+
+    packets_sent: int = 0
+    packets_received: int = 0
+    data_sent: int = 0
+    retransmissions: int = 0
+    fast_retransmissions: int = 0
+    timeouts: int = 0
+    messages_sent: int = 0
+    messages_delivered: int = 0
+    messages_failed: int = 0
+    acks_sent: int = 0
+    pings_sent: int = 0
+    path_challenges_sent: int = 0
+    path_responses_sent: int = 0
+    path_responses_ignored: int = 0  # not our token, or not from the challenged address
+    bad_tag: int = 0
+    unknown_cid: int = 0
+    malformed: int = 0
+    oversized: int = 0
+    reflected: int = 0
+    unknown_sender: int = 0
+    replayed: int = 0
+    duplicates: int = 0
+    out_of_window: int = 0
+    bad_fragment: int = 0
+    buffer_full: int = 0
+    skipped: int = 0
+    tail_probes: int = 0

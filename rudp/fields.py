@@ -1,0 +1,233 @@
+"""The state of a :class:`~rudp.connection.RudpConnection`: every field, its type and its
+initial value, in one place. The parts that act on it are mixins over these slots:
+``rudp.connection`` (sending, input, timers), ``rudp.recovery`` (loss recovery),
+``rudp.receiver`` (the receive window), ``rudp.path`` (the peer's address)."""
+
+from __future__ import annotations
+
+import hmac
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from rudp import packet as wire
+from rudp.config import RudpConfig
+from rudp.events import (
+    MessageAcked,
+    MessageFailed,
+    MessageReceived,
+    PathChallenged,
+    PathValidated,
+    PeerDisconnected,
+    PeerRestarted,
+    RudpStats,
+)
+from rudp.rto import RtoEstimator
+
+if TYPE_CHECKING:
+    from rudp.path import Address, PathCandidate
+
+MAX_U32 = 0xFFFFFFFF
+# New messages are refused past this packet number, leaving 2**24 numbers for the
+# retransmissions and ACKs of what is in flight (packet numbers are never reused).
+PN_LIMIT = MAX_U32 - (1 << 24)
+
+
+def derive_connection_id(key: bytes) -> int:
+    """The 64-bit connection id both sides derive from the session secret."""
+    return int.from_bytes(hmac.digest(key, b"mdeci-rudp v2 connection id", "sha256")[:8], "big")
+
+
+class ConnectionState(Enum):
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+
+
+# One transition table (docs/protocol.md §4; failure after retries as RFC 6298 §5.5 back-off ends).
+TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
+    (ConnectionState.CONNECTED, "retries_exhausted"): ConnectionState.DISCONNECTED,
+    (ConnectionState.CONNECTED, "reset"): ConnectionState.CONNECTED,
+    (ConnectionState.DISCONNECTED, "reset"): ConnectionState.CONNECTED,
+}
+
+Event = (
+    MessageReceived
+    | MessageAcked
+    | MessageFailed
+    | PeerDisconnected
+    | PeerRestarted
+    | PathChallenged
+    | PathValidated
+)
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One fragment of a message on the sending side, and its latest transmission."""
+
+    seq: int
+    message_id: int
+    frag_index: int
+    frag_count: int
+    payload: bytes
+    sent_at: float = -1.0
+    pn: int = -1
+    transmissions: int = 0
+    sacked: bool = False
+
+
+class ConnectionFields:
+    """The fields of one connection and the two writes every part makes: an event, a
+    state transition."""
+
+    # A broker holds one connection per session: no per-instance __dict__, and the
+    # queues are built on first use (an empty deque is 760 bytes).
+    __slots__ = (
+        "_ack_deadline",
+        "_ack_now",
+        "_buffer",
+        "_buffer_bytes",
+        "_candidate",
+        "_challenges",
+        "_events",
+        "_highest_pn",
+        "_highest_reported",
+        "_inflight",
+        "_key",
+        "_largest_acked_pn",
+        "_last_sent",
+        "_latest_rtt",
+        "_loss_deadline",
+        "_max_fragments",
+        "_max_sack_blocks",
+        "_messages",
+        "_next_message_id",
+        "_next_pn",
+        "_next_seq",
+        "_parked",
+        "_partial",
+        "_partial_bytes",
+        "_partial_count",
+        "_path_responses",
+        "_payload_size",
+        "_peer_address",
+        "_peer_keys",
+        "_peer_sender",
+        "_ping_now",
+        "_pn_bitmap",
+        "_probe",
+        "_probe_pn",
+        "_probed",
+        "_protection",
+        "_pto_deadline",
+        "_ranges",
+        "_rcv_next",
+        "_resend",
+        "_retries",
+        "_rto_deadline",
+        "_sacked_ranges",
+        "_send_keys",
+        "_sent_order",
+        "_snd_una",
+        "_unacked_in_order",
+        "_unsent",
+        "_waiting_since",
+        "cid",
+        "config",
+        "path_changes",
+        "rto",
+        "sender_id",
+        "state",
+        "stats",
+    )
+
+    def __init__(
+        self,
+        key: bytes,
+        config: RudpConfig,
+        *,
+        sender_id: int,
+        protection: wire.Protection = wire.Protection.AEAD,
+        peer_address: Address | None = None,
+    ) -> None:
+        if len(key) < 16:
+            raise ValueError("session key must have at least 16 bytes")
+        self.config = config
+        self.cid = derive_connection_id(key)
+        self.sender_id = sender_id & MAX_U32
+        self.state = ConnectionState.CONNECTED
+        self.stats = RudpStats()
+        self.rto = RtoEstimator(config)
+        self._key = key
+        self._protection = protection
+        self._send_keys = wire.SenderKeys(key, self.sender_id, protection)
+        self._peer_keys: wire.SenderKeys | None = None  # of the pinned or last-seen sender
+        self._path_responses: list[bytes] = []  # tokens of challenges to answer
+        # Where datagrams go; None when the caller tracks no addresses (no path validation).
+        self._peer_address = peer_address
+        self._candidate: PathCandidate | None = None  # built when another address speaks
+        self._challenges = 0  # numbers the challenge tokens
+        self.path_changes = 0  # candidates validated
+        self._payload_size = config.mtu - wire.DATA_OVERHEAD
+        self._max_fragments = -(-config.max_message_size // self._payload_size)
+        self._max_sack_blocks = min(config.max_sack_blocks, wire.max_sack_blocks(config.mtu))
+        self._events: deque[Event] | None = None  # built by _emit, dropped once drained
+        # sender
+        self._next_pn = 0
+        self._next_seq = 0
+        self._snd_una = 0  # oldest unacknowledged (or unsent) sequence number
+        self._next_message_id = 0
+        self._messages: dict[int, tuple[int, bytes]] = {}  # id -> (last seq, data)
+        self._unsent: deque[Outgoing] | None = None  # built by send_message, dropped once sent
+        self._inflight: dict[int, Outgoing] = {}
+        self._resend: list[Outgoing] = []
+        self._rto_deadline: float | None = None
+        # While the RTO timer runs: when the wait for the peer began, or when it was last
+        # heard from since (dead_after counts from there).
+        self._waiting_since = 0.0
+        self._retries = 0
+        self._ping_now = False  # a keepalive PING went unanswered: probe again at once
+        self._last_sent = 0.0
+        self._largest_acked_pn = -1
+        self._highest_reported = 0
+        self._latest_rtt = 0.0
+        # Incremental SACK and loss detection (each ACK costs O(blocks + newly acked), not
+        # O(window)): the [start, end) ranges already marked SACKed; every transmission in
+        # packet-number order (stale entries skipped lazily); and those past the pn/time
+        # rules but above what the peer reported, by sequence number.
+        self._sacked_ranges: list[tuple[int, int]] = []
+        # None while nothing is in flight: an emptied deque keeps a block of ~0.6 kB, and
+        # an idle broker holds one association per session.
+        self._sent_order: deque[tuple[int, Outgoing]] | None = None
+        self._parked: list[tuple[int, int, Outgoing]] = []
+        # Tail-loss probe (RFC 8985 §7): its timer, the packet chosen, its packet number.
+        self._pto_deadline: float | None = None
+        # RFC 9002 §6.1.2's loss timer: when the oldest packet past the packet-number rule
+        # but still inside the time rule becomes old enough to be declared lost.
+        self._loss_deadline: float | None = None
+        self._probe: Outgoing | None = None
+        self._probe_pn = -1
+        self._probed = False  # one probe per episode without progress
+        # receiver
+        self._rcv_next = 0
+        self._buffer: dict[int, wire.Data] = {}
+        self._buffer_bytes = 0
+        self._ranges: list[list[int]] = []  # the buffer's seqs as sorted [start, end) runs
+        self._partial: list[bytes] = []
+        self._partial_count = 0
+        self._partial_bytes = 0
+        self._ack_deadline: float | None = None
+        self._ack_now = False
+        self._unacked_in_order = 0
+        self._peer_sender: int | None = None
+        self._highest_pn = -1
+        self._pn_bitmap = 0
+
+    def _transition(self, event: str) -> None:
+        self.state = TRANSITIONS[(self.state, event)]
+
+    def _emit(self, event: Event) -> None:
+        if self._events is None:
+            self._events = deque()
+        self._events.append(event)

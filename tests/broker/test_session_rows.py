@@ -1,0 +1,98 @@
+"""The one writer of session rows keeps the epoch each user is held at: a refusal is
+told once, and every later call for that user is refused too (never let through
+unfenced) until a new session claims the user again."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from mdeci.broker.delivery import AckMany, CheckHeld
+from mdeci.broker.fencing import FencedQueues
+from mdeci.broker.session_rows import SessionRows
+from mdeci.broker.sessions import SetStatus, Status, StoreSession
+from mdeci.broker.worker import DbWorker
+from mdeci.store.base import make_engine
+from mdeci.store.ownership import Held, Lost
+from mdeci.store.repo import BrokerStore
+from mdeci.store.sessions import SessionStatus
+
+ALICE = "sip:alice@localhost"
+
+
+def _row(call_id: str, *, refresh: bool = False) -> StoreSession:
+    return StoreSession(
+        uri=ALICE,
+        call_id=call_id,
+        local_tag="l",
+        remote_tag="r",
+        remote_target="<sip:alice@127.0.0.2>",
+        route_set="",
+        remote_sdp="v=0",
+        media_addr="127.0.0.2:4000",
+        session_key=b"k" * 32,
+        msisdn=None,
+        local_cseq=1,
+        remote_cseq=1,
+        started_at=1000.0,
+        updated_at=1000.0,
+        refresh=refresh,
+    )
+
+
+@pytest.fixture
+def b(any_store: BrokerStore) -> Iterator[BrokerStore]:
+    engine = make_engine(any_store.engine.url.render_as_string(hide_password=False))
+    try:
+        yield BrokerStore(engine, "b")
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[DbWorker]:
+    w = DbWorker()
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+async def test_a_lost_user_stays_fenced_until_claimed_again(
+    any_store: BrokerStore, b: BrokerStore, worker: DbWorker
+) -> None:
+    a = BrokerStore(any_store.engine, "a")
+    rows = SessionRows(a, worker, lambda: 2000.0)
+    told: list[Lost] = []
+    rows.on_lost = told.append
+    queues = FencedQueues(a)
+    queues.fence = rows
+    rows.write(_row("c1"))
+    assert await worker.run(rows.holds, ALICE)
+    a.queues.publish(
+        "sip:bob@localhost", "m1", "s", b"\xa0", b"p", urgent=False, published_at=1.0,
+        targets=[(ALICE, 1)], max_depth=10, policy="drop-oldest",
+    )  # fmt: skip
+    held = a.ownership.holder(ALICE)
+    assert held == ("a", 1)
+    assert b.ownership.take_over(ALICE, 1) == Held(2)
+
+    rows.write(SetStatus(ALICE, Status.DISCONNECTED))
+    rows.write(SetStatus(ALICE, Status.NONE))
+    rows.write(_row("c1", refresh=True))
+    assert await worker.run(queues.ack_many, AckMany([(ALICE, 1)])) == [0]
+    assert await worker.run(queues.check_held, CheckHeld((ALICE,))) == {ALICE}
+    assert told == [Lost(ALICE, "b", 2)]  # once, whatever else was refused
+    assert not await worker.run(rows.holds, ALICE)
+    # Nothing of a's reached the store: b's row, b's queue.
+    row = b.sessions.get_session(ALICE)
+    assert row is not None and row.status is SessionStatus.CONNECTED
+    assert b.ownership.holder(ALICE) == ("b", 2)
+    assert b.queues.depth(ALICE) == 1
+
+    # Her next INVITE reaches a: a new session claims her again.
+    rows.write(_row("c2"))
+    assert await worker.run(rows.holds, ALICE)
+    assert a.ownership.holder(ALICE) == ("a", 3)
+    assert await worker.run(queues.ack_many, AckMany([(ALICE, 1)])) == [1]
