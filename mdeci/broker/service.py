@@ -19,9 +19,8 @@ work (an idle session holds no task, event or queue, for memory):
   notify queued on the RUDP peer at once, in nseq order (``write``; ``send_nowait`` for
   a batch's last: no task per message, one future per batch); what is marked due during
   the call is the next call's: no polling;
-- sends: the future of each queued message; a :class:`~rudp.aio.PeerUnreachable` (at
-  once, or when its retries run out) is the Session Manager's ``media_failed`` for the
-  epoch the send began in (a send of an earlier connection says nothing now).
+- sends: a :class:`~rudp.aio.PeerUnreachable` (at once, or when retries run out) is the
+  Session Manager's ``media_failed`` for the epoch the send began in.
 
 Sessions: who is CONNECTED, since which epoch, and whether its path was proved are the
 :class:`~mdeci.broker.sessions.SessionManager`'s (``self.sessions``); this service hands
@@ -31,18 +30,17 @@ close the core's delivery window, tell the SMS side, and write rows and statuses
 the one writer, :class:`~mdeci.broker.session_rows.SessionRows`. :meth:`connected` and
 :meth:`disconnected` are the same for a session made without SIP.
 
-A periodic task runs the subscription sweep every ``BrokerCoreConfig.sweep_interval``
-and marks every user due, which also retries a batch a database error stopped.
+A periodic task sweeps subscriptions every ``BrokerCoreConfig.sweep_interval`` and marks
+every user due (which retries a batch a database error stopped).
 
 Threads: the store is synchronous, and neither it nor the core runs on the event loop.
 Every call into :class:`Broker` goes to one :class:`~mdeci.broker.worker.DbWorker`
 thread, in the order the loop makes them (session rows and statuses go to the same
 thread, so a row is written before its status changes and a status before the churn
 event after it); the core is bound to that thread (:meth:`Broker.bind_thread`). Its
-listener calls and churn events come back to the loop through a
-:class:`~mdeci.broker.worker.LoopQueue`. So a database that hangs delays delivery and
-publishes, never a SIP answer, an RUDP ack or a keepalive. The loop reads no core
-state: the SMS side asks its ``sub_class`` from its plans, on the worker.
+listener calls and churn events come back through a :class:`~mdeci.broker.worker.LoopQueue`:
+a database that hangs delays delivery and publishes, never a SIP answer, an RUDP ack or
+a keepalive. The loop reads no core state (the SMS side asks ``sub_class`` on the worker).
 """
 
 from __future__ import annotations
