@@ -150,6 +150,9 @@ class SqlOwnership:
 
     def _hold_many(self, conn: Connection, uris: list[str], epochs: Mapping[str, int]) -> set[str]:
         """Lock the sessions rows of ``uris`` (in order) still at their epoch; those."""
+        if len(uris) == 1:  # a drain's batches: one user, a statement compiled once
+            uri = uris[0]
+            return {uri} if hold(conn, uri, epochs[uri]) else set()
         if self._pg:  # the driver's SQL: one array per column, no statement built per call
             args = (uris, [epochs[uri] for uri in uris])
             return {str(u) for (u,) in conn.exec_driver_sql(self._sql.hold_pg, args)}
