@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from sqlalchemy import bindparam, delete, select, tuple_, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from mdeci.store._sql import reading, relaxed_transaction, transaction
@@ -81,13 +81,8 @@ _PENDING = (
 )
 
 
-# Locks the sessions rows of the (uri, epoch) pairs given that are at that epoch.
-_HOLD_MANY = (
-    update(SessionRow)
-    .where(tuple_(SessionRow.uri, SessionRow.epoch).in_(bindparam("pairs", expanding=True)))
-    .values(epoch=SessionRow.epoch)
-    .returning(SessionRow.uri)
-)
+# (uri, epoch) pairs per SQLite statement: two variables each, under SQLite's 32,766.
+_LITE_PAIRS = 4096
 _HOLDERS = select(SessionRow.uri, SessionRow.owner, SessionRow.epoch).where(
     SessionRow.uri.in_(bindparam("uris", expanding=True))
 )
@@ -150,14 +145,16 @@ class SqlOwnership:
 
     def _hold_many(self, conn: Connection, uris: list[str], epochs: Mapping[str, int]) -> set[str]:
         """Lock the sessions rows of ``uris`` (in order) still at their epoch; those."""
-        if len(uris) == 1:  # a drain's batches: one user, a statement compiled once
-            uri = uris[0]
-            return {uri} if hold(conn, uri, epochs[uri]) else set()
         if self._pg:  # the driver's SQL: one array per column, no statement built per call
             args = (uris, [epochs[uri] for uri in uris])
             return {str(u) for (u,) in conn.exec_driver_sql(self._sql.hold_pg, args)}
-        pairs = [(uri, epochs[uri]) for uri in uris]
-        return {str(u) for (u,) in conn.execute(_HOLD_MANY, {"pairs": pairs})}
+        held: set[str] = set()
+        for i in range(0, len(uris), _LITE_PAIRS):
+            part = uris[i : i + _LITE_PAIRS]
+            flat = tuple(x for uri in part for x in (uri, epochs[uri]))
+            rows = conn.exec_driver_sql(self._sql.hold_lite.sql(len(part)), flat)
+            held.update(str(u) for (u,) in rows)
+        return held
 
     def lost_of(self, epochs: Mapping[str, int]) -> list[Lost]:
         """Of the users of ``epochs``, those no longer held at their epoch there (one read).

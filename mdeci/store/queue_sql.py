@@ -320,6 +320,15 @@ class QueueSql:
 
     def _sqlite_acks(self, d: Dialect) -> None:
         q, c = QueuedRow, QueueCounterRow
+        # Lock the sessions rows of the (uri, epoch) pairs at that epoch, the pairs as a
+        # VALUES list; the uris locked. (SQLAlchemy's expanding IN of tuples compiles
+        # anew on every call: ~3 µs per user of a fan-out's ack batch.)
+        self.hold_lite = Repeated(
+            f"UPDATE {SessionRow.__tablename__} SET epoch = epoch WHERE (uri, epoch) IN (VALUES ",
+            "(?, ?)",
+            ", ",
+            ") RETURNING uri",
+        )
         # A round of acks of several users: their counter rows locked, then one DELETE
         # whose terms each use the primary key.
         self.ack_lock = Repeated.split(

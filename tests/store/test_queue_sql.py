@@ -76,6 +76,10 @@ def check_sqlite_acks(conn: Connection, sql: QueueSql) -> None:
     run(conn, sql.ack_lock.sql(2), ("sip:a@x", "sip:b@x"))
     gone = run(conn, sql.ack_delete.sql(2), ("sip:a@x", 2, "sip:b@x", 0))
     assert gone == [("sip:a@x",), ("sip:a@x",)]
+    _session(conn, "sip:a@x", 3)
+    _session(conn, "sip:b@x", 5)
+    held = run(conn, sql.hold_lite.sql(2), ("sip:a@x", 3, "sip:b@x", 4))
+    assert held == [("sip:a@x",)]
 
 
 def check_postgresql_arrays(conn: Connection, sql: QueueSql) -> None:
@@ -128,7 +132,7 @@ CHECKS: dict[str, tuple[Callable[[Connection, QueueSql], None], frozenset[str]]]
     ),
     "record": (check_record, frozenset({"record"})),
     "held": (check_held_statements, frozenset({"pending_held"})),
-    "sqlite": (check_sqlite_acks, frozenset({"ack_lock", "ack_delete"})),
+    "sqlite": (check_sqlite_acks, frozenset({"ack_lock", "ack_delete", "hold_lite"})),
     "postgresql": (
         check_postgresql_arrays,
         frozenset({"record_unnest", "insert_unnest", "ack_lock_pg", "ack_delete_pg", "hold_pg"}),
