@@ -13,6 +13,9 @@ from alembic import context
 from mdeci.store.base import Base, import_all_models, make_engine
 
 config = context.config
+# The advisory lock key of a migration run (any constant the database's other users do
+# not take: the ASCII of "mdeci").
+MIGRATION_LOCK = 0x6D64656369
 import_all_models()
 target_metadata = Base.metadata
 
@@ -45,6 +48,11 @@ def run_migrations_online() -> None:
         # render_as_batch: SQLite cannot ALTER most things; batch mode copies the table.
         context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():
+            if conn.dialect.name == "postgresql":
+                # Brokers started together each migrate at start: one at a time, each
+                # reading the version the one before it left (SQLite's write lock does
+                # the same there).
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             context.run_migrations()
     engine.dispose()
 

@@ -1,0 +1,57 @@
+"""Several brokers started at once on one new PostgreSQL database each migrate it at start
+(mdeci/broker/app.py): the upgrades must queue, not race to create the same tables."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from mdeci.store.base import make_engine
+from tests.peers import pg_url
+
+BROKERS = 4
+
+
+@pytest.fixture
+def fresh_schema_url() -> Iterator[str]:
+    base = pg_url()
+    schema = f"race_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(base)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in base else "?"
+    try:
+        yield f"{base}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def test_brokers_upgrading_one_new_database_at_once_all_succeed(fresh_schema_url: str) -> None:
+    # Processes, as brokers are: Alembic's command API keeps module-level state and is not
+    # for threads of one process.
+    upgrades = [
+        subprocess.Popen(
+            [sys.executable, "-m", "mdeci", "db", "upgrade", "--url", fresh_schema_url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(BROKERS)
+    ]
+    outcomes = [(p.wait(60), *p.communicate()) for p in upgrades]
+    assert [(rc, err) for rc, _, err in outcomes if rc != 0] == []
+    engine = make_engine(fresh_schema_url)
+    try:
+        with engine.connect() as conn:
+            versions = conn.execute(sa.text("SELECT version_num FROM alembic_version")).all()
+    finally:
+        engine.dispose()
+    assert len(versions) == 1
+    assert all(versions[0][0] in out for _, out, _ in outcomes)
