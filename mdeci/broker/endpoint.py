@@ -212,7 +212,6 @@ class BrokerSipEndpoint:
         self._tasks: set[asyncio.Task[None]] = set()
         self._bound = False
         self.stats_refused = 0
-        self.event_errors = 0
         self._store_id: str | None = None  # read once: the store's incarnation id
 
     # ------------------------------------------------------------------ lifecycle
@@ -564,8 +563,8 @@ class BrokerSipEndpoint:
             event = await self.ua.events.get()
             try:
                 self._on_event(event)
-            except Exception:  # a StoreError, a short key: counted, never fatal to the loop
-                self.event_errors += 1
+            except Exception:  # a StoreError, a short key: logged, never fatal to the loop
+                log.exception("dialog event %s failed", type(event).__name__)
 
     def _on_event(self, event: DialogEvent) -> None:
         dialog = event.dialog

@@ -118,3 +118,7 @@ class SessionRows:
         got = sessions.set_status_held(uri, status, now, held)
         if isinstance(got, Lost):
             self.refused(got)
+        elif status is SessionStatus.ENDED:
+            # Ended here while held: nothing more is written for the user until a new
+            # session claims them, so the entry goes (one per user ever seen would grow).
+            del self.held_epochs[uri]

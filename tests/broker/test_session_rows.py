@@ -96,3 +96,22 @@ async def test_a_lost_user_stays_fenced_until_claimed_again(
     assert await worker.run(rows.holds, ALICE)
     assert a.ownership.holder(ALICE) == ("a", 3)
     assert await worker.run(queues.ack_many, AckMany([(ALICE, 1)])) == [1]
+
+
+async def test_a_session_ended_while_held_leaves_no_epoch_behind(
+    any_store: BrokerStore, worker: DbWorker
+) -> None:
+    a = BrokerStore(any_store.engine, "a")
+    rows = SessionRows(a, worker, lambda: 2000.0)
+    rows.write(_row("c1"))
+    rows.write(SetStatus(ALICE, Status.DISCONNECTED))
+    assert await worker.run(rows.holds, ALICE)
+    rows.write(SetStatus(ALICE, Status.NONE))
+    assert not await worker.run(rows.holds, ALICE)
+    assert await worker.run(lambda: dict(rows.held_epochs)) == {}
+    row = a.sessions.get_session(ALICE)
+    assert row is not None and row.status is SessionStatus.ENDED
+    # Her next INVITE claims her again.
+    rows.write(_row("c2"))
+    assert await worker.run(rows.holds, ALICE)
+    assert a.ownership.holder(ALICE) == ("a", 2)

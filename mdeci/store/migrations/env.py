@@ -50,8 +50,8 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             if conn.dialect.name == "postgresql":
                 # Brokers started together each migrate at start: one at a time, each
-                # reading the version the one before it left (SQLite's write lock does
-                # the same there).
+                # reading the version the one before it left. (A SQLite file has one
+                # broker: docs/operations.md.)
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             context.run_migrations()
     engine.dispose()
