@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mdeci.broker.errors import WrongThreadError
+from mdeci.broker.fencing import Fence
 from mdeci.broker.sessions import SessionManager
 from mdeci.broker.sms_policy import IP_CHANNEL, SMS_CHANNEL
 from mdeci.broker.worker import DbWorker
@@ -74,6 +75,10 @@ class IpSide(Protocol):
     def delivered_by_sms(self, uri: str, nseq: int) -> None:
         """``uri``'s ``nseq`` went by SMS: a later ack of it over IP is no second
         delivery."""
+
+    @property
+    def rows(self) -> Fence:
+        """The epochs this broker holds its users at (mdeci/broker/session_rows.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +190,8 @@ class SmsPlanner:
             session = self.store.sessions.get_session(look.uri)
             if session is None or session.status is not SessionStatus.DISCONNECTED:
                 return None
+        if self._lost(look.uri):
+            return None
         rows = self.store.queues.pending(
             look.uri,
             after_nseq=look.after,
@@ -196,6 +203,20 @@ class SmsPlanner:
             if row.nseq not in look.flying:
                 steps.extend(self._decide(look, row))
         return Plan(tuple(steps), max((row.nseq for row in rows), default=0))
+
+    def _lost(self, uri: str) -> bool:
+        """Another broker holds ``uri`` now (its fence is told): this one plans nothing
+        for the user, or both would send the same SMS. One read, as SMS plans are few."""
+        fence = None if self.ip is None else self.ip.rows
+        epoch = None if fence is None else fence.held_epochs.get(uri)
+        if fence is None or epoch is None:
+            return False  # a session made without SIP: not fenced
+        if not fence.holds(uri):
+            return True
+        for lost in self.store.ownership.lost_of({uri: epoch}):
+            fence.refused(lost)
+            return True
+        return False
 
     def _qclass(self, row: QueuedNotification) -> str:
         """The publish's class, else its subscription's, else by ``urgent``."""
