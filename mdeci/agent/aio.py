@@ -39,6 +39,7 @@ from mdeci.churnlog import ChurnLog, Role
 from mdeci.config import AgentConfig
 from mdeci.frames import Frame
 from mdeci.sms.gateway import SmsGateway
+from mdeci.tasks import spawn
 from rudp.aio import RudpEndpoint
 
 log = logging.getLogger("mdeci.agent")
@@ -205,7 +206,7 @@ class Agent(AgentDriver, Applications):
             self._lock.close()  # releases the flock
 
     def _spawn(self, coro: Any) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro)
+        task: asyncio.Task[None] = spawn(coro, log, "agent task")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

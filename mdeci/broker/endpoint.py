@@ -75,6 +75,7 @@ from mdeci.store.errors import StoreError, StoreUnavailable
 from mdeci.store.ownership import Lost
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
+from mdeci.tasks import spawn
 from rudp.keys import KeyExchange, KeyExchangeError, psk_from_ha1
 from sip.aio.ua import (
     DialogEnded,
@@ -288,7 +289,7 @@ class BrokerSipEndpoint:
         await self.ua.close()
 
     def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        task: asyncio.Task[None] = spawn(coro, log, "SIP endpoint task")  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -85,9 +85,11 @@ from mdeci.frames import (
 )
 from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
+from mdeci.tasks import spawn
 from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
 from rudp.config import RudpConfig
 
+log = logging.getLogger("mdeci.broker")
 MIN_KEY_BYTES = 16  # what RudpConnection accepts
 # Chunks of msg_ids forgotten after one sweep at most (Broker.prune): a million rows.
 PRUNE_CHUNKS_PER_SWEEP = 1000
@@ -124,9 +126,7 @@ class _UserLink:
 
 
 _CONNECTED = Status.CONNECTED
-
-
-def _nothing() -> None: ...
+_nothing = type(None)  # a worker call that does nothing: waits for the calls before it
 
 
 def check_key(key: bytes) -> None:
@@ -232,7 +232,7 @@ class BrokerService:
     def start(self) -> None:
         """Start the periodic subscription sweep (idempotent)."""
         if self._sweeper is None:
-            self._sweeper = asyncio.create_task(self._sweep_forever())
+            self._sweeper = spawn(self._sweep_forever(), log, "sweep")
 
     # ------------------------------------------------------------------ SIP-facing
 
@@ -449,7 +449,7 @@ class BrokerService:
         # link's peer is closed first: it calls this no more.
         self._inbound.append((link, data))
         if self._pump is None:
-            self._pump = asyncio.create_task(self._handle_inbound())
+            self._pump = spawn(self._handle_inbound(), log, "inbound frames")
 
     async def _handle_inbound(self) -> None:
         try:
@@ -564,7 +564,7 @@ class BrokerService:
             return
         self._due[link] = None
         if self._delivery is None:
-            self._delivery = asyncio.create_task(self._deliver())
+            self._delivery = spawn(self._deliver(), log, "delivery")
 
     async def _deliver(self) -> None:
         try:
