@@ -380,6 +380,9 @@ class UasCore:
         self.dialogs = dialogs if dialogs is not None else DialogTable()
         self.stats = UaStats()
         self._waiting: dict[TransactionKey, Request] = {}
+        # While set, out-of-dialog INVITE and OPTIONS get this answer (a UAS out of
+        # service answers 503, §21.5.4; OPTIONS is answered as an INVITE would be, §11.2).
+        self.out_of_service: Reply | None = None
 
     def screen(
         self,
@@ -500,6 +503,8 @@ class UasCore:
                 return Answer(Reply(exc.status, headers=extra), dialog)
             if method == "BYE":
                 return Answer(Reply(200), dialog, end="bye received")
+        elif self.out_of_service is not None and method in ("INVITE", "OPTIONS"):
+            return Answer(self.out_of_service)
         if method == "OPTIONS":
             return Answer(self.options_reply(), dialog)
         if method == "BYE":
