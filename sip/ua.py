@@ -76,6 +76,9 @@ class UaConfig:
     not prove the request was accepted (a challenge, a refusal, OPTIONS's 200) is sent
     only if it is at most this times the request's datagram, else dropped and counted
     (None: no bound). Both keep a spoofed source from being sent more than it sent.
+    ``unbounded_sources``: (host, port) sources exempt from that bound: the proxy in
+    front of this UA, which relays its requests and probes it with OPTIONS smaller than
+    the 200 (a source we talk to already, not a third party a spoofer could aim at).
     ``pad_to``: a request we send over UDP without credentials (not ACK or CANCEL) is
     padded to this many bytes with a ``Padding`` header (unknown to SIP elements, hence
     ignored), so that such a server's challenge or refusal fits (0: no padding); the
@@ -101,6 +104,7 @@ class UaConfig:
     tls_port: int = 0
     trying_delay: float | None = None
     max_answer_ratio: float | None = None
+    unbounded_sources: frozenset[tuple[str, int]] = frozenset()
     pad_to: int = 1024
 
     @property
