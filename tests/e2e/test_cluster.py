@@ -10,7 +10,8 @@ at 50/s; mid-stream the broker that owns alice (``mdeci admin sessions``) is kil
 (``kill -9``) or drained (``mdeci admin drain``). alice's agent re-INVITEs through
 Kamailio, the dispatcher takes her to another broker, and she resumes her queue from the
 store: she ends with exactly the matching notifications, in order (0 lost, 0 duplicated).
-The time from the kill (or drain) to her next delivery is printed.
+The time from the kill (or drain) to her next delivery is printed; the broker that took
+her over logs the churn log's ``handoff`` naming the one before.
 """
 
 from __future__ import annotations
@@ -174,6 +175,19 @@ async def test_alice_moves_to_another_broker_with_0_lost_0_duplicated(
         check_exactly(tail.records, [f"t{i}" for i in range(sent)])
         new_node = await cluster.owner("alice")
         assert new_node != victim_node
+        # The new holder's churn log says whom it took her over from.
+        path = cluster.brokers[new_node].loaded.churnlog.path
+
+        async def handed_off() -> bool:
+            lines = path.read_text("utf-8").splitlines() if path.exists() else []
+            records = [json.loads(line) for line in lines if line]
+            return any(
+                r["event"] == "handoff" and r["uri"] == uri("alice")
+                and r.get("prev_node") == victim_node and r["node"] == new_node
+                for r in records
+            )  # fmt: skip
+
+        await eventually(handed_off)
         if how == "drain":
             # The drained broker ends with no session (bob too, if it held his).
             async def none_left() -> bool:
