@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from tests.e2e.harness_b import (
     pg_schema_url,
     uri,
 )
+from tests.ops.test_tls_recipe import code_blocks, section
 from tests.peers import free_port, pg_url
 from tests.sip.interop.kamailio import Kamailio
 
@@ -52,6 +54,38 @@ def agent_timers() -> tuple[str, str]:
     head, sep, tail = rest.partition("keepalive_interval = 0.5\n")
     assert sep, rest
     return sip, head + sep + DEAD_AFTER + tail
+
+
+# docs/operations.md §9.4, the recipe this test follows: its config lines are read here.
+RECIPE = section(
+    (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text("utf-8"),
+    "### 9.4 Several brokers behind Kamailio's dispatcher (a cluster)",
+)
+BLOCKS = code_blocks(RECIPE)
+DOC_KAMAILIO = "10.0.0.10:5060"
+
+
+def doc_registrar(kamailio: str) -> str:
+    """The broker's ``[registrar]`` and own ``[[auth.users]]`` of the recipe's step 2,
+    with Kamailio's address."""
+    (toml,) = [body for lang, body in BLOCKS if lang == "toml"]
+    tail = toml[toml.index("[registrar]") :]
+    assert DOC_KAMAILIO in tail, tail
+    return tail.replace(DOC_KAMAILIO, kamailio)
+
+
+def doc_dispatcher_list(brokers: list[tuple[str, int]]) -> str:
+    """The recipe's dispatcher list (step 3), one line per broker of ``brokers``."""
+    (listing,) = [body for lang, body in BLOCKS if lang == "text"]
+    lines = listing.splitlines()
+    assert len(lines) == len(brokers) and all(re.fullmatch(r"1 sip:[\d.]+:\d+", x) for x in lines)
+    return "".join(f"1 sip:{host}:{port}\n" for host, port in brokers)
+
+
+def test_the_recipe_starts_kamailio_in_the_mode_the_helper_uses() -> None:
+    (start,) = [body for lang, body in BLOCKS if lang == "sh" and "kamailio -f" in body]
+    assert "-A WITH_DISPATCHER -A 'DISPATCHER_LIST=\"/etc/mdeci/dispatcher.list\"'" in start
+    assert "configs/kamailio.cfg" in start
 
 
 @pytest.fixture
@@ -81,20 +115,21 @@ class Cluster:
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path, store_url: str) -> AsyncIterator[Cluster]:
+async def cluster(
+    tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Cluster]:
     """Kamailio (dispatcher mode), three brokers registered there, alice and bob
     connected through it."""
+    # The recipe's broker password comes from the environment (the brokers inherit it).
+    monkeypatch.setenv("MDECI_BROKER_PASSWORD", "broker-secret")
     ports = {host: free_port(host=host) for host in BROKER_HOSTS}
     listing = tmp_path / "dispatcher.list"
-    listing.write_text("".join(f"1 sip:{h}:{p}\n" for h, p in ports.items()))
+    listing.write_text(doc_dispatcher_list(list(ports.items())))
     kamailio = Kamailio(tmp_path, dispatcher=listing)
     children: list[BrokerProcess | AgentProcess] = []
     try:
         await kamailio.ready()
-        registrar = (
-            f'[registrar]\nembedded = false\naddress = "127.0.0.1:{kamailio.port}"\n'
-            'transport = "udp"\n\n[[auth.users]]\nuser = "broker"\npassword = "broker-secret"\n'
-        )
+        registrar = doc_registrar(f"127.0.0.1:{kamailio.port}")
         brokers: dict[str, BrokerProcess] = {}
         for n, host in enumerate(BROKER_HOSTS, 1):
             node = f"b{n}"
