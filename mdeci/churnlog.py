@@ -70,6 +70,7 @@ class Event(StrEnum):
     SUBSCRIPTION_EXPIRED = "subscription_expired"
     NOTIFY_DUPLICATE = "notify_duplicate"
     NOTIFY_GAP = "notify_gap"
+    HANDOFF = "handoff"
 
 
 class Role(StrEnum):
@@ -152,6 +153,7 @@ class ChurnFields(TypedDict, total=False):
     reason: str | None
     missed: int | None
     published: str | None
+    prev_node: str | None
 
 
 # Field order of a record (§8); the writer emits them in this order, omitting None.

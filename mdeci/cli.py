@@ -42,7 +42,7 @@ REGISTRY: dict[str, Entry] = {
     "status": Entry("mdeci.commands.client", "show the local agent's session status"),
     "move": Entry("mdeci.commands.client", "move the local agent to another local address"),
     "db": Entry("mdeci.commands.db", "database administration (upgrade)"),
-    "admin": Entry("mdeci.commands.admin", "users, sessions and kicks (operators)"),
+    "admin": Entry("mdeci.commands.admin", "users, sessions, kicks and drain (operators)"),
     "check": Entry("mdeci.commands.check", "validate a broker or agent config file and exit"),
     "sms": Entry("mdeci.commands.sms", "SMS and channel spend per user (operators)"),
     "demo": Entry("mdeci.commands.demo", "run the whole story on this machine"),

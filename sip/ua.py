@@ -76,6 +76,9 @@ class UaConfig:
     not prove the request was accepted (a challenge, a refusal, OPTIONS's 200) is sent
     only if it is at most this times the request's datagram, else dropped and counted
     (None: no bound). Both keep a spoofed source from being sent more than it sent.
+    ``unbounded_sources``: (host, port) sources exempt from that bound: the proxy in
+    front of this UA, which relays its requests and probes it with OPTIONS smaller than
+    the 200 (a source we talk to already, not a third party a spoofer could aim at).
     ``pad_to``: a request we send over UDP without credentials (not ACK or CANCEL) is
     padded to this many bytes with a ``Padding`` header (unknown to SIP elements, hence
     ignored), so that such a server's challenge or refusal fits (0: no padding); the
@@ -101,6 +104,7 @@ class UaConfig:
     tls_port: int = 0
     trying_delay: float | None = None
     max_answer_ratio: float | None = None
+    unbounded_sources: frozenset[tuple[str, int]] = frozenset()
     pad_to: int = 1024
 
     @property
@@ -380,6 +384,9 @@ class UasCore:
         self.dialogs = dialogs if dialogs is not None else DialogTable()
         self.stats = UaStats()
         self._waiting: dict[TransactionKey, Request] = {}
+        # While set, out-of-dialog INVITE and OPTIONS get this answer (a UAS out of
+        # service answers 503, §21.5.4; OPTIONS is answered as an INVITE would be, §11.2).
+        self.out_of_service: Reply | None = None
 
     def screen(
         self,
@@ -500,6 +507,8 @@ class UasCore:
                 return Answer(Reply(exc.status, headers=extra), dialog)
             if method == "BYE":
                 return Answer(Reply(200), dialog, end="bye received")
+        elif self.out_of_service is not None and method in ("INVITE", "OPTIONS"):
+            return Answer(self.out_of_service)
         if method == "OPTIONS":
             return Answer(self.options_reply(), dialog)
         if method == "BYE":

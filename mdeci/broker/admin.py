@@ -2,8 +2,10 @@
 needs from the running process rather than from the store.
 
 One JSON object per line each way. Requests: ``{"op": "kick", "uri":
-"sip:alice@example.org"}`` (BYE, delivery stopped) and ``{"op": "sessions"}`` (the
-stored sessions with queue depth and subscriptions, as ``mdeci admin sessions`` prints).
+"sip:alice@example.org"}`` (BYE, delivery stopped), ``{"op": "drain"}`` (out of service:
+503 to new INVITEs and OPTIONS, every session ended with BYE; answers ``ended``, how many;
+:mod:`mdeci.broker.drain`) and ``{"op": "sessions"}`` (the stored sessions with queue
+depth and subscriptions, as ``mdeci admin sessions`` prints).
 Answers carry ``"ok": true`` or ``"ok": false, "error": "..."``. Users need no socket:
 they live in the store, which digest authentication reads at each request (``mdeci admin users``).
 """
@@ -33,6 +35,8 @@ class AdminError(MdeciError):
 
 class Kicker(Protocol):
     def kick(self, uri: str) -> bool: ...
+
+    def drain(self) -> int: ...
 
 
 class AdminServer:
@@ -105,6 +109,8 @@ class AdminServer:
             if not self.endpoint.kick(uri):
                 return {"ok": False, "error": f"{uri} has no session"}
             return {"ok": True, "kicked": uri}
+        if op == "drain":
+            return {"ok": True, "ended": self.endpoint.drain()}
         return {"ok": False, "error": f"unknown op {op!r}"}
 
 

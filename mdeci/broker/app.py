@@ -30,7 +30,7 @@ from mdeci.broker.sms import SmsFallback
 from mdeci.broker.sms_policy import make_gateway
 from mdeci.broker.ua_config import broker_password
 from mdeci.broker.wakes import WakeListener
-from mdeci.broker.worker import DbWorker
+from mdeci.broker.worker import DbWorker, LoopSink
 from mdeci.churnlog import ChurnLog, Role
 from mdeci.config import BrokerConfig
 from mdeci.errors import ConfigError
@@ -171,6 +171,9 @@ async def run_broker(
             raise BrokerError(
                 f"cannot listen for media on {media_host}:{media_port}: {exc.strerror or exc}"
             ) from None
+        # A user another broker held: the churn log's handoff (docs/protocol.md §8).
+        handoffs = LoopSink(sink, service.to_loop)
+        service.rows.on_handoff = lambda uri, prev: handoffs.emit("handoff", uri, prev_node=prev)
         if config.media.advertise is not None:
             service.advertise = (config.media.advertise.host, config.media.advertise.port)
         service.start()

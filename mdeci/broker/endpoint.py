@@ -26,6 +26,7 @@ and its commands are carried out here (BYE, churn events) or by the service.
   (its nonce-count would look replayed).
 - Requests for other users get 404; OPTIONS, CANCEL and unknown methods are the UA
   core's (200 with Allow, §9.2, 501); ``Allow`` names REGISTER only in embedded mode.
+  Drained (:meth:`drain`), new INVITEs and OPTIONS get 503 (:mod:`mdeci.broker.drain`).
 
 The database is never called on the event loop: store calls go to the service's
 :class:`~mdeci.broker.worker.DbWorker` thread, in order. Digest (the UA's in-dialog guard
@@ -43,6 +44,7 @@ import secrets
 import time
 from collections.abc import Callable
 
+from mdeci.broker.drain import draining
 from mdeci.broker.errors import BrokerError
 from mdeci.broker.refusal import STORAGE_UNAVAILABLE, refusal
 from mdeci.broker.registrar import BrokerRegistrar, StagedBindings, StoreBindings
@@ -86,17 +88,11 @@ from sip.aio.ua import (
     Reply,
     UserAgent,
 )
-from sip.auth import (
-    AuthChallenge,
-    DigestConfig,
-)
+from sip.auth import AuthChallenge, DigestConfig
 from sip.dialog import Dialog, DialogState
 from sip.errors import AuthHeaderError, SdpError, SipError, SipParseError
 from sip.message import Request
-from sip.registrar import (
-    Registrar,
-    RegistrarConfig,
-)
+from sip.registrar import Registrar, RegistrarConfig
 from sip.sdp import MdeciMedia, build_answer, parse_session
 from sip.uri import SipUri, parse_uri
 
@@ -193,12 +189,7 @@ class BrokerSipEndpoint:
         self.failed_logins = FailedLogins(config.auth.throttle, monotonic)
         self.registrar: Registrar | None = None
         self._registrar: BrokerRegistrar | None = None  # the registrar's glue
-        self.ua = UserAgent(
-            ua_config(config),
-            self.handle,
-            random=random,
-            guard=self._guard,
-        )
+        self.ua = UserAgent(ua_config(config), self.handle, random=random, guard=self._guard)
         self._random = random
         # Every user's session is the Session Manager's (the service holds it): this
         # endpoint hands it the SIP events and carries out its BYEs and churn events.
@@ -666,6 +657,14 @@ class BrokerSipEndpoint:
             return False
         self._run(self.sessions.kick(uri))
         return True
+
+    def drain(self) -> int:
+        """Out of service (``mdeci admin drain``): new INVITEs and the proxy's OPTIONS
+        probes get 503, every session ends with BYE. How many sessions it ended."""
+        self.ua.core.out_of_service = draining(self.config.node)
+        ended = self.sessions.drain()
+        self._run(ended)
+        return sum(isinstance(c, Log) for c in ended)
 
     @property
     def bound(self) -> bool:

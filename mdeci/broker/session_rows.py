@@ -14,7 +14,9 @@ new session claims the user (the epoch rises); a refresh, a status and the queue
 :class:`~mdeci.broker.glue.Broker` are written only while the user is still held at it.
 A refusal (:class:`~mdeci.store.ownership.Lost`) goes to :attr:`SessionRows.on_lost`
 once; the stale epoch is kept, so that every later call for the user is refused as well
-(not let through unfenced) until a new session claims the user.
+(not let through unfenced) until a new session claims the user. A claim that replaces
+the row of another broker node goes to :attr:`SessionRows.on_handoff` (the churn log's
+``handoff``: a user moved between brokers, by a failover or a drain).
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def _ignore(lost: Lost) -> None:
     del lost
 
 
+def _ignore_handoff(uri: str, prev_node: str) -> None:
+    del uri, prev_node
+
+
 class SessionRows:
     """Writes session rows and statuses of ``store`` on ``worker``'s thread; ``clock``
     stamps a status change (wall-clock seconds)."""
@@ -53,6 +59,9 @@ class SessionRows:
         self._gone: set[str] = set()
         #: Told, on the database thread, of each user this broker found it lost.
         self.on_lost: Callable[[Lost], None] = _ignore
+        #: Told, on the database thread, of each user a new session took over from
+        #: another node: (uri, that node).
+        self.on_handoff: Callable[[str, str], None] = _ignore_handoff
 
     def write(self, command: StoreSession | SetStatus) -> None:
         """Queue ``command``'s write behind every call made so far."""
@@ -108,6 +117,8 @@ class SessionRows:
         else:
             self.held_epochs[uri] = got.epoch
             self._gone.discard(uri)
+            if got.prev_owner and got.prev_owner != self._store.node:
+                self.on_handoff(uri, got.prev_owner)
 
     def _status(self, uri: str, status: SessionStatus, now: float) -> None:
         sessions = self._store.sessions

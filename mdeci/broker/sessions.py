@@ -424,6 +424,14 @@ class SessionManager:
             return []
         return self._end(s, "kicked", bye=True)
 
+    def drain(self) -> list[Command]:
+        """End every session now (``mdeci admin drain``): BYE and ENDED, reason
+        ``drained``; each agent INVITEs again and reaches another broker."""
+        out: list[Command] = []
+        for s in list(self._sessions.values()):
+            out += self._end(s, "drained", bye=True)
+        return out
+
     def restored(
         self,
         uri: str,

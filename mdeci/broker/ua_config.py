@@ -25,6 +25,14 @@ def broker_password(config: BrokerConfig) -> str | None:
     return own[0].password
 
 
+def _proxy(config: BrokerConfig) -> frozenset[tuple[str, int]]:
+    """The external registrar's address (an IP literal matches the probes' source)."""
+    address = config.registrar.address
+    if config.registrar.embedded or address is None:
+        return frozenset()
+    return frozenset({(address.host, address.port)})
+
+
 def ua_config(config: BrokerConfig) -> UaConfig:
     """The broker's UA from ``[sip]``: its transports (TLS only when listed), timers."""
     sip, tls = config.sip, "tls" in config.sip.transports
@@ -42,6 +50,9 @@ def ua_config(config: BrokerConfig) -> UaConfig:
         # its request allows (docs/security.md).
         trying_delay=0.2,
         max_answer_ratio=config.auth.max_answer_ratio or None,
+        # The external registrar is the proxy in front of us (Kamailio): its dispatcher's
+        # OPTIONS probes are smaller than our 200, and it is no third party.
+        unbounded_sources=_proxy(config),
         # Agents bound no answers by size: the broker's own requests need no padding.
         pad_to=0,
         # Allow names what this mode serves: REGISTER only as the registrar.

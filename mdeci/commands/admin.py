@@ -13,6 +13,10 @@
 - ``queue USER``: what waits in a user's queue (nseq, subject, size, attributes), oldest
   first; payload bytes only with ``--payload``.
 - ``kick URI``: the running broker ends the session (BYE) through its admin socket.
+- ``drain``: the running broker goes out of service (a cluster behind Kamailio's
+  dispatcher, docs/operations.md): 503 to new INVITEs and to the dispatcher's OPTIONS
+  probes, and a BYE to every session it holds, so each agent INVITEs again and reaches
+  another broker. Prints how many sessions it ended. Lasts until the broker stops.
 
 None of them needs the service's secrets: the config's ``password_env`` variables may be
 unset (only the broker itself authenticates with them). Errors are one line and exit 2.
@@ -63,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     queue.add_argument("--json", action="store_true", help="JSON lines")
     kick = config(sub.add_parser("kick", help="end a user's session now (BYE)"))
     kick.add_argument("uri", help="e.g. sip:alice@example.org (or just the user name)")
+    config(sub.add_parser("drain", help="take the running broker out of service (BYE to all)"))
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -269,6 +274,13 @@ def run(args: argparse.Namespace) -> int:
         return _queue(args, config)
     from mdeci.broker.admin import call
 
+    if args.admin_command == "drain":
+        answer = call(config.admin_socket, {"op": "drain"})
+        ended = answer.get("ended")
+        if not isinstance(ended, int):
+            raise ConfigError("the broker answered a drain without a count")
+        print(f"draining {config.node}: ended {ended} session{'' if ended == 1 else 's'}")
+        return 0
     uri = _uri(config, args.uri)
     call(config.admin_socket, {"op": "kick", "uri": uri})
     print(f"kicked {uri}")

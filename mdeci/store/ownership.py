@@ -26,7 +26,7 @@ counter rows, a takeover only the sessions row), so none of them can deadlock.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from sqlalchemy import bindparam, delete, select, update
@@ -42,9 +42,12 @@ from mdeci.store.queues import SqlQueueStore
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """The caller holds the user at ``epoch``."""
+    """The caller holds the user at ``epoch``. ``prev_owner``: on a new session's claim,
+    the node whose row it replaced (``""``: none, a new row or one without an owner);
+    what was, not what is, so it takes no part in equality."""
 
     epoch: int
+    prev_owner: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,11 @@ class SqlSessionStore:
                     .returning(SessionRow.epoch)
                 ).scalar_one_or_none()
                 return holder_of(conn, session.uri) if epoch is None else Held(int(epoch))
+            # The row's owner before this claim (the churn log's handoff): the row is
+            # locked until the claim commits (PostgreSQL; SQLite has one writer).
+            prev = conn.execute(
+                select(SessionRow.owner).where(SessionRow.uri == session.uri).with_for_update()
+            ).scalar_one_or_none()
             stmt = insert_on_conflict(conn, SessionRow).values({**values, "epoch": 1})
             epoch = conn.execute(
                 stmt.on_conflict_do_update(
@@ -107,7 +112,7 @@ class SqlSessionStore:
                     set_={**changed, "epoch": SessionRow.epoch + 1},
                 ).returning(SessionRow.epoch)
             ).scalar_one()
-        return Held(int(epoch))
+        return Held(int(epoch), prev or "")
 
     def get_session(self, uri: str) -> SessionRecord | None:
         """The session of ``uri``, or None if it never had one.

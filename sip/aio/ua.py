@@ -189,12 +189,17 @@ class UserAgent:
         except SipParseError as exc:
             self.stats.malformed += 1
             if isinstance(exc.message, Request) and transport == "udp":
-                exc.message.udp_size = len(data)
+                exc.message.udp_size = self._bounded_size(data, source)
             self._answer_malformed(exc, source, transport)
             return
         if isinstance(msg, Request) and transport == "udp":
-            msg.udp_size = len(data)
+            msg.udp_size = self._bounded_size(data, source)
         self._on_parsed(msg, source, transport)
+
+    def _bounded_size(self, data: bytes, source: Address) -> int:
+        """The size that bounds unproven answers to ``data`` (0: none, for the sources
+        :attr:`UaConfig.unbounded_sources` names)."""
+        return 0 if source in self.config.unbounded_sources else len(data)
 
     def _answer_malformed(self, exc: SipParseError, source: Address, transport: str) -> None:
         response = self.core.malformed(exc, self.new_tag())

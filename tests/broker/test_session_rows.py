@@ -115,3 +115,24 @@ async def test_a_session_ended_while_held_leaves_no_epoch_behind(
     rows.write(_row("c2"))
     assert await worker.run(rows.holds, ALICE)
     assert a.ownership.holder(ALICE) == ("a", 2)
+
+
+async def test_a_claim_of_another_nodes_row_is_told_as_a_handoff(
+    any_store: BrokerStore, b: BrokerStore, worker: DbWorker
+) -> None:
+    a = BrokerStore(any_store.engine, "a")
+    rows_a = SessionRows(a, worker, lambda: 2000.0)
+    rows_b = SessionRows(b, worker, lambda: 2001.0)
+    told_a: list[tuple[str, str]] = []
+    told_b: list[tuple[str, str]] = []
+    rows_a.on_handoff = lambda uri, prev: told_a.append((uri, prev))
+    rows_b.on_handoff = lambda uri, prev: told_b.append((uri, prev))
+    rows_a.write(_row("c1"))  # a new row: nobody held her
+    rows_a.write(_row("c1", refresh=True))
+    rows_a.write(_row("c2"))  # a's own row again: no handoff
+    assert await worker.run(rows_a.holds, ALICE)
+    assert told_a == []
+    rows_b.write(_row("c3"))  # her next INVITE reached b (a was lost or drained)
+    assert await worker.run(rows_b.holds, ALICE)
+    assert told_b == [(ALICE, "a")]
+    assert b.ownership.holder(ALICE) == ("b", 3)

@@ -427,6 +427,25 @@ def test_kick_ends_with_bye_and_forgets(manager: SessionManager, clock: Clock) -
     assert manager.kick(ALICE) == []
 
 
+def test_drain_ends_every_session_with_bye_and_the_next_drain_finds_none(
+    manager: SessionManager, clock: Clock
+) -> None:
+    alice = Agent(manager, clock, ALICE)
+    bob = Agent(manager, clock, BOB)
+    alice.invite()
+    clock.advance(1.0)
+    bob.invite()
+    out = manager.drain()
+    byes = [c for c in out if isinstance(c, SendBye)]
+    assert [c.dialog_id for c in byes] == [alice.dialog, bob.dialog]
+    ended = [c for c in out if isinstance(c, Log)]
+    assert {c.uri for c in ended} == {ALICE, BOB}
+    assert all(dict(c.fields)["reason"] == "drained" for c in ended)
+    assert SetStatus(ALICE, Status.NONE) in out and SetStatus(BOB, Status.NONE) in out
+    assert len(manager) == 0 and manager.get(ALICE) is None
+    assert manager.drain() == []
+
+
 def test_unconfirmed_keys_end_the_session_at_the_deadline(
     manager: SessionManager, clock: Clock
 ) -> None:

@@ -17,6 +17,9 @@ from mdeci.agent import Agent
 from mdeci.broker.app import run_broker
 from mdeci.cli import main
 from mdeci.config import load_broker_config
+from sip.aio.ua import UaConfig, UserAgent
+from sip.message import Response
+from sip.transaction import TimerConfig
 from tests.agent.farend import FAST_RUDP, GUARD, agent_config, lo_only
 from tests.broker.conftest import WaitingSink
 from tests.client.conftest import Deployment
@@ -32,6 +35,32 @@ def broker_toml(folder: Path, url: str) -> Path:
         '[[auth.users]]\nuser = "bob"\npassword_env = "MDECI_TEST_UNSET_BOB_PW"\n'
     )
     return path
+
+
+async def options(addr: tuple[str, int]) -> Response:
+    """One out-of-dialog OPTIONS to ``addr``, as Kamailio's dispatcher probes a broker."""
+    ua = UserAgent(UaConfig(aor="sip:dispatcher@localhost", timers=TimerConfig(t1=0.05)))
+    await ua.start("127.0.0.1")
+    try:
+        target = f"sip:{addr[0]}:{addr[1]}"
+        request = ua.build_request("OPTIONS", target, to=f"<{target}>")
+        return await asyncio.wait_for(ua.request(request, addr), GUARD)
+    finally:
+        await ua.close()
+
+
+def test_drain_without_a_running_broker_is_one_line_and_exit_2(
+    short_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = str(broker_toml(short_dir, f"sqlite:///{short_dir / 'broker.db'}"))
+    assert main(["admin", "drain", "--config", cfg]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("mdeci admin: error: cannot reach the broker at ") and err.count("\n") == 1
+    ), err
+    with pytest.raises(SystemExit) as exc:
+        main(["admin", "drain", "sip:alice@localhost", "--config", cfg])
+    assert exc.value.code == 2
 
 
 async def cli(*argv: str) -> int:
@@ -165,6 +194,20 @@ async def test_kick_and_sessions_reach_the_running_broker_without_the_services_s
         out = capsys.readouterr()
         assert (out.out, out.err) == ("kicked sip:alice@localhost\n", "")
         await asyncio.wait_for(sink.wait_for("session_ended", "sip:alice@localhost"), GUARD)
+        # She comes back (the kick is no ban); a drain ends her session again, and from
+        # then on new INVITEs and OPTIONS get 503 with Retry-After.
+        await asyncio.wait_for(sink.wait_for("session_started", "sip:alice@localhost", 2), GUARD)
+        assert await cli("admin", "drain", "--config", cfg) == 0
+        out = capsys.readouterr()
+        assert (out.out, out.err) == ("draining b-1: ended 1 session\n", "")
+        ended = await asyncio.wait_for(
+            sink.wait_for("session_ended", "sip:alice@localhost", 2), GUARD
+        )
+        assert ended.fields["reason"] == "drained"
+        probe = await options(broker.sip_addr)
+        assert probe.status == 503 and probe.headers.get("Retry-After") == "30"
+        assert await cli("admin", "drain", "--config", cfg) == 0
+        assert capsys.readouterr().out == "draining b-1: ended 0 sessions\n"
     finally:
         await alice.close(clean=False)
         await broker.close()

@@ -360,10 +360,11 @@ class AgentProcess(_Child):
 class ApiPublisher:
     """bob (an `mdeci agent` process) publishing ``t<i>`` at ``rate`` per second through
     its local API, one request at a time on one connection: the broker gets them in the
-    order sent, so alice's order can be checked."""
+    order sent, so alice's order can be checked. It stops by itself after ``limit``."""
 
-    def __init__(self, agent: AgentProcess, subject: str, rate: float) -> None:
+    def __init__(self, agent: AgentProcess, subject: str, rate: float, limit: int = 5000) -> None:
         self.agent = agent
+        self.limit = limit
         self.subject = subject
         self.interval = 1.0 / rate
         self.sent = 0
@@ -380,7 +381,7 @@ class ApiPublisher:
         loop = asyncio.get_running_loop()
         start = loop.time()
         async with ApiClient(self.agent.socket) as client:
-            while not self._stop.is_set() and self.sent < 5000:
+            while not self._stop.is_set() and self.sent < self.limit:
                 delay = start + self.sent * self.interval - loop.time()
                 if delay > 0:  # pacing (the offered load), not synchronisation
                     with contextlib.suppress(TimeoutError):

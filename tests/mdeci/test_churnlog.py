@@ -87,6 +87,7 @@ def test_fields_order_and_omission(tmp_path: Path) -> None:
             reason="flushed après re-INVITE",
             missed=2,
             published="2026-11-22T21:05:02.900Z",
+            prev_node="broker-0",
         )
     raw = path.read_text("utf-8")
     assert raw.endswith("\n")

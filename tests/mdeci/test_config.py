@@ -209,6 +209,20 @@ def test_the_answer_bound_is_the_brokers_to_set_or_turn_off(tmp_path: Path) -> N
     )
 
 
+def test_only_the_external_registrar_is_exempt_from_the_answer_bound(tmp_path: Path) -> None:
+    from mdeci.broker.ua_config import ua_config
+
+    assert ua_config(load_broker_config(write(tmp_path, ""))).unbounded_sources == frozenset()
+    external = load_broker_config(
+        write(
+            tmp_path,
+            '[registrar]\nembedded = false\naddress = "127.0.0.1:5071"\n'
+            '[[auth.users]]\nuser = "broker"\npassword = "x"\n',
+        )
+    )
+    assert ua_config(external).unbounded_sources == {("127.0.0.1", 5071)}
+
+
 def test_users_inline_file_and_env(tmp_path: Path) -> None:
     (tmp_path / "users.toml").write_text(
         '[[users]]\nuser = "carol"\npassword_env = "CAROL_PW"\n', "utf-8"

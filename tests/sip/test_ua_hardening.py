@@ -174,6 +174,39 @@ async def test_challenge_is_stateless_and_sent_once(sock: socket.socket) -> None
         await ua.close()
 
 
+async def test_the_proxy_in_front_gets_a_200_larger_than_its_small_options(
+    sock: socket.socket,
+) -> None:
+    """A dispatcher's OPTIONS probe is smaller than our 200: a source the bound exempts
+    (the proxy in front) gets it; any other source gets nothing (counted)."""
+    other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    other.bind(("127.0.0.1", 0))
+    other.setblocking(False)
+    proxy = sock.getsockname()
+    config = UaConfig(
+        aor="sip:ua@example.org", timers=FAST, max_answer_ratio=1.0,
+        unbounded_sources=frozenset({proxy}),
+    )  # fmt: skip
+    ua = UserAgent(config)
+    await ua.start("127.0.0.1")
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_sendto(sock, raw_request("OPTIONS", proxy[1], "p1"), ua.local_addr)
+        answer = await recv(sock)
+        assert (answer.call_id, answer.status) == ("p1", 200)
+        port = other.getsockname()[1]
+        await loop.sock_sendto(other, raw_request("OPTIONS", port, "p2"), ua.local_addr)
+        # The same probe from the proxy after it: once its 200 is here, p2 was handled.
+        await loop.sock_sendto(sock, raw_request("OPTIONS", proxy[1], "p3"), ua.local_addr)
+        assert (await recv(sock)).call_id == "p3"
+        assert ua.stats.too_large == 1
+        with pytest.raises(BlockingIOError):
+            other.recv(65536)
+    finally:
+        other.close()
+        await ua.close()
+
+
 async def test_400_goes_to_the_source_not_the_via(sock: socket.socket) -> None:
     victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     victim.bind(("127.0.0.1", 0))

@@ -218,3 +218,17 @@ def test_batched_acks_are_fenced_per_user_and_the_lost_ones_named(
     # A user the caller holds no epoch for is not fenced (a session made without SIP).
     counts, lost = a.ack_many(queues, [(ALICE, 1)], {})
     assert (counts, lost) == ([1], [])
+
+
+def test_a_new_sessions_claim_names_the_owner_it_replaced(engine: Engine, other: Engine) -> None:
+    a, b = SqlSessionStore(engine), SqlSessionStore(other)
+
+    def prev(got: Held | Lost) -> str:
+        assert isinstance(got, Held), got
+        return got.prev_owner
+
+    assert prev(a.upsert_session(_session(), owner="a")) == ""  # a new row
+    assert prev(a.upsert_session(_session(), owner="a")) == "a"
+    assert prev(a.upsert_session(_session(), owner="a", held=2)) == ""  # a refresh
+    assert prev(b.upsert_session(_session(call_id="c2@host"), owner="b")) == "a"
+    assert SqlOwnership(engine, "a").holder(ALICE) == ("b", 3)

@@ -112,6 +112,25 @@ def test_options_outside_a_dialog() -> None:
     assert dict(decision.reply.headers)["Accept"] == "application/sdp"
 
 
+def test_out_of_service_answers_new_invites_and_options_but_not_dialogs() -> None:
+    core = UasCore(EXTERNAL)
+    dialog = confirmed(core)
+    core.out_of_service = Reply(503, headers=(("Retry-After", "30"),))
+    for method in ("INVITE", "OPTIONS"):
+        decision = core.decide(request(method, branch=f"z9hG4bK-{method}", call_id="new"))
+        assert isinstance(decision, Answer) and decision.reply.status == 503, method
+        assert dict(decision.reply.headers)["Retry-After"] == "30"
+    # In-dialog requests still reach the dialog (its BYE, a refresh) while draining.
+    inside = core.decide(request("OPTIONS", cseq=2, to_tag="b1"))
+    assert isinstance(inside, Answer) and inside.reply.status == 200
+    assert inside.dialog is dialog
+    bye = core.decide(request("BYE", cseq=3, to_tag="b1"))
+    assert isinstance(bye, Answer) and bye.reply.status == 200
+    core.out_of_service = None
+    back = core.decide(request("OPTIONS", call_id="later"))
+    assert isinstance(back, Answer) and back.reply.status == 200
+
+
 def test_options_inside_a_dialog_is_answered_and_keeps_the_dialog() -> None:
     core = UasCore(EXTERNAL)
     dialog = confirmed(core)

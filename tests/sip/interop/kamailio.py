@@ -30,10 +30,17 @@ def tls_config(certs: Certs) -> str:
 
 
 class Kamailio:
-    """``kamailio -DD`` in its own session; stopped by signalling that session (ours)."""
+    """``kamailio -DD`` in its own session; stopped by signalling that session (ours).
+    ``dispatcher``: a dispatcher list file, for the config's ``WITH_DISPATCHER`` mode
+    (several brokers behind it)."""
 
     def __init__(
-        self, workdir: Path, children: int = 2, tls: Certs | None = None, shm_mb: int = 64
+        self,
+        workdir: Path,
+        children: int = 2,
+        tls: Certs | None = None,
+        shm_mb: int = 64,
+        dispatcher: Path | None = None,
     ) -> None:
         binary = require_binary("kamailio", "apt-get install kamailio")
         self.port = free_port()
@@ -54,6 +61,8 @@ class Kamailio:
                 "-A", "WITH_TLS", "-A", f'TLS_CONFIG="{tls_cfg}"',
                 "-l", f"tls:127.0.0.1:{self.tls_addr[1]}",
             ]  # fmt: skip
+        if dispatcher is not None:
+            extra += ["-A", "WITH_DISPATCHER", "-A", f'DISPATCHER_LIST="{dispatcher}"']
         self.log = workdir / "kamailio.log"
         self._log = self.log.open("w")
         self.process = subprocess.Popen(
