@@ -331,9 +331,12 @@ class _UserLog:
                 failover = cfg.brokers > 1 and gap > 0 and rng.random() < cfg.failover_fraction
                 if failover:
                     # Its broker went silent under the device (which notices and says so),
-                    # and the device comes back through another broker: a new session there.
+                    # and the device comes back through another broker: a new session there,
+                    # which takes the user over from the silent one.
                     self.simple(start - 1, self.agent, "broker_lost", f',"addr":"{prev}"')
+                    lost_broker = self.broker
                     self.broker = f"broker-{(int(self.broker[7:]) % cfg.brokers) + 1}"
+                    self.simple(start + 3, self.broker, "handoff", f',"prev_node":"{lost_broker}"')
                     self.calls += 1
                     self.call_id = f"{self.index:x}-{self.calls:x}@{self.uri[4:]}"
                 self.simple(start + 2, self.broker, "registered", f',"addr":"{new}"')
