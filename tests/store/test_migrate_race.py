@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
 from mdeci.store.base import make_engine
+from tests.e2e.harness_b import drop_pg_schema, pg_schema_url
 from tests.peers import pg_url
 
 BROKERS = 4
@@ -20,17 +20,11 @@ BROKERS = 4
 @pytest.fixture
 def fresh_schema_url() -> Iterator[str]:
     base = pg_url()
-    schema = f"race_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(base)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    sep = "&" if "?" in base else "?"
+    schema, url = pg_schema_url(base)
     try:
-        yield f"{base}{sep}options=-csearch_path%3D{schema}"
+        yield url
     finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        admin.dispose()
+        drop_pg_schema(base, schema)
 
 
 def test_brokers_upgrading_one_new_database_at_once_all_succeed(fresh_schema_url: str) -> None:
