@@ -21,6 +21,9 @@ from mdeci.store.ownership import Lost
 from mdeci.store.queue_rows import DeliveryRow
 from mdeci.store.repo import BrokerStore
 
+# Users per read of FencedQueues.check_all (SQLite binds at most 32,766 values).
+CHECK_CHUNK = 1000
+
 
 class Fence(Protocol):
     """The epochs this broker holds its users at (mdeci/broker/session_rows.py)."""
@@ -78,3 +81,18 @@ class FencedQueues:
             self.fence.refused(got)
             return 0
         return got
+
+    def check_all(self) -> None:
+        """Every user held here, checked against the store (one read per chunk): those
+        another broker holds now are refused, as a fenced call would find. The sweep's,
+        for a broker that was frozen (SIGSTOP, a stalled VM) while its users went
+        elsewhere and that has nothing to send or hear for them since."""
+        fence = self.fence
+        if fence is None:
+            return
+        epochs = dict(fence.held_epochs)
+        uris = sorted(epochs)
+        for i in range(0, len(uris), CHECK_CHUNK):
+            part = {uri: epochs[uri] for uri in uris[i : i + CHECK_CHUNK]}
+            for gone in self._store.ownership.lost_of(part):
+                fence.refused(gone)

@@ -267,9 +267,12 @@ class Broker:
 
     def sweep(self, now: float | None = None) -> list[Subscription]:
         """:meth:`~mdeci.broker.core.BrokerCore.sweep` (every user's next take reads the
-        store: rows queued by another broker whose wake-up was lost are found there)."""
+        store: rows queued by another broker whose wake-up was lost are found there),
+        then the fence's :meth:`~mdeci.broker.fencing.FencedQueues.check_all`."""
         self._owned()
-        return self._run(self.core.sweep(now))
+        swept = self._run(self.core.sweep(now))
+        self.queues.check_all()
+        return swept
 
     def reload_subscriptions(self) -> None:
         """Read the live subscriptions again (another broker changed some)."""

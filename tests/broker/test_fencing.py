@@ -77,3 +77,30 @@ async def test_a_broker_that_lost_alice_delivers_and_writes_nothing_more_for_her
         await alice.close(clean=False)
         await bob.close(clean=False)
         await broker.close()
+
+
+async def test_the_sweep_finds_a_user_taken_over_while_there_was_nothing_to_send(
+    tmp_path: Path, any_store: BrokerStore, node_b: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    """A broker that was frozen while alice went to another finds out at its sweep, even
+    when it has nothing to send her and hears nothing from her: the same drop and log."""
+    a = BrokerStore(any_store.engine, "a")
+    broker = await run_loopback_broker(broker_config(tmp_path, node="a"), a, clock, sink)
+    alice = await run_agent(
+        agent_config(tmp_path / "alice", "alice", "127.0.0.2", broker.sip_addr[1]),
+        address_source=lo_only,
+    )
+    try:
+        await asyncio.wait_for(alice.wait_connected(), GUARD)
+        held = node_b.ownership.holder(ALICE)
+        assert held is not None and held[0] == "a"
+        assert node_b.ownership.take_over(ALICE, held[1]) == Held(held[1] + 1)
+        await broker.service.worker.run(broker.service.broker.sweep)
+        ended = await asyncio.wait_for(sink.wait_for("session_ended", ALICE), GUARD)
+        assert ended.fields["reason"] == f"lost to b at epoch {held[1] + 1}"
+        await broker.service.settled()
+        assert broker.service.sessions.get(ALICE) is None
+        assert node_b.ownership.holder(ALICE) == ("b", held[1] + 1)
+    finally:
+        await alice.close(clean=False)
+        await broker.close()

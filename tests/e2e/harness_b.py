@@ -48,7 +48,7 @@ from tests.store.conftest import BROKER_TABLES
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "localhost"
 BROKER_AOR = f"sip:broker@{DOMAIN}"
-PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret"}
+PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
 # Guards only: a cold child process imports everything and migrates a fresh database on a
 # machine shared with other test runs.
 START_GUARD = 60.0
@@ -199,7 +199,7 @@ class _Child:
 
 
 class BrokerProcess(_Child):
-    """``python -m mdeci broker`` on loopback ``host`` with users alice and bob; ``sip``:
+    """``python -m mdeci broker`` on loopback ``host`` with users alice, bob and carol; ``sip``:
     more lines of its ``[sip]`` table (e.g. transports and TLS files); ``extra``: more
     tables at the end of the file; ``node``: its name (several brokers on one store)."""
 
