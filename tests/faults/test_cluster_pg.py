@@ -266,6 +266,7 @@ def check_refusals(run: FailoverRun) -> None:
     assert run.refusals
     for refusal in run.refusals:
         assert refusal.code == 503, refusal
+        assert "storage-unavailable" in refusal.error, refusal
         assert not INTERNAL.search(refusal.error), refusal
 
 
