@@ -420,6 +420,7 @@ class TailCollector:
 
     socket: Path
     records: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # loop time each record came
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
 
@@ -434,6 +435,7 @@ class TailCollector:
                 async with ApiClient(self.socket) as client:
                     async for record in client.tail(last + 1):
                         self.records.append(record)
+                        self.arrivals.append(asyncio.get_running_loop().time())
                         self._changed.set()
             except (ApiError, OSError, ValueError):
                 pass
