@@ -56,6 +56,8 @@ class QuicDataPeer:
         self.on_message: Callable[[bytes], None] | None = None
         #: Called once with the reason when the connection ends.
         self.on_disconnected: Callable[[str], None] | None = None
+        #: Called once both key proofs are checked (``session_id`` is known then).
+        self.on_connected: Callable[[], None] | None = None
         #: Called with the new address and the one before it after a validated move.
         self.on_path_changed: Callable[[Address, Address | None], None] | None = None
         self.disconnected: str | None = None  # the reason, once over
@@ -124,6 +126,8 @@ class QuicDataPeer:
             elif isinstance(event, Connected):
                 if not self._connected.done():
                     self._connected.set_result(None)
+                if self.on_connected is not None:
+                    self.on_connected()
             elif isinstance(event, PathValidated):
                 if self.on_path_changed is not None:
                     self.on_path_changed(event.address, event.previous)
@@ -141,6 +145,7 @@ class QuicDataPeer:
             self._timer = None
         self.on_message = None
         self.on_disconnected = None
+        self.on_connected = None
         if not self._connected.done():
             self._connected.set_exception(ConnectionError("closed"))
         self._on_closed(self)

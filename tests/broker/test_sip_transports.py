@@ -1,17 +1,28 @@
 """The broker's answer to offers naming the QUIC data channel (docs/sip.md
-"UDP/MDECI-QUIC"): it accepts RUDP only, so an offer with both lines gets RUDP, the QUIC
-line refused with port 0 (RFC 3264 §6), and a session that works; an offer of QUIC
-alone gets 488."""
+"UDP/MDECI-QUIC") for each ``[media] transports``: by default RUDP only, so an offer with
+both lines gets RUDP, the QUIC line refused with port 0 (RFC 3264 §6), and an offer of
+QUIC alone gets 488; a broker taking QUIC answers it with its server's port and
+certificate fingerprint, the agent's QUIC connection carries the frames (sub, notify,
+ack), the Session Manager records the transport, and a connection that ends marks the
+user DISCONNECTED."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from pathlib import Path
 
-from mdeci.broker.app import RunningBroker
-from mdeci.frames import Sub, SubOk
+import pytest
+
+from mdeci.broker.app import RunningBroker, run_broker
+from mdeci.frames import Ack, Frame, Notify, Pub, PubOk, Sub, SubOk, decode, encode
+from mdeci.store.repo import BrokerStore
+from quicdata.aio import QuicDataClient, connect
+from sip.message import Response
 from sip.sdp import MDECI_PROTO, MDECI_QUIC_PROTO, build_offer, parse_session
-from tests.broker.test_service import GUARD
-from tests.broker.test_sip_endpoint import BROKER, Device
+from tests.broker.conftest import FakeClock, WaitingSink
+from tests.broker.test_service import FEED, GUARD
+from tests.broker.test_sip_endpoint import BROKER, DOMAIN, Device, broker_config
 from tests.broker.test_sip_endpoint import devices as devices
 from tests.broker.test_sip_endpoint import running as running
 
@@ -60,3 +71,121 @@ async def test_an_offer_of_quic_alone_gets_488(
     response = await asyncio.wait_for(alice.ua.request(request, running.sip_addr), GUARD)
     assert response.status == 488
     assert MDECI_PROTO in (response.headers.get("Warning") or "")
+
+
+async def quic_broker(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink, accept: tuple[str, ...]
+) -> RunningBroker:
+    config = broker_config(tmp_path)
+    config = replace(config, media=replace(config.media, transports=accept))
+    return await run_broker(
+        config,
+        sip_listen=("127.0.0.1", 0),
+        media_listen=("127.0.0.1", 0),
+        store=store,
+        log=sink,
+        clock=clock,
+        expire_interval=3600.0,
+    )
+
+
+class QuicDevice(AutoDevice):
+    """A device that speaks QUIC when the answer accepts it."""
+
+    quic: QuicDataClient | None = None
+    frames: asyncio.Queue[bytes]
+
+    async def call_quic(self, broker: RunningBroker) -> tuple[Response, str]:
+        offer = self.offer()
+        self.dialog, response = await asyncio.wait_for(
+            self.ua.invite(BROKER, broker.sip_addr, offer), GUARD
+        )
+        media = parse_session(response.body, transports=self.transports)
+        assert media.key is not None
+        self.key = self.keys.secret(media.key, offer, response.body)
+        if media.transport == "quic":
+            assert media.fingerprint is not None
+            self.quic = await connect(
+                (media.addr, media.port), self.key, media.fingerprint, local_host=self.host
+            )
+            assert self.quic.peer is not None
+            self.frames = asyncio.Queue()
+            self.quic.peer.on_message = self.frames.put_nowait
+            await asyncio.wait_for(self.quic.peer.wait_connected(), GUARD)
+        return response, media.transport
+
+    def send(self, frame: Frame) -> None:
+        assert self.quic is not None and self.quic.peer is not None
+        self.quic.peer.send(encode(frame))
+
+    async def next(self) -> Frame:
+        return decode(await asyncio.wait_for(self.frames.get(), GUARD))
+
+    async def close(self) -> None:
+        if self.quic is not None:
+            self.quic.close()
+        await super().close()
+
+
+@pytest.mark.parametrize("accept", [("quic",), ("rudp", "quic")])
+async def test_a_broker_taking_quic_answers_it_and_the_frames_travel_over_it(
+    tmp_path: Path,
+    store: BrokerStore,
+    clock: FakeClock,
+    sink: WaitingSink,
+    devices: list[Device],
+    accept: tuple[str, ...],
+) -> None:
+    broker = await quic_broker(tmp_path, store, clock, sink, accept)
+    try:
+        alice = await QuicDevice.open("alice", "127.0.0.2")
+        devices.append(alice)
+        assert isinstance(alice, QuicDevice)
+        response, transport = await alice.call_quic(broker)
+        assert response.status == 200 and transport == "quic"
+        assert broker.service.quic is not None
+        quic_port = broker.service.quic.local_addr[1]
+        lines = [line for line in response.body.decode().splitlines() if line.startswith("m=")]
+        assert lines == [
+            f"m=application {quic_port} {MDECI_QUIC_PROTO} mdeci",
+            f"m=application 0 {MDECI_PROTO} mdeci",
+        ]
+        await broker.service.settled()
+        session = broker.service.sessions.get("sip:alice@" + DOMAIN)
+        assert session is not None and session.transport == "quic"
+        alice.send(Sub(req=1, subject="stock.*"))
+        assert isinstance(await alice.next(), SubOk)
+        for n in range(1, 4):
+            [reply] = await broker.service.worker.run(
+                broker.broker.handle, FEED, Pub(req=n, msg_id=f"m{n}", subject="stock.x")
+            )
+            assert isinstance(reply, PubOk) and reply.matched == 1
+        got = [await alice.next() for _ in range(3)]
+        assert [f.nseq for f in got if isinstance(f, Notify)] == [1, 2, 3]
+        alice.send(Ack(upto=3))
+        # The connection ends (the agent is gone): the user is DISCONNECTED.
+        assert alice.quic is not None
+        alice.quic.close()
+        uri = "sip:alice@" + DOMAIN
+        event = await asyncio.wait_for(sink.wait_for("media_disconnected", uri), GUARD)
+        assert "quic" in str(dict(event.fields).get("reason"))
+        assert not broker.service.is_connected(uri)
+    finally:
+        await broker.close()
+
+
+async def test_a_quic_only_broker_answers_an_rudp_offer_488(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink, devices: list[Device]
+) -> None:
+    broker = await quic_broker(tmp_path, store, clock, sink, ("quic",))
+    try:
+        alice = await QuicDevice.open("alice", "127.0.0.2")
+        devices.append(alice)
+        assert isinstance(alice, QuicDevice)
+        alice.transports = ("rudp",)
+        request = alice.ua.build_request("INVITE", BROKER, to=f"<{BROKER}>", body=alice.offer())
+        response = await asyncio.wait_for(alice.ua.request(request, broker.sip_addr), GUARD)
+        assert response.status == 488
+        assert MDECI_QUIC_PROTO in (response.headers.get("Warning") or "")
+    finally:
+        await broker.close()
