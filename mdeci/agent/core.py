@@ -133,6 +133,7 @@ class AgentCore(BrokerLiveness):
         self.sip_addr = sip_addr
         self.media_addr = media_addr
         self.broker_media: Address | None = None
+        self.media_transport: str | None = None  # "rudp" or "quic", as the answer accepted
         self.registered = False
         self.call_id: str | None = None  # the current dialog's, None without one
         self.last_error: str | None = None
@@ -365,7 +366,7 @@ class AgentCore(BrokerLiveness):
 
     def _attach(self, answer: Answer) -> None:
         assert self._keys.key is not None
-        self.broker_media = answer.media
+        self.broker_media, self.media_transport = answer.media, answer.transport
         self._commands.append(answer.attach(self._keys.key))
 
     def _check_store(self, now: float, wall: float, store_id: str | None) -> bool:
