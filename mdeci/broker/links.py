@@ -34,7 +34,7 @@ from mdeci.broker.sessions import Status, UserSession, addr_text
 from mdeci.oplog import event as oplog_event
 from quicdata.aio import QuicDataPeer, QuicDataServer
 from quicdata.binding import ProofKeys, ServerCertificate
-from quicdata.connection import QuicDataClosed
+from quicdata.connection import DEFAULT_CONFIG, QuicDataClosed, QuicDataConfig
 from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
 
 MIN_KEY_BYTES = 16  # what RudpConnection accepts
@@ -284,12 +284,12 @@ class QuicLinks:
     _by_id: dict[bytes, QuicDataPeerLink] = field(default_factory=dict)
 
     @classmethod
-    async def open(cls, host: str, port: int) -> QuicLinks:
+    async def open(cls, host: str, port: int, config: QuicDataConfig = DEFAULT_CONFIG) -> QuicLinks:
         """Bind the server on host:port (0: any free port). Raises OSError."""
         now = datetime.datetime.now(datetime.UTC)
         links = cls(ServerCertificate.generate(now))
         links.server = await QuicDataServer.open(
-            host, port, links.certificate, links._lookup, links._connection
+            host, port, links.certificate, links._lookup, links._connection, config
         )
         return links
 

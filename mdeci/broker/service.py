@@ -94,6 +94,8 @@ from mdeci.frames import (
 from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
 from mdeci.tasks import spawn
+from quicdata.connection import DEFAULT_CONFIG as DEFAULT_QUIC
+from quicdata.connection import QuicDataConfig
 from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
 from rudp.config import RudpConfig
 
@@ -203,9 +205,11 @@ class BrokerService:
             return DataChannels(accept, self.local_addr)
         return DataChannels(accept, self.local_addr, quic.local_addr, quic.fingerprint)
 
-    async def open_quic(self, host: str, port: int = 0) -> None:
+    async def open_quic(
+        self, host: str, port: int = 0, config: QuicDataConfig = DEFAULT_QUIC
+    ) -> None:
         """Serve QUIC sessions on host:port (0: any free port). Raises OSError."""
-        self.quic = await QuicLinks.open(host, port)
+        self.quic = await QuicLinks.open(host, port, config)
 
     def peers(self) -> list[tuple[str, RudpPeer]]:
         """Each user with a live RUDP association, and its peer (for the metrics)."""

@@ -17,7 +17,9 @@ import pytest
 from mdeci.broker.app import RunningBroker, run_broker
 from mdeci.frames import Ack, Frame, Notify, Pub, PubOk, Sub, SubOk, decode, encode
 from mdeci.store.repo import BrokerStore
+from mdeci.store.sessions import SessionStatus
 from quicdata.aio import QuicDataClient, connect
+from quicdata.connection import DEFAULT_CONFIG, QuicDataConfig
 from sip.message import Response
 from sip.sdp import MDECI_PROTO, MDECI_QUIC_PROTO, build_offer, parse_session
 from tests.broker.conftest import FakeClock, WaitingSink
@@ -93,6 +95,7 @@ class QuicDevice(AutoDevice):
     """A device that speaks QUIC when the answer accepts it."""
 
     quic: QuicDataClient | None = None
+    quic_config: QuicDataConfig = DEFAULT_CONFIG
     frames: asyncio.Queue[bytes]
 
     async def call_quic(self, broker: RunningBroker) -> tuple[Response, str]:
@@ -106,7 +109,11 @@ class QuicDevice(AutoDevice):
         if media.transport == "quic":
             assert media.fingerprint is not None
             self.quic = await connect(
-                (media.addr, media.port), self.key, media.fingerprint, local_host=self.host
+                (media.addr, media.port),
+                self.key,
+                media.fingerprint,
+                local_host=self.host,
+                config=self.quic_config,
             )
             assert self.quic.peer is not None
             self.frames = asyncio.Queue()
@@ -187,5 +194,39 @@ async def test_a_quic_only_broker_answers_an_rudp_offer_488(
         response = await asyncio.wait_for(alice.ua.request(request, broker.sip_addr), GUARD)
         assert response.status == 488
         assert MDECI_QUIC_PROTO in (response.headers.get("Warning") or "")
+    finally:
+        await broker.close()
+
+
+async def test_a_quic_connection_that_goes_silent_times_out_and_disconnects_the_user(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink, devices: list[Device]
+) -> None:
+    broker = await quic_broker(tmp_path, store, clock, sink, ("quic",))
+    try:
+        # QUIC's idle timeout, short: the connection is the peer's only sign of life.
+        quick = QuicDataConfig(idle_timeout=0.5, keepalive=0.1)
+        assert broker.service.quic is not None
+        await broker.service.quic.close()
+        await broker.service.open_quic("127.0.0.1", 0, quick)
+        alice = await QuicDevice.open("alice", "127.0.0.2")
+        devices.append(alice)
+        assert isinstance(alice, QuicDevice)
+        alice.quic_config = quick
+        _, transport = await alice.call_quic(broker)
+        assert transport == "quic"
+        uri = "sip:alice@" + DOMAIN
+        await asyncio.wait_for(sink.wait_for("media_connected", uri), GUARD)
+        alice.send(Sub(req=1, subject="stock.*"))
+        assert isinstance(await alice.next(), SubOk)
+        # The device vanishes without a word (no CONNECTION_CLOSE): its socket is gone.
+        assert alice.quic is not None and alice.quic._transport is not None
+        alice.quic._transport.close()
+        alice.quic._transport = None
+        event = await asyncio.wait_for(sink.wait_for("media_disconnected", uri), GUARD)
+        assert dict(event.fields).get("reason") == "quic: idle timeout"
+        assert not broker.service.is_connected(uri)
+        await broker.service.settled()
+        row = store.sessions.get_session(uri)
+        assert row is not None and row.status is SessionStatus.DISCONNECTED
     finally:
         await broker.close()
