@@ -149,6 +149,8 @@ class BrokerService:
         # [media] transports: the data channels SDP answers accept; QUIC's server if one.
         self.accept: tuple[str, ...] = ("rudp",)
         self.quic: QuicLinks | None = None
+        # The QUIC server's port as announced (behind a relay on the RUDP address's host).
+        self.quic_advertise: tuple[str, int] | None = None
         broker.listener = self
         # A broker served again by a new service (a restart in-process) is not wrapped twice.
         sink = broker.log.sink if isinstance(broker.log, LoopSink) else broker.log
@@ -203,7 +205,8 @@ class BrokerService:
         accept = self.accept if quic is not None else tuple(t for t in self.accept if t != "quic")
         if quic is None:
             return DataChannels(accept, self.local_addr)
-        return DataChannels(accept, self.local_addr, quic.local_addr, quic.fingerprint)
+        where = self.quic_advertise or quic.local_addr
+        return DataChannels(accept, self.local_addr, where, quic.fingerprint)
 
     async def open_quic(
         self, host: str, port: int = 0, config: QuicDataConfig = DEFAULT_QUIC
