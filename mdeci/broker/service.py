@@ -214,6 +214,10 @@ class BrokerService:
         """Serve QUIC sessions on host:port (0: any free port). Raises OSError."""
         self.quic = await QuicLinks.open(host, port, config)
 
+    def users(self) -> list[str]:
+        """Each user with a data-channel peer, whatever its transport."""
+        return list(self._users)
+
     def peers(self) -> list[tuple[str, RudpPeer]]:
         """Each user with a live RUDP association, and its peer (for the metrics)."""
         return [

@@ -160,6 +160,10 @@ async def test_a_broker_taking_quic_answers_it_and_the_frames_travel_over_it(
         await broker.service.settled()
         session = broker.service.sessions.get("sip:alice@" + DOMAIN)
         assert session is not None and session.transport == "quic"
+        # A QUIC user is one of the service's users (woken by other brokers' publishes),
+        # and no RUDP association (the RUDP metrics).
+        assert broker.service.users() == ["sip:alice@" + DOMAIN]
+        assert broker.service.peers() == []
         alice.send(Sub(req=1, subject="stock.*"))
         assert isinstance(await alice.next(), SubOk)
         for n in range(1, 4):
