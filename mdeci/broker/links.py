@@ -66,6 +66,13 @@ class DataPeer(Protocol):
     @property
     def path_changes(self) -> int: ...
 
+    @property
+    def backlog(self) -> int:
+        """Bytes the transport holds for the agent beyond what the futures tell (QUIC:
+        written and not acknowledged; RUDP: 0, its futures wait for the agent's acks).
+        The service's cap on unacknowledged replies counts them (``_admit``)."""
+        ...
+
     def bind(
         self, on_message: OnMessage, on_heard: OnHeard, on_path: OnPath, on_gone: OnUnreachable
     ) -> None:
@@ -114,6 +121,10 @@ class RudpDataPeer:
     @property
     def path_changes(self) -> int:
         return self.rudp.path_changes
+
+    @property
+    def backlog(self) -> int:
+        return 0
 
     def bind(
         self, on_message: OnMessage, on_heard: OnHeard, on_path: OnPath, on_gone: OnUnreachable
@@ -184,6 +195,12 @@ class QuicDataPeerLink:
     @property
     def path_changes(self) -> int:
         return self._path_changes
+
+    @property
+    def backlog(self) -> int:
+        peer = self.peer
+        held = sum(map(len, self._waiting))
+        return held if peer is None else held + peer.connection.unacked_bytes
 
     def bind(
         self, on_message: OnMessage, on_heard: OnHeard, on_path: OnPath, on_gone: OnUnreachable

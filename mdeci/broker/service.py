@@ -507,8 +507,8 @@ class BrokerService:
         self, link: UserLink, data: bytes, reserved: dict[UserLink, int]
     ) -> Frame | FrameError | None:
         """This frame decoded (or its decoding error) if it is to be handled, None if not:
-        handled unless its user holds more than
-        ``max_unacked_reply_bytes`` of our replies unacknowledged and it is a request
+        handled unless its user holds more than ``max_unacked_reply_bytes`` of our replies
+        unacknowledged (over QUIC, of anything: ``DataPeer.backlog``) and it is a request
         (an ``ack`` always passes: it is how the user gets below the cap again).
 
         The replies of the frames admitted in this round are not sent yet, so each
@@ -525,7 +525,7 @@ class BrokerService:
         if isinstance(frame, Ack):
             return frame
         cap = self.broker.config.max_unacked_reply_bytes
-        held = link.reply_bytes + reserved.get(link, 0)
+        held = link.reply_bytes + link.peer.backlog + reserved.get(link, 0)
         if held <= cap:
             link.refusing = False
             cost = link.listing_bytes if isinstance(frame, List) else SMALL_REPLY

@@ -9,13 +9,14 @@ user DISCONNECTED."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mdeci.broker.app import RunningBroker, run_broker
-from mdeci.frames import Ack, Frame, Notify, Pub, PubOk, Sub, SubOk, decode, encode
+from mdeci.frames import Ack, Frame, List, Notify, Pub, PubOk, Sub, SubOk, decode, encode
 from mdeci.store.repo import BrokerStore
 from mdeci.store.sessions import SessionStatus
 from quicdata.aio import QuicDataClient, connect
@@ -232,5 +233,75 @@ async def test_a_quic_connection_that_goes_silent_times_out_and_disconnects_the_
         await broker.service.settled()
         row = store.sessions.get_session(uri)
         assert row is not None and row.status is SessionStatus.DISCONNECTED
+    finally:
+        await broker.close()
+
+
+class _Watch(logging.Handler):
+    """Sets ``event`` when the operator event ``name`` is logged (on the loop's thread)."""
+
+    def __init__(self, name: str, event: asyncio.Event) -> None:
+        super().__init__()
+        self.name_ = name
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() == self.name_:
+            self.event.set()
+
+
+async def test_an_agent_that_acknowledges_nothing_over_quic_is_held_to_the_reply_cap(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink, devices: list[Device]
+) -> None:
+    """QUIC takes each reply at once, so what the broker holds for an agent that reads
+    nothing is what its QUIC has not acknowledged: the cap on unacknowledged replies
+    counts it (503, then dropped), as RUDP's unacknowledged replies."""
+    cap = 1 << 16
+    config = broker_config(tmp_path)
+    config = replace(
+        config,
+        media=replace(config.media, transports=("quic",)),
+        queue=replace(config.queue, max_unacked_reply_bytes=cap),
+    )
+    broker = await run_broker(
+        config,
+        sip_listen=("127.0.0.1", 0),
+        media_listen=("127.0.0.1", 0),
+        store=store,
+        log=sink,
+        clock=clock,
+        expire_interval=3600.0,
+    )
+    try:
+        alice = await QuicDevice.open("alice", "127.0.0.2")
+        devices.append(alice)
+        assert isinstance(alice, QuicDevice)
+        await alice.call_quic(broker)
+        for n in range(40):  # a listing of about 3 KB
+            alice.send(Sub(req=n + 1, subject=f"stock.{n}.{'x' * 40}"))
+            assert isinstance(await alice.next(), SubOk)
+        # Alice stops reading her socket: she acknowledges nothing from now on.
+        assert alice.quic is not None and alice.quic._transport is not None
+        udp = alice.quic._transport
+        asyncio.get_running_loop().remove_reader(udp._sock.fileno())
+        refused = asyncio.Event()
+        watch = _Watch("requests_refused", refused)
+        logging.getLogger("mdeci.broker").addHandler(watch)
+        try:
+            for group in range(30):
+                for n in range(10):
+                    alice.send(List(req=1000 + 10 * group + n))
+                # Pacing, not waiting for anything: the groups reach the broker in rounds
+                # of their own, where the replies of earlier rounds are no longer in
+                # flight as far as the futures tell.
+                await asyncio.sleep(0.02)
+            await asyncio.wait_for(refused.wait(), GUARD)
+        finally:
+            logging.getLogger("mdeci.broker").removeHandler(watch)
+        link = broker.service._users["sip:alice@" + DOMAIN]
+        await broker.service.settled()
+        assert broker.service.refused_requests > 0
+        # What it holds stays near the cap (past twice the cap requests are dropped).
+        assert link.peer.backlog <= 2 * cap + 16384, link.peer.backlog
     finally:
         await broker.close()
