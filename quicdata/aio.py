@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from quicdata import sockets
 from quicdata.binding import ServerCertificate
 from quicdata.connection import DEFAULT_CONFIG, QuicDataConfig, QuicDataConnection, client
 from quicdata.endpoint import ServerCore
@@ -23,15 +24,32 @@ from quicdata.events import Address, Connected, MessageReceived, PathValidated, 
 __all__ = ["QuicDataClient", "QuicDataPeer", "QuicDataServer", "connect"]
 
 
-class _Udp(asyncio.DatagramProtocol):
-    def __init__(self, on_datagram: Callable[[bytes, Address], None]) -> None:
-        self._on_datagram = on_datagram
+class _Udp:
+    """A UDP socket on the loop that reads every datagram waiting per wake (asyncio's
+    transports read one per loop turn): the messages of a burst reach the application
+    in one turn, so it can take them together (one ``fsync``)."""
 
-    def datagram_received(self, data: bytes, addr: tuple[str | object, int]) -> None:
-        self._on_datagram(data, (str(addr[0]), int(addr[1])))
+    def __init__(self, loop: asyncio.AbstractEventLoop, host: str, port: int,
+                 on_datagram: Callable[[bytes, Address], None]) -> None:  # fmt: skip
+        self._sock = sockets.open_udp(host, port)
+        self._loop, self._on_datagram = loop, on_datagram
+        loop.add_reader(self._sock.fileno(), self._read)
 
-    def error_received(self, exc: Exception) -> None:
-        pass  # an ICMP error: QUIC's own timers notice a dead path
+    def _read(self) -> None:
+        for data, addr in sockets.read_batch(self._sock):
+            self._on_datagram(data, addr)
+
+    def sendto(self, data: bytes, addr: Address) -> None:
+        sockets.send(self._sock, data, addr)
+
+    def get_extra_info(self, name: str) -> Address:
+        host, port = self._sock.getsockname()[:2]
+        return (str(host), int(port))
+
+    def close(self) -> None:
+        if self._sock.fileno() >= 0:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
 
 
 class QuicDataPeer:
@@ -56,6 +74,8 @@ class QuicDataPeer:
         self.on_message: Callable[[bytes], None] | None = None
         #: Called once with the reason when the connection ends.
         self.on_disconnected: Callable[[str], None] | None = None
+        #: Called once both key proofs are checked (``session_id`` is known then).
+        self.on_connected: Callable[[], None] | None = None
         #: Called with the new address and the one before it after a validated move.
         self.on_path_changed: Callable[[Address, Address | None], None] | None = None
         self.disconnected: str | None = None  # the reason, once over
@@ -124,6 +144,8 @@ class QuicDataPeer:
             elif isinstance(event, Connected):
                 if not self._connected.done():
                     self._connected.set_result(None)
+                if self.on_connected is not None:
+                    self.on_connected()
             elif isinstance(event, PathValidated):
                 if self.on_path_changed is not None:
                     self.on_path_changed(event.address, event.previous)
@@ -141,6 +163,7 @@ class QuicDataPeer:
             self._timer = None
         self.on_message = None
         self.on_disconnected = None
+        self.on_connected = None
         if not self._connected.done():
             self._connected.set_exception(ConnectionError("closed"))
         self._on_closed(self)
@@ -154,7 +177,7 @@ class QuicDataServer:
         self.core = core
         self._on_connection = on_connection
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.DatagramTransport | None = None
+        self._transport: _Udp | None = None
         self._peers: dict[QuicDataConnection, QuicDataPeer] = {}
 
     @classmethod
@@ -169,10 +192,7 @@ class QuicDataServer:
     ) -> QuicDataServer:
         """Bind host:port (0: any free port). Raises OSError."""
         server = cls(ServerCore(certificate, lookup, config), on_connection)
-        transport, _ = await server._loop.create_datagram_endpoint(
-            lambda: _Udp(server._datagram), local_addr=(host, port)
-        )
-        server._transport = transport
+        server._transport = _Udp(server._loop, host, port, server._datagram)
         return server
 
     @property
@@ -218,7 +238,7 @@ class QuicDataClient:
     def __init__(self, server: Address) -> None:
         self.server = server
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.DatagramTransport | None = None
+        self._transport: _Udp | None = None
         self.peer: QuicDataPeer | None = None
 
     @property
@@ -228,10 +248,7 @@ class QuicDataClient:
         return (str(name[0]), int(name[1]))
 
     async def _bind(self, host: str, port: int) -> None:
-        transport, _ = await self._loop.create_datagram_endpoint(
-            lambda: _Udp(self._datagram), local_addr=(host, port)
-        )
-        old, self._transport = self._transport, transport
+        old, self._transport = self._transport, _Udp(self._loop, host, port, self._datagram)
         if old is not None:
             old.close()
 

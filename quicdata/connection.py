@@ -14,9 +14,11 @@ idle timeout (``idle_timeout``) means the peer is gone, and the connection repor
 :class:`PeerDisconnected` (QUIC has no other end for a path whose losses never recover:
 its probes go on until the idle timeout).
 
-aioquic 1.x gives two things only through private attributes, read in
-:func:`_peer_certificate` and :func:`_current_path`: the server's certificate at the
-client, and the path datagrams currently go to (a migration's new address).
+aioquic 1.x gives three things only through private attributes, read in
+:func:`_peer_certificate`, :func:`_current_path` and :func:`_unacked`: the server's
+certificate at the client, the path datagrams currently go to (a migration's new
+address), and how much of the stream the peer has not acknowledged yet (what a peer that
+reads nothing makes us hold).
 """
 
 from __future__ import annotations
@@ -107,6 +109,13 @@ def _current_path(quic: QuicConnection) -> tuple[Address, bool] | None:
     return (str(paths[0].addr[0]), int(paths[0].addr[1])), bool(paths[0].is_validated)
 
 
+def _unacked(quic: QuicConnection) -> int:
+    stream = quic._streams.get(STREAM_ID)
+    if stream is None:
+        return 0
+    return int(stream.sender._buffer_stop - stream.sender._buffer_start)
+
+
 def _configuration(config: QuicDataConfig, is_client: bool, key_log: _KeyLog) -> QuicConfiguration:
     return QuicConfiguration(
         alpn_protocols=[ALPN],
@@ -174,6 +183,12 @@ class QuicDataConnection:
     def peer_address(self) -> Address | None:
         current = _current_path(self._quic)
         return current[0] if current is not None else None
+
+    @property
+    def unacked_bytes(self) -> int:
+        """Bytes of our messages not yet acknowledged by the peer (waiting for the proofs,
+        or sent and not acknowledged): the memory a peer that reads nothing holds here."""
+        return sum(map(len, self._outbox)) + _unacked(self._quic)
 
     @property
     def host_cids(self) -> list[bytes]:

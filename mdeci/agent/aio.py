@@ -2,7 +2,9 @@
 
 :class:`Agent` opens the state files, a SIP backend
 (:class:`~mdeci.agent.backend.SipBackend`) and a :class:`rudp.aio.RudpEndpoint` with the
-broker's :class:`~mdeci.agent.media.MediaLink`, and runs the *SIP worker* (SIP commands
+broker's :class:`~mdeci.agent.media.MediaLink` (RUDP) beside a
+:class:`~mdeci.agent.quic_media.QuicMediaLink` (QUIC; the one the SDP answer accepted is
+attached, the other detached), and runs the *SIP worker* (SIP commands
 and rebinds, one at a time) and the IP monitor. Which input reaches the core, what its
 commands become and when a move is over is :class:`~mdeci.agent.driver.AgentDriver`'s;
 what its events do, :class:`~mdeci.agent.reports.Reports`'. The glue keeps no history:
@@ -30,7 +32,8 @@ from mdeci.agent.errors import AgentError, StateError
 from mdeci.agent.events import AttachMedia, Invite, Rebind, SipCommand
 from mdeci.agent.ipmonitor import AddressSource, Wakeable, make_monitor, route_destination
 from mdeci.agent.machine import State, Status
-from mdeci.agent.media import MediaLink
+from mdeci.agent.media import DataLink, MediaLink
+from mdeci.agent.quic_media import QuicMediaLink
 from mdeci.agent.reports import Reports
 from mdeci.agent.sms import SmsInbox, windowed_gate
 from mdeci.agent.state import Fsync, StateFiles, lock_state_dir, make_state_dir, open_state_files
@@ -93,6 +96,8 @@ class Agent(AgentDriver, Applications):
         self._tasks: set[asyncio.Task[None]] = set()
         self._sip_queue: asyncio.Queue[SipCommand | Rebind] = asyncio.Queue()
         self.media: MediaLink | None = None
+        self.quic_media: QuicMediaLink | None = None
+        self._link: DataLink | None = None  # the data channel of the session's answer
         self._sync_soon = False  # publishes wait for the outbox's fsync (_sync_outbox)
         self._timer: asyncio.TimerHandle | None = None
         self._monitor: Wakeable | None = None
@@ -131,6 +136,7 @@ class Agent(AgentDriver, Applications):
         self.media = MediaLink(
             self.endpoint, self._on_burst, self._on_peer_lost, self._on_broker_restarted
         )
+        self.quic_media = QuicMediaLink(cfg.media.host, self._on_burst, self._on_peer_lost)
         kwargs: dict[str, Any] = {}
         if self.response_timeout is not None:
             kwargs["response_timeout"] = self.response_timeout
@@ -167,6 +173,8 @@ class Agent(AgentDriver, Applications):
         self._closed = True
         if self.media is not None:
             self.media.closed = True
+        if self.quic_media is not None:
+            self.quic_media.closed = True
         core = self.core
         if core is not None:
             core.close(self.monotonic(), clean=clean)
@@ -184,6 +192,8 @@ class Agent(AgentDriver, Applications):
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.media is not None:
             self.media.stop_reader()
+        if self.quic_media is not None:
+            self.quic_media.close()
         if self._timer is not None:
             self._timer.cancel()
         self.reports.close()
@@ -214,12 +224,16 @@ class Agent(AgentDriver, Applications):
     # ------------------------------------------------------------------ the driver's hooks
 
     def _send_frame(self, data: bytes) -> None:
-        assert self.media is not None
-        self.media.send(data)
+        if self._link is not None:
+            self._link.send(data)
 
     def _attach(self, command: AttachMedia) -> None:
-        assert self.media is not None
-        self.media.attach(command.key, command.addr, fresh=command.fresh)
+        assert self.media is not None and self.quic_media is not None
+        link: DataLink = self.quic_media if command.transport == "quic" else self.media
+        if self._link is not None and self._link is not link:
+            self._link.detach()  # the session went to the other transport
+        self._link = link
+        link.attach(command)
 
     def _run_sip(self, command: SipCommand | Rebind) -> None:
         self._sip_queue.put_nowait(command)
@@ -253,14 +267,12 @@ class Agent(AgentDriver, Applications):
 
     async def _rebind(self, host: str) -> None:
         endpoint = self.endpoint
-        assert endpoint is not None and self.core is not None
+        assert endpoint is not None and self.core is not None and self.media is not None
         self._rebind_error = None
-        _, port = endpoint.local_addr
         try:
-            try:
-                await endpoint.rebind(host, port)
-            except OSError:
-                await endpoint.rebind(host, 0)
+            await self.media.rebind(host)  # the RUDP socket is our media address in SDP
+            if self._link is self.quic_media and self.quic_media is not None:
+                await self.quic_media.rebind(host)
         except OSError as exc:
             self._rebind_error = exc
             return

@@ -130,6 +130,7 @@ class Applications:
             sip_addr=hostport(core.sip_addr),
             media_addr=hostport(endpoint.local_addr),
             broker_media_addr=None if core.broker_media is None else hostport(core.broker_media),
+            media_transport=core.media_transport,
             call_id=core.call_id,
             registered=core.registered,
             highest_nseq=files.nseq.highest,

@@ -46,7 +46,6 @@ from mdeci.agent.errors import NotConnected, StateError
 from mdeci.agent.events import (
     Address,
     Alert,
-    AttachMedia,
     Bye,
     ChurnRecord,
     Command,
@@ -70,7 +69,7 @@ from mdeci.agent.files import AgentFiles
 from mdeci.agent.intake import Intake
 from mdeci.agent.liveness import BrokerLiveness
 from mdeci.agent.machine import State, Status, Trigger, next_state
-from mdeci.agent.offer import Answer, SessionKeys, read_answer
+from mdeci.agent.offer import Answer, SessionKeys
 from mdeci.agent.outcomes import (
     NO_AUTHENTIC_ANSWER,
     Counters,
@@ -134,6 +133,7 @@ class AgentCore(BrokerLiveness):
         self.sip_addr = sip_addr
         self.media_addr = media_addr
         self.broker_media: Address | None = None
+        self.media_transport: str | None = None  # "rudp" or "quic", as the answer accepted
         self.registered = False
         self.call_id: str | None = None  # the current dialog's, None without one
         self.last_error: str | None = None
@@ -141,9 +141,7 @@ class AgentCore(BrokerLiveness):
         self.retry_at: float | None = None
         self._rekey = False
         self.limits: list[LimitReached] = []  # usage limits the broker told us of
-        user = config.aor.split(":", 1)[1].split("@", 1)[0]
-        realm = config.broker.realm or config.broker.aor.rsplit("@", 1)[1]
-        self._keys = SessionKeys(user, realm, config.password, config.msisdn, random_bytes)
+        self._keys = SessionKeys.of(config, random_bytes)
         self._commands: deque[Command] = deque()
         self._sip_busy: SipCommand | None = None
         self._requests = Requests(files.outbox, self._send, sink, self._alert, response_timeout)
@@ -334,7 +332,7 @@ class AgentCore(BrokerLiveness):
             self._failed(now, invite_failure(command, outcome))
             return
         try:
-            answer = read_answer(outcome.body)
+            answer = self._keys.read_answer(outcome.body)
         except SdpError as exc:
             self._fail(now, "key", f"unreadable answer from the broker: {exc}")
             return
@@ -368,8 +366,8 @@ class AgentCore(BrokerLiveness):
 
     def _attach(self, answer: Answer) -> None:
         assert self._keys.key is not None
-        self.broker_media = answer.media
-        self._commands.append(AttachMedia(self._keys.key, answer.media))
+        self.broker_media, self.media_transport = answer.media, answer.transport
+        self._commands.append(answer.attach(self._keys.key))
 
     def _check_store(self, now: float, wall: float, store_id: str | None) -> bool:
         """Handle a new store incarnation; True when the attempt failed on the way."""

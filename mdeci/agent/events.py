@@ -31,13 +31,16 @@ class SendFrame:
 
 @dataclass(frozen=True, slots=True)
 class AttachMedia:
-    """Point the RUDP peer keyed by ``key`` at ``addr`` (a new key: a new peer).
+    """Point the data channel's peer keyed by ``key`` at ``addr`` (a new key: a new peer).
     ``fresh``: a new peer even for the same key (a new association with a restarted
-    broker that restored this key)."""
+    broker that restored this key). ``transport``: ``"rudp"`` or ``"quic"`` (then
+    ``fingerprint`` is the broker certificate's, from the SDP answer)."""
 
     key: bytes
     addr: Address
     fresh: bool = False
+    transport: str = "rudp"
+    fingerprint: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,8 @@
-"""The agent's RUDP link to the broker: one peer, frames out, bursts of messages in.
+"""The agent's data channel to the broker: one interface, :class:`DataLink` (frames out,
+bursts of messages in, a lost peer reported), and its RUDP implementation,
+:class:`MediaLink`; the QUIC one is :class:`mdeci.agent.quic_media.QuicMediaLink`. The
+glue attaches the one the session's SDP answer accepted (``AttachMedia.transport``) and
+detaches the other.
 
 :class:`MediaLink` is glue (it runs on the event loop): :meth:`MediaLink.attach` points
 the peer at the broker's media address under the session's key (a new key: a new peer),
@@ -13,11 +17,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
+from mdeci.agent.events import AttachMedia
 from rudp.aio import RudpEndpoint, RudpPeer
 from rudp.errors import PeerUnreachable
 
 Address = tuple[str, int]
+
+
+class DataLink(Protocol):
+    """The broker's peer on one data channel. ``on_burst`` gets the messages read in one
+    loop turn together, ``on_lost`` the reason the channel gave the broker up; nothing is
+    reported once :attr:`closed`."""
+
+    closed: bool
+
+    def send(self, data: bytes) -> None:
+        """Send a frame, in order; a failure is reported to ``on_lost``."""
+
+    def attach(self, command: AttachMedia) -> None:
+        """Open (or keep, for the same key and broker) the channel ``command`` names."""
+
+    def detach(self) -> None:
+        """Drop the channel (the session went to the other transport, or ended)."""
+
+    def stop_reader(self) -> None:
+        """Read nothing more from the current peer (and drop what was read)."""
+
+    async def rebind(self, host: str) -> None:
+        """Our address is ``host`` now: follow it. Raises OSError."""
 
 
 class MediaLink:
@@ -74,7 +103,26 @@ class MediaLink:
             reason = "rudp: the broker stopped answering keepalives"
         self._on_lost(reason)
 
-    def attach(self, key: bytes, addr: Address, *, fresh: bool = False) -> None:
+    def attach(self, command: AttachMedia) -> None:
+        """Point the broker's peer keyed by ``command.key`` at ``command.addr``
+        (``fresh``: a new peer even for the same key)."""
+        self.attach_peer(command.key, command.addr, fresh=command.fresh)
+
+    def detach(self) -> None:
+        self.stop_reader()
+        if self._peer_key is not None:
+            self.endpoint.remove_peer(self._peer_key)
+        self._peer, self._peer_key = None, None
+
+    async def rebind(self, host: str) -> None:
+        """The endpoint to ``host`` (its port if free there). Raises OSError."""
+        _, port = self.endpoint.local_addr
+        try:
+            await self.endpoint.rebind(host, port)
+        except OSError:
+            await self.endpoint.rebind(host, 0)
+
+    def attach_peer(self, key: bytes, addr: Address, *, fresh: bool = False) -> None:
         """Point the broker's peer keyed by ``key`` at ``addr`` (``fresh``: a new peer
         even for the same key)."""
         if self._peer is None or self._peer_key != key or fresh:

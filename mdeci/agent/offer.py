@@ -5,6 +5,14 @@ ephemeral X25519 public value ``a=mdeci-kx``, the broker answers with its own, a
 derive the RUDP session secret from the exchange, the user's SHA-256 HA1 and both SDP
 bodies (:mod:`rudp.keys`). No key ever travels in SDP.
 
+The data channel (docs/sip.md): ``[media] transport`` names the one the agent offers,
+``"rudp"`` or ``"quic"``, or ``"auto"``: both lines, QUIC first (:func:`offered_transports`).
+The answer accepts one of them (RFC 3264 §6); :meth:`SessionKeys.read_answer` takes the
+accepted line, and refuses an answer that accepts a transport we did not offer or a QUIC
+line without the broker certificate's fingerprint. The QUIC line's port is our media
+port: informative only (the agent is QUIC's client, and its connection leaves from a
+socket of its own).
+
 The broker announces its store incarnation in the answer as a session-level attribute
 ``a=mdeci-store:<id>`` (ignored by parsers that do not know it, RFC 4566 §5.13); an agent
 that sees a new id knows the broker's queues and ``nseq`` numbering started over.
@@ -12,11 +20,14 @@ that sees a new id knows the broker's queues and ``nseq`` numbering started over
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from mdeci.agent.events import AttachMedia
+from mdeci.config import AgentConfig
 from rudp.keys import KeyExchange, KeyExchangeError, psk_from_ha1
 from sip.auth import compute_ha1
+from sip.errors import SdpError
 from sip.sdp import build_offer, parse_session
 
 KEY_BYTES = 32
@@ -33,6 +44,22 @@ def session_psk(user: str, realm: str, password: str) -> bytes:
     return psk_from_ha1(compute_ha1(user, realm, password, "SHA-256"))
 
 
+AUTO = "auto"
+# What "auto" offers, in the order of our preference: QUIC's congestion control and
+# stream are worth having where the broker takes it; RUDP where it does not.
+AUTO_ORDER = ("quic", "rudp")
+
+
+def offered_transports(choice: str) -> tuple[str, ...]:
+    """The data channels an agent configured with ``[media] transport = choice`` offers,
+    in the order of its preference. Raises :class:`ValueError` for an unknown choice."""
+    if choice == AUTO:
+        return AUTO_ORDER
+    if choice in AUTO_ORDER:
+        return (choice,)
+    raise ValueError(f"transport is one of rudp, quic, auto, not {choice!r}")
+
+
 def session_offer(
     user: str,
     sess_id: str,
@@ -40,9 +67,15 @@ def session_offer(
     media: tuple[str, int],
     public: bytes,
     msisdn: str | None,
+    transports: Sequence[str] = ("rudp",),
 ) -> bytes:
-    """Our offer: the RUDP address ``media`` and our key-exchange ``public`` value."""
-    return build_offer(user, sess_id, version, media[0], media[1], public, msisdn).encode()
+    """Our offer: a line per transport on the address ``media`` (docstring above) with
+    our key-exchange ``public`` value."""
+    host, port = media
+    return build_offer(
+        user, sess_id, version, host, port, public, msisdn,
+        transports=transports, quic_port=port if "quic" in transports else None,
+    ).encode()  # fmt: skip
 
 
 class KeyAgreementError(ValueError):
@@ -67,6 +100,12 @@ class Answer:
     media: tuple[str, int]
     store_id: str | None
     public: bytes | None  # the broker's a=mdeci-kx; None: the current keys stay
+    transport: str = "rudp"  # the data channel the broker accepted
+    fingerprint: bytes | None = None  # its certificate's SHA-256 (QUIC only)
+
+    def attach(self, key: bytes) -> AttachMedia:
+        """The command that opens (or keeps) the data channel to the broker."""
+        return AttachMedia(key, self.media, transport=self.transport, fingerprint=self.fingerprint)
 
 
 def store_id_of(body: bytes) -> str | None:
@@ -84,11 +123,20 @@ def store_id_of(body: bytes) -> str | None:
     return None
 
 
-def read_answer(body: bytes) -> Answer:
-    """The broker's media address, store id and key-exchange value. Raises
-    :class:`SdpError`."""
-    media = parse_session(body)
-    return Answer(media=(media.addr, media.port), store_id=store_id_of(body), public=media.key)
+def read_answer(body: bytes, offered: Sequence[str] = ("rudp",)) -> Answer:
+    """The broker's media address, store id, key-exchange value and the data channel it
+    accepted among ``offered``. Raises :class:`SdpError` (also for a QUIC line without a
+    fingerprint: nothing would tell its certificate from another's)."""
+    media = parse_session(body, transports=offered)
+    if media.transport == "quic" and media.fingerprint is None:
+        raise SdpError("the accepted QUIC line has no a=fingerprint:sha-256")
+    return Answer(
+        media=(media.addr, media.port),
+        store_id=store_id_of(body),
+        public=media.key,
+        transport=media.transport,
+        fingerprint=media.fingerprint,
+    )
 
 
 class SessionKeys:
@@ -106,7 +154,9 @@ class SessionKeys:
         password: str,
         msisdn: str | None,
         random_bytes: Callable[[int], bytes],
+        transport: str = "rudp",
     ) -> None:
+        self.transports = offered_transports(transport)  # raises ValueError
         self._user = user
         self._realm = realm
         self._password = password
@@ -119,6 +169,16 @@ class SessionKeys:
         self._version = 0
         self._sess_id = str(int.from_bytes(random_bytes(4), "big"))
 
+    @classmethod
+    def of(cls, config: AgentConfig, random_bytes: Callable[[int], bytes]) -> SessionKeys:
+        """The keys of the agent ``config`` describes (its user, realm, password, number
+        and ``[media] transport``)."""
+        user = config.aor.split(":", 1)[1].split("@", 1)[0]
+        realm = config.broker.realm or config.broker.aor.rsplit("@", 1)[1]
+        return cls(
+            user, realm, config.password, config.msisdn, random_bytes, config.media.transport
+        )
+
     def offer(self, media: tuple[str, int], *, new_keys: bool = False) -> bytes:
         """Our next offer; ``new_keys``: with a fresh key exchange."""
         if new_keys or self._kx is None:
@@ -128,9 +188,19 @@ class SessionKeys:
             self._fresh = False
         self._version += 1
         self.offered = session_offer(
-            self._user, self._sess_id, self._version, media, self._kx.public, self._msisdn
+            self._user,
+            self._sess_id,
+            self._version,
+            media,
+            self._kx.public,
+            self._msisdn,
+            self.transports,
         )
         return self.offered
+
+    def read_answer(self, body: bytes) -> Answer:
+        """The broker's answer to our offers (:func:`read_answer`). Raises SdpError."""
+        return read_answer(body, self.transports)
 
     def agree(self, answer: Answer, offer: bytes, body: bytes) -> str | None:
         """Take the keys of the broker's ``answer`` to ``offer``: None, or why it gives

@@ -88,6 +88,12 @@ def keep_stdout_for_us() -> None:
     os.close(devnull)
 
 
+def media_slots(offer: str) -> int:
+    """The media lines pjsua sends for ``offer``: the placeholder and each of ours (two
+    with ``[media] transport = "auto"``)."""
+    return 1 + sum(1 for line in offer.splitlines() if line.startswith("m="))
+
+
 def with_placeholder(offer: str) -> str:
     """``offer`` with the inactive audio line inserted before its first media line."""
     lines = offer.replace("\r\n", "\n").split("\n")
@@ -316,7 +322,9 @@ class Worker:
         self.offer = str(msg["offer"])
         self.call = Call(self, self.acc)
         prm = pj.CallOpParam(True)
-        prm.opt.audioCount = 2  # the placeholder and ours (audioCount 0 aborts)
+        # The placeholder and ours (audioCount 0 aborts): pjsua provisions one media slot
+        # per count, and an offer with more lines than slots trips its assertion.
+        prm.opt.audioCount = media_slots(self.offer)
         prm.opt.videoCount = 0
         # To: the broker's AOR; the request goes to its address.
         prm.txOption.targetUri = self.s["broker_target"]
@@ -329,7 +337,7 @@ class Worker:
             return
         self.offer = str(msg["offer"])
         prm = pj.CallOpParam(True)
-        prm.opt.audioCount = 2
+        prm.opt.audioCount = media_slots(self.offer)
         prm.opt.videoCount = 0
         if self.moved:
             prm.opt.flag = pj.PJSUA_CALL_UPDATE_CONTACT | pj.PJSUA_CALL_UPDATE_VIA

@@ -20,6 +20,7 @@ class AgentStatus:
     sip_addr: str
     media_addr: str
     broker_media_addr: str | None
+    media_transport: str | None  # the data channel the broker's answer accepted
     call_id: str | None
     registered: bool
     highest_nseq: int
@@ -46,6 +47,7 @@ class AgentStatus:
             "sip_addr": self.sip_addr,
             "media_addr": self.media_addr,
             "broker_media_addr": self.broker_media_addr,
+            "media_transport": self.media_transport,
             "call_id": self.call_id,
             "registered": self.registered,
             "highest_nseq": self.highest_nseq,

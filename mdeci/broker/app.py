@@ -176,6 +176,15 @@ async def run_broker(
         service.rows.on_handoff = lambda uri, prev: handoffs.emit("handoff", uri, prev_node=prev)
         if config.media.advertise is not None:
             service.advertise = (config.media.advertise.host, config.media.advertise.port)
+        service.accept = config.media.transports
+        if "quic" in config.media.transports:
+            try:
+                await service.open_quic(media_host, config.media.quic_port)
+            except OSError as exc:
+                raise BrokerError(
+                    f"cannot listen for QUIC on {media_host}:{config.media.quic_port}: "
+                    f"{exc.strerror or exc}"
+                ) from None
         service.start()
         if config.sms.enabled:
             defaults = {

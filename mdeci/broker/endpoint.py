@@ -14,11 +14,13 @@ and its commands are carried out here (BYE, churn events) or by the service.
   and statelessly by the UA; :mod:`mdeci.broker.sip_auth`), the authenticated user must
   be the From AOR's user and, inside a dialog, the dialog's owner (else 403). Behind a
   proxy the Request-URI arrives rewritten to our contact: a digest ``uri`` naming our AOR
-  is accepted (docs/sip.md). The offer is read with ``parse_session(require_key=True)``
-  (488 + Warning when unusable), a key-exchange value another session holds is refused
-  (488), and the answer is built on the RUDP address with the SDP origin the manager
-  keeps (RFC 3264: one sess-id per session, version + 1 per answer). The UA creates the
-  dialog after the handler returns: the session is stored and delivered to when it
+  is accepted (docs/sip.md). The offer is read and answered by
+  :mod:`mdeci.broker.media_answer` on the data channels ``[media] transports`` accepts
+  (488 + Warning when no line is usable), a key-exchange value another session holds is
+  refused (488), and the answer names the accepted line's address (RUDP's, or the QUIC
+  server's with its fingerprint) with the SDP origin the manager keeps (RFC 3264: one
+  sess-id per session, version + 1 per answer). The UA creates the dialog after the
+  handler returns: the session is stored and delivered to when it
   reports ``DialogStarted`` or ``DialogRefreshed``.
 - In-dialog BYE, re-INVITE, UPDATE and INFO first pass :meth:`_guard` (the UA calls it
   before the dialog changes): digest credentials of the session's owner, else 401/403
@@ -46,9 +48,11 @@ from collections.abc import Callable
 
 from mdeci.broker.drain import draining
 from mdeci.broker.errors import BrokerError
+from mdeci.broker.links import check_key
+from mdeci.broker.media_answer import answer_offer, read_offer
 from mdeci.broker.refusal import STORAGE_UNAVAILABLE, refusal
 from mdeci.broker.registrar import BrokerRegistrar, StagedBindings, StoreBindings
-from mdeci.broker.service import BrokerService, check_key
+from mdeci.broker.service import BrokerService
 from mdeci.broker.sessions import (
     Address,
     Command,
@@ -93,7 +97,7 @@ from sip.dialog import Dialog, DialogState
 from sip.errors import AuthHeaderError, SdpError, SipError, SipParseError
 from sip.message import Request
 from sip.registrar import Registrar, RegistrarConfig
-from sip.sdp import MdeciMedia, build_answer, parse_session
+from sip.sdp import MdeciMedia, parse_session
 from sip.uri import SipUri, parse_uri
 
 WARN_AGENT = "mdeci"
@@ -101,13 +105,6 @@ log = logging.getLogger("mdeci.broker")
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def with_store_id(answer: str, store_id: str) -> str:
-    """The answer with ``a=mdeci-store:<id>`` at session level (docs/agent.md): agents
-    reset their delivery gate when the store they talk to is a new one."""
-    head, sep, rest = answer.partition("m=")
-    return f"{head}a=mdeci-store:{store_id}\r\n{sep}{rest}"
 
 
 def parse_addr_text(text: str) -> Address:
@@ -390,7 +387,7 @@ class BrokerSipEndpoint:
         fresh = self._new_sess_id()
         sess_id, version = self.sessions.origin(request.call_id, from_tag) or (fresh, 0)
         try:
-            media = parse_session(request.body, require_key=True)
+            media = read_offer(request.body, self.service.channels)
         except SdpError as exc:
             return _refuse(488, exc.reason)
         assert media.key is not None  # require_key
@@ -457,15 +454,10 @@ class BrokerSipEndpoint:
         try:
             # The store id goes in before the secret is derived: it is part of the
             # transcript both ends bind the key to.
-            answer = with_store_id(
-                build_answer(
-                    request.body,
-                    self.config.user,
-                    *origin,
-                    *self.service.local_addr,
-                    key=None if kx is None else kx.public,
-                ),
-                self._store_id,
+            public = None if kx is None else kx.public
+            channels = self.service.channels
+            answer = answer_offer(
+                request.body, self.config.user, origin, channels, public, self._store_id
             ).encode()
             if kx is None:
                 kept = self.sessions.get(uri)
@@ -486,6 +478,7 @@ class BrokerSipEndpoint:
             kx=media.key,
             key=secret,
             new_keys=kx is not None,
+            transport=media.transport,
             offer=request.body.decode("utf-8", "replace"),
             origin=origin,
             # The operator's record only: a number announced in SDP is the user's claim,

@@ -49,11 +49,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from mdeci.broker.core import PRUNE_CHUNK
-from mdeci.broker.errors import SessionKeyError
 from mdeci.broker.glue import Broker
+from mdeci.broker.links import (
+    DataPeer,
+    QuicDataPeerLink,
+    QuicLinks,
+    RudpDataPeer,
+    UserLink,
+    _log_path,
+    check_key,
+)
+from mdeci.broker.media_answer import DataChannels
 from mdeci.broker.session_rows import SessionRows
 from mdeci.broker.sessions import (
     Attach,
@@ -86,59 +94,19 @@ from mdeci.frames import (
 from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError
 from mdeci.tasks import spawn
+from quicdata.connection import DEFAULT_CONFIG as DEFAULT_QUIC
+from quicdata.connection import QuicDataConfig
 from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
 from rudp.config import RudpConfig
 
 log = logging.getLogger("mdeci.broker")
-MIN_KEY_BYTES = 16  # what RudpConnection accepts
+_CONNECTED = Status.CONNECTED
+_nothing = type(None)  # a worker call that does nothing: waits for the calls before it
 # Chunks of msg_ids forgotten after one sweep at most (Broker.prune): a million rows.
 PRUNE_CHUNKS_PER_SWEEP = 1000
 # What a reply other than a listing reserves while its request is handled (see _admit):
 # sub-ok, pub-ok, calendar-ok and error frames are well under this.
 SMALL_REPLY = 256
-
-
-@dataclass(slots=True, eq=False)
-class _UserLink:
-    """The transport side of ``uri``'s session: its RUDP peer and what is in flight on
-    it. Whether it is delivered to, and its epoch, are the Session Manager's
-    (``session``, read here, changed only there)."""
-
-    uri: str
-    key: bytes
-    peer: RudpPeer
-    session: UserSession
-    sends: set[asyncio.Future[None]] | None = None  # only while sends are in flight
-    # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
-    reply_bytes: int = 0
-    listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
-    refusing: bool = False  # over the cap: its requests are answered 503, logged once
-
-    @property
-    def delivering(self) -> bool:
-        """The session is CONNECTED: notifications are sent."""
-        return self.session.status is _CONNECTED
-
-    @property
-    def epoch(self) -> int:
-        """The session's epoch: a send of another one belongs to no current connection."""
-        return self.session.epoch
-
-
-_CONNECTED = Status.CONNECTED
-_nothing = type(None)  # a worker call that does nothing: waits for the calls before it
-
-
-def check_key(key: bytes) -> None:
-    """Raises :class:`SessionKeyError` for a key RUDP cannot use (under 16 bytes)."""
-    if len(key) < MIN_KEY_BYTES:
-        raise SessionKeyError(f"session key of {len(key)} bytes; need {MIN_KEY_BYTES}")
-
-
-def _log_path(uri: str, addr: tuple[str, int], prev: tuple[str, int] | None) -> None:
-    # RUDP follows a NAT rebinding by itself; the operator sees it only here.
-    prev_text = None if prev is None else addr_text(prev)
-    oplog_event("path_changed", uri=uri, addr=addr_text(addr), prev_addr=prev_text)
 
 
 class BrokerService:
@@ -163,14 +131,14 @@ class BrokerService:
         self.rows = SessionRows(broker.store, self.worker, broker.clock)
         broker.fence = self.rows  # a user's queue calls name the epoch it is held at
         # The transport side of each session (peer, sends in flight), by URI.
-        self._users: dict[str, _UserLink] = {}
+        self._users: dict[str, UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
         # Frames received and not yet handled, in arrival order (see _received), and the task
         # handing them to the core.
-        self._inbound: list[tuple[_UserLink, bytes]] = []
+        self._inbound: list[tuple[UserLink, bytes]] = []
         self._pump: asyncio.Task[None] | None = None
         # Users whose delivery may progress (an ordered set), and the task serving them.
-        self._due: dict[_UserLink, None] = {}
+        self._due: dict[UserLink, None] = {}
         self._delivery: asyncio.Task[None] | None = None
         # The channel selector and SMS side when set (run_broker; see the sms property).
         self._sms: SmsFallback | None = None
@@ -178,6 +146,11 @@ class BrokerService:
         # [media] advertise: the relay's address, announced in SDP; agents are then
         # followed by path validation only (see connected).
         self.advertise: tuple[str, int] | None = None
+        # [media] transports: the data channels SDP answers accept; QUIC's server if one.
+        self.accept: tuple[str, ...] = ("rudp",)
+        self.quic: QuicLinks | None = None
+        # The QUIC server's port as announced (behind a relay on the RUDP address's host).
+        self.quic_advertise: tuple[str, int] | None = None
         broker.listener = self
         # A broker served again by a new service (a restart in-process) is not wrapped twice.
         sink = broker.log.sink if isinstance(broker.log, LoopSink) else broker.log
@@ -225,9 +198,33 @@ class BrokerService:
         """The media address to put in the broker's SDP answer."""
         return self.advertise or self.endpoint.local_addr
 
+    @property
+    def channels(self) -> DataChannels:
+        """What SDP answers accept, and where (:mod:`mdeci.broker.media_answer`)."""
+        quic = self.quic
+        accept = self.accept if quic is not None else tuple(t for t in self.accept if t != "quic")
+        if quic is None:
+            return DataChannels(accept, self.local_addr)
+        where = self.quic_advertise or quic.local_addr
+        return DataChannels(accept, self.local_addr, where, quic.fingerprint)
+
+    async def open_quic(
+        self, host: str, port: int = 0, config: QuicDataConfig = DEFAULT_QUIC
+    ) -> None:
+        """Serve QUIC sessions on host:port (0: any free port). Raises OSError."""
+        self.quic = await QuicLinks.open(host, port, config)
+
+    def users(self) -> list[str]:
+        """Each user with a data-channel peer, whatever its transport."""
+        return list(self._users)
+
     def peers(self) -> list[tuple[str, RudpPeer]]:
         """Each user with a live RUDP association, and its peer (for the metrics)."""
-        return [(uri, link.peer) for uri, link in self._users.items()]
+        return [
+            (uri, link.peer.rudp)
+            for uri, link in self._users.items()
+            if isinstance(link.peer, RudpDataPeer)
+        ]
 
     def start(self) -> None:
         """Start the periodic subscription sweep (idempotent)."""
@@ -286,7 +283,7 @@ class BrokerService:
         session, media_addr = command.session, command.addr
         uri, key = session.uri, session.key
         link = self._users.get(uri)
-        if link is not None and link.key != key:
+        if link is not None and (link.key != key or link.peer.transport != session.transport):
             self._drop(link)
             link = None
         if command.moved and (link is None or not link.peer.connected):
@@ -308,12 +305,15 @@ class BrokerService:
             self._kick(link)
             return
         if link is None:
-            link = _UserLink(uri, key, self.endpoint.peer(key, media_addr), session)
+            link = UserLink(uri, key, self._peer(session, media_addr), session)
             self._users[uri] = link
             new = link
-            link.peer.on_heard = lambda: self._heard(new)
-            link.peer.on_message = lambda data: self._received(new, data)
-            link.peer.on_path_changed = lambda addr, prev: _log_path(new.uri, addr, prev)
+            new.peer.bind(
+                lambda data: self._received(new, data),
+                lambda: self._heard(new),
+                lambda addr, prev: _log_path(new.uri, addr, prev),
+                lambda reason: self._unreachable(new, new.epoch, reason),
+            )
         link.session = session
         if self.advertise is None or link.peer.path_changes == 0:
             link.peer.set_address(media_addr)  # behind a relay: until a path is validated
@@ -325,6 +325,11 @@ class BrokerService:
         # Posted before the delivery task's next take_batches: the worker runs them in order.
         self.worker.post("session status", self.broker.mark_connected, uri, addr_text(media_addr))
         self._kick(link)
+
+    def _peer(self, session: UserSession, media_addr: tuple[str, int]) -> DataPeer:
+        if session.transport == "quic" and self.quic is not None:
+            return QuicDataPeerLink(self.quic, session.key)
+        return RudpDataPeer(self.endpoint, session.key, media_addr)
 
     def _detach(self, command: Detach) -> None:
         uri = command.uri
@@ -343,7 +348,7 @@ class BrokerService:
         """True once an authentic datagram came from ``uri``'s current RUDP association
         (the proof that both ends derived the same session secret)."""
         link = self._users.get(uri)
-        return link is not None and link.peer.stats.packets_received > 0
+        return link is not None and link.peer.heard
 
     def is_connected(self, uri: str) -> bool:
         """True while notifications are being sent to ``uri`` (its session is CONNECTED)."""
@@ -370,6 +375,8 @@ class BrokerService:
             await self.worker.run(self.broker.flush_acks)
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.endpoint.close()
+        if self.quic is not None:
+            await self.quic.close()
         self.worker.close()
 
     # ------------------------------------------------------------------ QueueListener
@@ -387,15 +394,7 @@ class BrokerService:
             link = self._users.get(uri)
             connected = link is not None and link.delivering
             if connected and link is not None:
-                conn = link.peer.connection
-                srtt = conn.rto.srtt
-                stats = conn.stats
-                self.sms.observe_ip(
-                    uri,
-                    None if srtt is None else srtt * 1000.0,
-                    stats.data_sent,
-                    stats.retransmissions,
-                )
+                self.sms.observe_ip(uri, *link.peer.observe())
             self.sms.kick(uri, connected=connected)
 
     def sub_class(self, sub_id: int) -> str | None:
@@ -435,14 +434,14 @@ class BrokerService:
 
     # ------------------------------------------------------------------ tasks
 
-    def _drop(self, link: _UserLink) -> list[asyncio.Future[None]]:
+    def _drop(self, link: UserLink) -> list[asyncio.Future[None]]:
         tasks = [t for t in (link.sends or ()) if t is not None]
         for task in tasks:
             task.cancel()
-        self.endpoint.remove_peer(link.key)
+        link.peer.close()
         return tasks
 
-    def _received(self, link: _UserLink, data: bytes) -> None:
+    def _received(self, link: UserLink, data: bytes) -> None:
         # Handled once the loop has delivered what already arrived (the pump task runs
         # after the callbacks of this loop pass), so that publishes arriving together share
         # one commit (Broker.handle_frames); frames keep their arrival order. A dropped
@@ -455,8 +454,8 @@ class BrokerService:
         try:
             while self._inbound:
                 batch, self._inbound = self._inbound, []
-                reserved: dict[_UserLink, int] = {}
-                admitted: list[tuple[_UserLink, Frame | FrameError]] = []
+                reserved: dict[UserLink, int] = {}
+                admitted: list[tuple[UserLink, Frame | FrameError]] = []
                 for link, data in batch:
                     frame = self._admit(link, data, reserved)
                     if frame is not None:
@@ -484,10 +483,10 @@ class BrokerService:
         finally:
             self._pump = None
 
-    def _reply(self, links: list[_UserLink], replies: list[list[Frame]]) -> None:
+    def _reply(self, links: list[UserLink], replies: list[list[Frame]]) -> None:
         # Each user's replies of this round leave as one batch (one future, one callback:
         # a round of publishes from one publisher is up to a window of pub-oks).
-        out: dict[_UserLink, list[bytes]] = {}
+        out: dict[UserLink, list[bytes]] = {}
         for link, frames in zip(links, replies, strict=True):
             if self._users.get(link.uri) is not link:
                 continue  # dropped meanwhile: as if its reader had been cancelled first
@@ -505,11 +504,11 @@ class BrokerService:
             self._spawn_replies(link, data)
 
     def _admit(
-        self, link: _UserLink, data: bytes, reserved: dict[_UserLink, int]
+        self, link: UserLink, data: bytes, reserved: dict[UserLink, int]
     ) -> Frame | FrameError | None:
         """This frame decoded (or its decoding error) if it is to be handled, None if not:
-        handled unless its user holds more than
-        ``max_unacked_reply_bytes`` of our replies unacknowledged and it is a request
+        handled unless its user holds more than ``max_unacked_reply_bytes`` of our replies
+        unacknowledged (over QUIC, of anything: ``DataPeer.backlog``) and it is a request
         (an ``ack`` always passes: it is how the user gets below the cap again).
 
         The replies of the frames admitted in this round are not sent yet, so each
@@ -526,7 +525,7 @@ class BrokerService:
         if isinstance(frame, Ack):
             return frame
         cap = self.broker.config.max_unacked_reply_bytes
-        held = link.reply_bytes + reserved.get(link, 0)
+        held = link.reply_bytes + link.peer.backlog + reserved.get(link, 0)
         if held <= cap:
             link.refusing = False
             cost = link.listing_bytes if isinstance(frame, List) else SMALL_REPLY
@@ -547,10 +546,10 @@ class BrokerService:
             self._spawn_reply(link, encode(Error(req=req, code=UNAVAILABLE, message=text)))
         return None
 
-    def _spawn_reply(self, link: _UserLink, data: bytes) -> None:
+    def _spawn_reply(self, link: UserLink, data: bytes) -> None:
         self._spawn_replies(link, [data])
 
-    def _spawn_replies(self, link: _UserLink, data: list[bytes]) -> None:
+    def _spawn_replies(self, link: UserLink, data: list[bytes]) -> None:
         # The replies' bytes count against the cap until their send is done; released by
         # the send's one callback (_sent), not by a second one per reply (a
         # publish's pub-ok took two callbacks and two loop steps).
@@ -558,7 +557,7 @@ class BrokerService:
         if self._spawn_sends(link, data, size) is not None:
             link.reply_bytes += size
 
-    def _kick(self, link: _UserLink) -> None:
+    def _kick(self, link: UserLink) -> None:
         """``link``'s delivery may progress: serve it in the delivery task's next call."""
         if self._closed or not link.delivering:
             return
@@ -599,11 +598,11 @@ class BrokerService:
         finally:
             self._delivery = None
 
-    def _spawn_send(self, link: _UserLink, data: bytes) -> asyncio.Future[None] | None:
+    def _spawn_send(self, link: UserLink, data: bytes) -> asyncio.Future[None] | None:
         return self._spawn_sends(link, [data])
 
     def _spawn_sends(
-        self, link: _UserLink, data: list[bytes], reply_size: int = 0
+        self, link: UserLink, data: list[bytes], reply_size: int = 0
     ) -> asyncio.Future[None] | None:
         """Queue the messages of ``data`` on ``link``'s peer, in order; the future of
         their acknowledgement, all of them (None if the peer refused them at once: then
@@ -628,7 +627,7 @@ class BrokerService:
         return future
 
     def _sent(
-        self, link: _UserLink, future: asyncio.Future[None], epoch: int, reply_size: int = 0
+        self, link: UserLink, future: asyncio.Future[None], epoch: int, reply_size: int = 0
     ) -> None:
         link.reply_bytes -= reply_size
         if link.sends is not None:
@@ -643,7 +642,7 @@ class BrokerService:
         elif exc is None and not link.session.proved and epoch == link.epoch:
             self._proved(link, epoch)
 
-    def _proved(self, link: _UserLink, epoch: int) -> None:
+    def _proved(self, link: UserLink, epoch: int) -> None:
         """The first datagram sent over this connection was acknowledged: IP works both
         ways, so the SMS side stops its buffers for the user (:meth:`SmsFallback.ip_back`).
 
@@ -656,13 +655,13 @@ class BrokerService:
         if self._users.get(link.uri) is link:
             self.apply(self.sessions.path_proved(link.uri, epoch))
 
-    def _unreachable(self, link: _UserLink, epoch: int, reason: str) -> None:
+    def _unreachable(self, link: UserLink, epoch: int, reason: str) -> None:
         if self._users.get(link.uri) is not link:
             return  # a send of an earlier connection: its failure says nothing now
         # The stored status follows at the next change if the database is down now.
         self.apply(self.sessions.media_failed(link.uri, epoch, reason))
 
-    def _heard(self, link: _UserLink) -> None:
+    def _heard(self, link: UserLink) -> None:
         """An authenticated packet (a frame, an ack or a keepalive PING) came from the
         user: the keys are confirmed, and a user we marked DISCONNECTED after RUDP
         retries ran out is reachable again, so it is connected again exactly as a
@@ -677,7 +676,8 @@ class BrokerService:
             return  # the common case: one check per datagram
         if self._users.get(link.uri) is not link:
             return
-        self.apply(self.sessions.media_heard(link.uri, session.epoch, link.peer.addr))
+        addr = link.peer.addr or session.media_addr
+        self.apply(self.sessions.media_heard(link.uri, session.epoch, addr))
 
     async def _sweep_forever(self) -> None:
         while True:

@@ -120,6 +120,7 @@ class _Answer:
     kx: bytes
     new_keys: bool
     msisdn: str | None
+    transport: str = RUDP
 
 
 # ---------------------------------------------------------------------------- events in
@@ -141,6 +142,7 @@ class InviteAnswered:
     offer: str
     origin: tuple[int, int]  # (o= sess-id, version) of the answer
     msisdn: str | None = None  # the operator's record of the user's number
+    transport: str = RUDP  # the data channel the answer accepted ("rudp" or "quic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,14 +344,16 @@ class SessionManager:
         self._origins[key] = ev.origin
         self._drop_answer(key)
         self._answers[key] = _Answer(
-            ev.uri, ev.media_addr, ev.offer, ev.key, ev.kx, ev.new_keys, ev.msisdn
+            ev.uri, ev.media_addr, ev.offer, ev.key, ev.kx, ev.new_keys, ev.msisdn, ev.transport
         )
         self._answer_kx[ev.kx] = self._answer_kx.get(ev.kx, 0) + 1
         s = self._sessions.get(ev.uri)
         if not ev.new_keys or s is None or s.dialog_id != ev.dialog_id:
             return []
         self._set_kx(s, ev.kx)
-        return self._connect(s, ev.media_addr, ev.key, Event.REKEYED, alive=True)
+        return self._connect(
+            s, ev.media_addr, ev.key, Event.REKEYED, alive=True, transport=ev.transport
+        )
 
     def dialog_up(self, ev: DialogUp, now: float) -> list[Command]:
         """The dialog of an answered INVITE started (or was refreshed): the session is
@@ -402,7 +406,9 @@ class SessionManager:
         fields = (("call_id", call_id), ("addr", addr_text(addr)), ("prev_addr", prev_addr))
         out.append(Log(name, uri, fields))
         # The row just written says CONNECTED: no status write of its own.
-        out += self._connect(s, addr, answer.key, Event.STARTED, alive=True, write=False)
+        out += self._connect(
+            s, addr, answer.key, Event.STARTED, alive=True, write=False, transport=answer.transport
+        )
         if answer.new_keys and s.key_deadline is None and not s.heard:
             # A pending check keeps its deadline: re-keying again and again (as an agent
             # whose keys never work does) must not postpone the verdict forever.
@@ -513,7 +519,7 @@ class SessionManager:
         s.status = TRANSITIONS[(s.status, Event.FAILED)]
         return [
             SetStatus(uri, Status.DISCONNECTED),
-            Detach(uri, f"rudp: {reason}", forget=False),
+            Detach(uri, f"{s.transport}: {reason}", forget=False),
             SmsLook(uri),
         ]
 
@@ -564,15 +570,21 @@ class SessionManager:
         *,
         alive: bool,
         write: bool = True,
+        transport: str | None = None,
     ) -> list[Command]:
+        """``transport``: the data channel an answer accepted (None: the session's stays);
+        another one than the session's is a new association, as a new key is."""
         before = s.status
         s.status = TRANSITIONS[(before, event)]
         s.media_addr = addr
-        if before is Status.CONNECTED and key == s.attached_key and alive:
+        switched = transport is not None and transport != s.transport
+        if transport is not None:
+            s.transport = transport
+        if before is Status.CONNECTED and key == s.attached_key and alive and not switched:
             # The same association, delivering: only the path changed.
             return [Attach(s, addr, moved=True)]
         s.key = key
-        if key != s.attached_key:
+        if key != s.attached_key or switched:
             s.heard = False  # a new association: nothing heard over it yet
             s.attached_key = key
         s.epoch = self._next_epoch()

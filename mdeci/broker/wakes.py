@@ -76,5 +76,5 @@ class WakeListener:
 
     def _wake_all(self) -> None:
         self._reload()
-        for uri, _ in self._service.peers():
+        for uri in self._service.users():
             self._wake(uri)

@@ -12,9 +12,9 @@ from pathlib import Path
 from mdeci.config.common import (
     E164,
     SIP_AOR,
+    AgentMediaConfig,
     ChurnLogConfig,
     HostPort,
-    MediaConfig,
     SipConfig,
     SmsGatewayKind,
     _check,
@@ -137,7 +137,7 @@ class AgentConfig:
     broker: BrokerPeerConfig = field(default_factory=BrokerPeerConfig)
     # Any free port (TLS too). The agent sends over the first of sip.transports.
     sip: SipConfig = field(default_factory=lambda: SipConfig(port=0, tls_port=0))
-    media: MediaConfig = field(default_factory=MediaConfig)
+    media: AgentMediaConfig = field(default_factory=AgentMediaConfig)
     rudp: RudpConfig = field(default_factory=lambda: AGENT_RUDP)
     reconnect: ReconnectConfig = field(default_factory=ReconnectConfig)
     ip_monitor: IpMonitorConfig = field(default_factory=IpMonitorConfig)

@@ -17,9 +17,9 @@ from mdeci.config.common import (
     DIGEST_ALGORITHMS,
     E164,
     USER_NAME,
+    BrokerMediaConfig,
     ChurnLogConfig,
     HostPort,
-    MediaConfig,
     SipConfig,
     SmsGatewayKind,
     _check,
@@ -347,7 +347,7 @@ class BrokerConfig:
     data_dir: Path = Path("var")  # SQLite file, churn log; relative: beside the config file
     admin_socket: Path = Path("admin.sock")  # `mdeci admin` talks here (mode 0600); in data_dir
     sip: SipConfig = field(default_factory=SipConfig)
-    media: MediaConfig = field(default_factory=MediaConfig)
+    media: BrokerMediaConfig = field(default_factory=BrokerMediaConfig)
     rudp: RudpConfig = field(default_factory=RudpConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)

@@ -125,6 +125,44 @@ class MediaConfig:
         _check(bool(self.host), "'host' must not be empty")
 
 
+# The data channels (docs/sip.md): RUDP (UDP/MDECI-RUDP) and QUIC (UDP/MDECI-QUIC).
+DATA_CHANNELS = ("rudp", "quic")
+AGENT_TRANSPORTS = (*DATA_CHANNELS, "auto")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentMediaConfig(MediaConfig):
+    """The agent's ``[media]``: also the data channel it offers. ``"auto"`` offers both
+    lines, QUIC first, and takes the one the broker accepts (RFC 3264 §6)."""
+
+    transport: str = "rudp"
+
+    def __post_init__(self) -> None:
+        MediaConfig.__post_init__(self)
+        _check(
+            self.transport in AGENT_TRANSPORTS,
+            f"'transport' must be one of {', '.join(AGENT_TRANSPORTS)}",
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BrokerMediaConfig(MediaConfig):
+    """The broker's ``[media]``: also the data channels it accepts, and the UDP port of
+    its QUIC server (on ``host``; 0: any free port, SDP carries the real one)."""
+
+    transports: tuple[str, ...] = ("rudp",)
+    quic_port: int = 0
+
+    def __post_init__(self) -> None:
+        MediaConfig.__post_init__(self)
+        _port(self.quic_port)
+        _check(
+            bool(self.transports) and set(self.transports) <= set(DATA_CHANNELS),
+            "'transports' must be a non-empty list of 'rudp' and 'quic'",
+        )
+        _check(len(set(self.transports)) == len(self.transports), "'transports' repeats one")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ChurnLogConfig:
     """``[churnlog]``: the churn log file (docs/protocol.md §8) and its size rotation."""

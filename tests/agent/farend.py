@@ -13,13 +13,13 @@ from pathlib import Path
 from mdeci.broker import Broker, BrokerService
 from mdeci.config import (
     AgentConfig,
+    AgentMediaConfig,
     AgentRegistrarConfig,
     BrokerPeerConfig,
     ChurnLogConfig,
     HostPort,
     IpMonitorConfig,
     IpMonitorMode,
-    MediaConfig,
     ReconnectConfig,
     SipConfig,
 )
@@ -114,7 +114,7 @@ def agent_config(state: Path, user: str, host: str, far: FarEnd | int) -> AgentC
         registrar=AgentRegistrarConfig(address=sip_addr),
         broker=BrokerPeerConfig(aor=BROKER_AOR, address=sip_addr),
         sip=SipConfig(host=host, port=0, t1=FAST_SIP.t1, t2=FAST_SIP.t2, t4=FAST_SIP.t4),
-        media=MediaConfig(host=host),
+        media=AgentMediaConfig(host=host),
         rudp=FAST_RUDP,
         reconnect=ReconnectConfig(base=0.05, max=0.2, jitter=0.2),
         ip_monitor=IpMonitorConfig(mode=IpMonitorMode.POLL, poll_interval=600.0),

@@ -32,7 +32,13 @@ CORE = (
     "errors",
 )
 IO_MODULES = {"asyncio", "socket", "time", "os", "selectors", "threading", "fcntl", "pathlib"}
-GLUE = {"mdeci.agent.aio", "mdeci.agent.state", "mdeci.agent.media", "mdeci.agent.api"}
+GLUE = {
+    "mdeci.agent.aio",
+    "mdeci.agent.state",
+    "mdeci.agent.media",
+    "mdeci.agent.quic_media",
+    "mdeci.agent.api",
+}
 
 
 def _imports(path: Path) -> set[str]:

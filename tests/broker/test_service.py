@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from mdeci.broker import BrokerService, SessionKeyError
 from mdeci.broker.core import PRUNE_CHUNK
 from mdeci.broker.glue import Broker
+from mdeci.broker.links import RudpDataPeer
 from mdeci.config import QueueConfig, SubscriptionConfig
 from mdeci.frames import (
     Ack,
@@ -337,7 +338,8 @@ async def test_idle_sessions_hold_no_task_and_a_publish_wakes_one(
         await agents[3].send(Ack(upto=1))
         # The frame arrived through the peer's callback: no reader task, and the inbox
         # queue of the broker's peer was never built.
-        assert links[3].peer._inbox is None
+        peer = links[3].peer
+        assert isinstance(peer, RudpDataPeer) and peer.rudp._inbox is None
         await _delivery_done(service)
     finally:
         for agent in agents:

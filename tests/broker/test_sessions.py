@@ -5,7 +5,7 @@ confirmation timeout)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given, settings
@@ -504,3 +504,35 @@ def test_sessions_made_without_sip_connect_and_disconnect(manager: SessionManage
         SmsLook(ALICE),
     ]
     assert manager.get(ALICE) is None
+
+
+def test_the_session_records_its_transport_and_a_switch_is_a_new_association(
+    manager: SessionManager, clock: Clock
+) -> None:
+    alice = Agent(manager, clock, ALICE)
+    kx, key = alice._fresh()
+    alice.dialog, alice.kx, alice.key = ("call-q", "ours", "tag-q"), kx, key
+    answer = alice._answer("call-q", "tag-q", None, ("10.0.0.1", 4000), kx, key, new=True)
+    manager.answered(replace(answer, transport="quic"))
+    manager.dialog_up(alice._up(refreshed=False), clock.now)
+    s = manager.get(ALICE)
+    assert s is not None and s.transport == "quic"
+    epoch = alice.epoch
+    # A move on the same transport keeps the association.
+    answer = alice._answer("call-q", "tag-q", alice.dialog, ("10.0.0.9", 4001), kx, key, new=False)
+    manager.answered(replace(answer, transport="quic"))
+    [attach] = of(Attach, manager.dialog_up(alice._up(refreshed=True), clock.now))
+    assert isinstance(attach, Attach) and attach.moved and s.transport == "quic"
+    assert alice.epoch == epoch
+    # The same keys answered on the other transport: a new association, a new epoch.
+    answer = alice._answer("call-q", "tag-q", alice.dialog, ("10.0.0.9", 4001), kx, key, new=False)
+    manager.answered(answer)  # transport "rudp"
+    out = manager.dialog_up(alice._up(refreshed=True), clock.now)
+    [attach] = of(Attach, out)
+    assert isinstance(attach, Attach) and not attach.moved
+    assert s.transport == "rudp" and alice.epoch > epoch
+    # A QUIC connection that ends marks the user DISCONNECTED, named by its transport.
+    s.transport = "quic"
+    out = manager.media_failed(ALICE, alice.epoch, "idle timeout")
+    assert Detach(ALICE, "quic: idle timeout", forget=False) in out
+    assert SetStatus(ALICE, Status.DISCONNECTED) in out and not manager.is_connected(ALICE)

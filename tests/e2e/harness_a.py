@@ -60,8 +60,10 @@ def broker_toml(
     users: Sequence[str] = ("alice", "bob"),
     rudp: str = "",
     queue: str = "",
+    transports: Sequence[str] = (),
 ) -> str:
-    """A broker config with quick SIP timers; ports are given on the command line."""
+    """A broker config with quick SIP timers; ports are given on the command line;
+    ``transports``: its ``[media] transports`` (the default when empty)."""
     lines = [
         'node = "broker-e2e"',
         'domain = "localhost"',
@@ -76,6 +78,8 @@ def broker_toml(
     ]
     if queue:
         lines += ["[queue]", queue]
+    if transports:
+        lines += ["[media]", "transports = [" + ", ".join(f'"{t}"' for t in transports) + "]"]
     for user in users:
         lines += ["[[auth.users]]", f'user = "{user}"', f'password = "{user}-secret"']
     return "\n".join(lines) + "\n"
@@ -90,9 +94,10 @@ def agent_toml(
     rudp: str = "",
     ip_monitor: str = 'mode = "poll"\npoll_interval = 600.0',
     stack: str = "mdeci",
+    transport: str = "rudp",
 ) -> str:
     """An agent of ``user`` (password ``<user>-secret``) bound to ``host``, on the SIP
-    backend ``stack``."""
+    backend ``stack``, offering the data channel ``transport`` (``[media] transport``)."""
     address = f"{broker[0]}:{broker[1]}"
     return (
         "\n".join(
@@ -115,6 +120,7 @@ def agent_toml(
                 f'stack = "{stack}"',
                 "[media]",
                 f'host = "{host}"',
+                f'transport = "{transport}"',
                 "[rudp]",
                 rudp or FAST_RUDP,
                 "[reconnect]",

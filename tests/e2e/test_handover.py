@@ -23,6 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mdeci.agent import Agent
 from mdeci.agent.api import ApiClient
 from mdeci.agent.daemon import RunningAgent, run_agent
@@ -32,6 +34,7 @@ from mdeci.config import (
     AgentConfig,
     AuthConfig,
     BrokerConfig,
+    BrokerMediaConfig,
     HostPort,
     IpMonitorConfig,
     IpMonitorMode,
@@ -79,12 +82,17 @@ A_HOSTS = tuple(f"127.0.0.{n}" for n in range(2, 12))
 
 
 async def _broker(
-    tmp: Path, store: BrokerStore, sink: WaitingSink, host: str = "127.0.0.1"
+    tmp: Path,
+    store: BrokerStore,
+    sink: WaitingSink,
+    host: str = "127.0.0.1",
+    transports: tuple[str, ...] = ("rudp",),
 ) -> RunningBroker:
     config = BrokerConfig(
         domain="localhost",
         data_dir=tmp / "broker",
         sip=SipConfig(host=host, port=0, t1=0.02, t2=0.16, t4=0.2),
+        media=BrokerMediaConfig(host=host, transports=transports),
         rudp=RUDP,
         auth=AuthConfig(
             users=tuple(UserConfig(user=u, password=f"{u}-secret") for u in ("alice", "bob"))
@@ -102,12 +110,14 @@ def agent_config(
     port: int,
     broker_host: str = "127.0.0.1",
     stack: str = "mdeci",
+    transport: str = "rudp",
 ) -> AgentConfig:
     config = farend_agent_config(state, user, host, port)
     where = HostPort(broker_host, port)
     return dataclasses.replace(
         config,
         sip=dataclasses.replace(config.sip, stack=stack),
+        media=dataclasses.replace(config.media, transport=transport),
         rudp=RUDP,
         registrar=dataclasses.replace(config.registrar, address=where),
         broker=dataclasses.replace(config.broker, address=where),
@@ -293,20 +303,26 @@ async def close_netns_run(
             run_ip("link", "del", host_if)
 
 
+@pytest.mark.parametrize("transport", ["rudp", "quic"])
 async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
     tmp_path: Path,
     store: BrokerStore,
     sip_stack: str,
+    transport: str,
 ) -> None:
     sink = WaitingSink()
-    broker = await _broker(tmp_path, store, sink)
+    broker = await _broker(tmp_path, store, sink, transports=(transport,))
     port = broker.sip_addr[1]
     a = await run_agent(
-        agent_config(tmp_path / "alice", "alice", A_HOSTS[0], port, stack=sip_stack),
+        agent_config(
+            tmp_path / "alice", "alice", A_HOSTS[0], port, stack=sip_stack, transport=transport
+        ),
         address_source=lo_only,
     )
     b = await run_agent(
-        agent_config(tmp_path / "bob", "bob", "127.0.0.100", port, stack=sip_stack),
+        agent_config(
+            tmp_path / "bob", "bob", "127.0.0.100", port, stack=sip_stack, transport=transport
+        ),
         address_source=lo_only,
     )
     publisher: Publisher | None = None
@@ -314,6 +330,11 @@ async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
     received = arrivals.received
     try:
         publisher = await start_publishing(a, b, arrivals, ttl=600)
+        assert a.status().media_transport == transport
+        quic = a.agent.quic_media
+        assert quic is not None
+        connection = quic.peer  # over QUIC: one connection, migrated at every move
+        assert (connection is None) == (transport == "rudp")
         restore: list[float] = []
         for k in range(1, MOVES + 1):
             host = A_HOSTS[k % len(A_HOSTS)]
@@ -334,10 +355,14 @@ async def test_hundred_moves_while_publishing_lose_and_repeat_nothing(
         await broker.service.settled()  # the held ack is applied after the last event
         assert store.queues.depth("sip:alice@localhost") == 0
         assert a.agent.event_counts["ip_changed"] == MOVES
+        assert quic.peer is connection
+        if transport == "quic":
+            link = broker.service._users["sip:alice@localhost"]
+            assert link.peer.transport == "quic" and link.peer.path_changes >= MOVES // 2
         p50, p99 = percentile(restore, 0.5), percentile(restore, 0.99)
         rate = sent / publisher_elapsed if publisher_elapsed > 0 else 0.0
         print(
-            f"\nhandover ({sip_stack}): {MOVES} moves while B published {sent} events "
+            f"\nhandover ({sip_stack}, {transport}): {MOVES} moves while B published {sent} events "
             f"({rate:.0f}/s, target {RATE:.0f}/s): 0 lost, 0 duplicated, order kept; restore time "
             f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {max(restore) * 1000:.1f} ms"
         )

@@ -39,8 +39,8 @@ from mdeci.config import (
     AgentConfig,
     AuthConfig,
     BrokerConfig,
+    BrokerMediaConfig,
     HostPort,
-    MediaConfig,
     QueueConfig,
     SipConfig,
     UserConfig,
@@ -96,7 +96,7 @@ async def _broker(
         domain="localhost",
         data_dir=tmp / "broker",
         sip=SipConfig(host="127.0.0.1", port=0, t1=T1, t2=T2, t4=T4),
-        media=MediaConfig(host="127.0.0.1", port=media_port, advertise=HostPort(*relay)),
+        media=BrokerMediaConfig(host="127.0.0.1", port=media_port, advertise=HostPort(*relay)),
         rudp=RUDP,
         queue=QUEUE,
         auth=AuthConfig(

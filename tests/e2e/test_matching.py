@@ -3,13 +3,16 @@
 ``python -m mdeci broker`` and two ``python -m mdeci agent`` children; A subscribes
 through ``python -m mdeci sub``; B publishes 1,000 deterministic events through its
 local API; A's application (a ``tail`` on A's API socket) gets exactly the matching
-subset, in order.
+subset, in order; over each data channel (``[media] transport``, docs/sip.md): RUDP and
+QUIC.
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+
+import pytest
 
 from mdeci.agent.api import ApiClient
 from tests.e2e.harness_a import (
@@ -33,24 +36,25 @@ from tests.e2e.harness_a import (
 EVENTS = 1000
 
 
-async def test_a_gets_exactly_the_matching_subset_in_order(tmp_path: Path, sip_stack: str) -> None:
+@pytest.mark.parametrize("transport", ["rudp", "quic"])
+async def test_a_gets_exactly_the_matching_subset_in_order(
+    tmp_path: Path, sip_stack: str, transport: str
+) -> None:
     children: list[Child] = []
     tail: Tail | None = None
     try:
-        broker, sip = await start_broker(tmp_path, broker_toml(tmp_path / "broker"))
+        broker_config = broker_toml(tmp_path / "broker", transports=(transport,))
+        broker, sip = await start_broker(tmp_path, broker_config)
         children.append(broker)
-        a, a_sock = await start_agent(
-            tmp_path,
-            "alice",
-            agent_toml(tmp_path / "alice", "alice", "127.0.0.2", sip, stack=sip_stack),
-        )
-        children.append(a)
-        b, b_sock = await start_agent(
-            tmp_path, "bob", agent_toml(tmp_path / "bob", "bob", "127.0.0.4", sip, stack=sip_stack)
-        )
-        children.append(b)
-        await wait_status(a_sock, is_connected)
-        await wait_status(b_sock, is_connected)
+        for name, host in (("alice", "127.0.0.2"), ("bob", "127.0.0.4")):
+            config = agent_toml(
+                tmp_path / name, name, host, sip, stack=sip_stack, transport=transport
+            )
+            children.append((await start_agent(tmp_path, name, config))[0])
+        a_sock, b_sock = (Path(child.words["api"]) for child in children[1:])
+        for sock in (a_sock, b_sock):
+            status = await wait_status(sock, is_connected)
+            assert status["media_transport"] == transport
 
         out = await run_cli(
             "sub", "StockExchange", "--filter", STOCK_FILTER, "--ttl", "600",

@@ -159,3 +159,18 @@ def test_no_marker_and_no_key_material_on_the_wire() -> None:
     needles = [marker, SECRET, keys.client, keys.server, keys.session_id]
     assert len(net.wire) >= 8  # the handshake and the messages both ways
     assert not [n for n in needles for datagram in net.wire if n in datagram]
+
+
+def test_what_the_peer_has_not_acknowledged_is_counted_until_it_is() -> None:
+    net = connected()
+    net.advance(0.5)  # the client's delayed ACK of the server's proof
+    assert net.peer.unacked_bytes == 0
+    net.cut_down = True  # the client hears nothing: it acknowledges nothing
+    for _ in range(10):
+        net.peer.send_message(b"x" * 1000)
+    net.pump()
+    assert net.peer.unacked_bytes == 10 * (4 + 1000)  # length prefix and message
+    net.cut_down = False
+    net.advance(2.0)  # retransmitted, received, acknowledged
+    assert net.peer.unacked_bytes == 0
+    assert received(net.client_events) == [b"x" * 1000] * 10
