@@ -63,6 +63,7 @@ from mdeci.frames import (
     Ack,
     Calendar,
     CalendarOk,
+    Device,
     Error,
     Frame,
     List,
@@ -237,6 +238,10 @@ class BrokerCore(Delivery):
         #: Queue classes a sub or pub may name (run_broker sets [channels]'s).
         self.classes: frozenset[str] = frozenset()
         self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
+        # The last ``device`` frame of each user: its access network, best figures and
+        # battery (docs/channels.md "Networks as channels"); kept in memory, sent again by
+        # the agent at every session start.
+        self.devices: dict[str, Device] = {}
 
     def load(self) -> Step[None]:
         """Fill the matcher with the subscriptions alive now.
@@ -288,6 +293,9 @@ class BrokerCore(Delivery):
                 return []
             if isinstance(frame, Calendar):
                 return [self._stored((yield from self._calendar(uri, frame)))]
+            if isinstance(frame, Device):
+                self.devices[uri] = frame
+                return []
         except StoreError as exc:
             self.health_events.append(StoreFailed("frame", exc, uri))
             return [_refused(getattr(frame, "req", None), exc)]

@@ -264,3 +264,24 @@ def released(wait: Wait, network: str | None, now: float) -> bool:
     """Whether a message held as ``wait`` must be decided again now: the device is on a
     network it waited for, or its time ran out."""
     return now >= wait.until or (network is not None and network in wait.waiting_for)
+
+
+def describe(decision: NetworkDecision, *, network: str | None, qclass: str) -> str:
+    """The inputs and the answer of a decision as ``key=value`` words (the churn log's
+    ``reason``, docs/protocol.md §8)."""
+    words = [f"network={network or 'none'}", f"class={qclass}"]
+    if isinstance(decision, Deliver):
+        words.append("decision=deliver")
+    elif isinstance(decision, BySms):
+        words.append("decision=sms")
+    elif isinstance(decision, Wait):
+        words += [
+            "decision=wait",
+            f"for={'/'.join(decision.waiting_for)}",
+            f"until={decision.until:.3f}",
+            f"p={decision.p:.4g}",
+            f"deadline={decision.deadline:.3f}",
+        ]
+    else:
+        words += ["decision=queue", f"why={decision.reason.replace(' ', '_')}"]
+    return " ".join(words)
