@@ -94,6 +94,11 @@ class ApplicationInputs:
         )
         return msg_id, req
 
+    @property
+    def waiting_publishes(self) -> tuple[str, ...]:
+        """The msg_ids of the publishes that wait for a cheaper network."""
+        return self._requests.waiting
+
     def stop_awaiting(self, req: int) -> None:
         """The application was told publish ``req`` is pending (its wait ended)."""
         self._requests.stop_awaiting(req)

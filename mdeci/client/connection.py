@@ -177,6 +177,7 @@ class Client:
         payload: bytes | str = b"",
         *,
         urgent: bool = False,
+        qclass: str = "",
     ) -> PublishResult:
         """Publish. The result's ``state`` says whether the broker accepted it or the agent
         keeps it to send later; a refusal raises :class:`Refused`."""
@@ -188,6 +189,7 @@ class Client:
                 "attrs": dict(attrs or {}),
                 "payload": base64.b64encode(data).decode(),
                 "urgent": urgent,
+                "qclass": qclass,
             }
         )
         return publish_result(answer)
