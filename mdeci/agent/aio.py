@@ -28,7 +28,13 @@ from mdeci.agent.core import AgentCore
 from mdeci.agent.driver import BYE_TIMEOUT, AgentDriver
 from mdeci.agent.errors import AgentError, StateError
 from mdeci.agent.events import AttachMedia, Invite, Rebind, SipCommand
-from mdeci.agent.ipmonitor import AddressSource, Wakeable, make_monitor, route_destination
+from mdeci.agent.ipmonitor import (
+    AddressSource,
+    Wakeable,
+    interface_of,
+    make_monitor,
+    route_destination,
+)
 from mdeci.agent.machine import State, Status
 from mdeci.agent.media import MediaLink
 from mdeci.agent.reports import Reports
@@ -111,7 +117,7 @@ class Agent(AgentDriver, Applications):
         make_state_dir(cfg.state_dir)  # 0700: the user's notifications and publishes
         self._lock = lock_state_dir(cfg.state_dir)  # before any file is opened or rewritten
         files = open_state_files(cfg.state_dir, self.fsync)
-        if cfg.sms.enabled:
+        if cfg.sms.enabled or cfg.network.kinds:  # out-of-order nseqs: SMS, network holds
             nseq = files.nseq
             nseq.gate = windowed_gate(nseq.path, nseq.highest, cfg.sms.window)
         self._files = files
@@ -144,6 +150,7 @@ class Agent(AgentDriver, Applications):
             media_addr=self.endpoint.local_addr,
             **kwargs,
         )
+        self.core.interface_of = interface_of  # [network] interfaces
         self._spawn(self._sip_worker())
         self._monitor = make_monitor(
             cfg.ip_monitor,

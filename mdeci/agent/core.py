@@ -157,6 +157,8 @@ class AgentCore(ApplicationInputs, BrokerLiveness):
         self._slow_at: float | None = None  # when a pending attempt counts as slow
         self._wall_offset = 0.0  # wall clock minus ``now``, as the glue last gave both
         self.device = DeviceSide(config)
+        # Which interface holds an address (the glue's lookup; None: not known).
+        self.interface_of: Callable[[str], str | None] = lambda host: None
         self._requests.hold = self._publish_hold
 
     # ------------------------------------------------------------------ observing
@@ -382,7 +384,9 @@ class AgentCore(ApplicationInputs, BrokerLiveness):
         old = self.files.nseq.store_id
         if store_id is None or store_id == old:
             return False
-        window = self.config.sms.window if self.config.sms.enabled else 0
+        # SMS, and a broker's notifications held for a cheaper network, come out of order.
+        reorders = self.config.sms.enabled or bool(self.config.network.kinds)
+        window = self.config.sms.window if reorders else 0
         try:
             replaced = self._intake.new_store(store_id, window, f"{old or 'unknown'}-{int(wall)}")
         except StateError as exc:
@@ -600,7 +604,8 @@ class AgentCore(ApplicationInputs, BrokerLiveness):
     def _tell_device(self, now: float, *, calendar: bool = True) -> None:
         """Each session start and move: the network kind (``device``) and, with
         ``calendar``, the ``[calendar]``; before the outbox, which goes by that network."""
-        self.device.locate(self.media_addr[0] if self.media_addr[0] else self.sip_addr[0])
+        host = self.media_addr[0] or self.sip_addr[0]
+        self.device.locate(host, self.interface_of(host) if self.config.network.kinds else None)
         if not self.device.configured:
             return
         self._send(self.device.report())

@@ -47,7 +47,7 @@ from mdeci.broker.delivery import (
 from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher
 from mdeci.broker.refusal import refusal
 from mdeci.broker.sink import ChurnSink, Row, emit_rows
-from mdeci.channels.calendar import Rule
+from mdeci.channels.calendar import Rule, WeeklyCalendar
 from mdeci.config import OverflowPolicyName
 from mdeci.errors import FilterError, FrameError, StoreError, SubjectError
 from mdeci.filters import compile_filter, compile_pattern
@@ -295,6 +295,8 @@ class BrokerCore(Delivery):
                 return [self._stored((yield from self._calendar(uri, frame)))]
             if isinstance(frame, Device):
                 self.devices[uri] = frame
+                if self.holds is not None:
+                    self.release(uri, self.holds.device(uri, frame))
                 return []
         except StoreError as exc:
             self.health_events.append(StoreFailed("frame", exc, uri))
@@ -371,6 +373,9 @@ class BrokerCore(Delivery):
             for r in frame.rules
         )
         yield from call(PutCalendar(uri, rules, frame.utc_offset_minutes, self.clock()))
+        if self.holds is not None:
+            week = WeeklyCalendar.from_rules(rules, utc_offset_minutes=frame.utc_offset_minutes)
+            self.release(uri, self.holds.calendar(uri, week))
         return CalendarOk(req=frame.req, rules=len(rules))
 
     def _unsub(self, uri: str, frame: Unsub) -> Step[Frame]:

@@ -157,3 +157,27 @@ def test_without_calendar_or_network_kinds_nothing_waits(tmp_path: Path) -> None
         "news.bulk"
     ]
     assert "publish_decided" not in plain.churn()
+
+
+def test_the_interface_names_the_network_before_the_address(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    kinds = (
+        NetworkKindConfig(kind="wifi", interfaces=("wlan0",)),
+        NetworkKindConfig(kind="cellular", prefixes=("127.0.0.0/8",)),
+    )
+    cfg = dataclasses.replace(config(tmp_path), network=NetworkConfig(kinds=kinds))
+    rig.core = AgentCore(
+        cfg, rig.files, rig.events.append, random_bytes=Counter(), jitter=lambda: 0.5,
+        sip_addr=SIP, media_addr=MEDIA,
+    )  # fmt: skip
+    rig.core.interface_of = lambda host: "wlan0" if host == MEDIA[0] else None
+    rig.connect()
+    (device,) = [f for f in rig.frames(rig.commands()) if isinstance(f, Device)]
+    assert device.network == "wifi"  # the address alone would say cellular
+
+
+def test_interface_of_reads_the_kernels_addresses() -> None:
+    from mdeci.agent.ipmonitor import interface_of
+
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("192.0.2.77") is None and interface_of("::1") is None
