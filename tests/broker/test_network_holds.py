@@ -86,8 +86,9 @@ async def agents(tmp: Path, broker: RunningBroker) -> tuple[Agent, Agent]:
 
 
 async def test_bulk_waits_for_wifi_urgent_goes_at_once(
-    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+    tmp_path: Path, any_store: BrokerStore, clock: FakeClock, sink: WaitingSink
 ) -> None:
+    store = any_store  # SQLite, then PostgreSQL
     broker = await start_broker(tmp_path, store, clock, sink, bulk_delay=3600.0)
     alice, bob = await agents(tmp_path, broker)
     try:
