@@ -8,7 +8,8 @@ default route goes through ``cell``: bulk notifications published for the device
 held by the broker (an IP-only broker: no SMS configured), an urgent one arrives at once.
 When the default route moves to ``wifi`` the agent re-INVITEs from there, tells the
 broker its new network, and the bulk ones arrive. Nothing is lost or duplicated, and
-the broker's churn log has a ``channel_decided`` line for each decision.
+the broker's churn log has a ``channel_decided`` line for each decision. The device's
+own bulk publish waits for Wi-Fi the same way (``held``), its urgent one goes at once.
 """
 
 from __future__ import annotations
@@ -108,6 +109,20 @@ async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
             # Handled after the agent's device and calendar frames (one ordered stream).
             await client.call({"op": "sub", "subject": "trip.#", "ttl": 600})
         tail = await Tail(a_sock).start()
+        await asyncio.wait_for(b.agent.subscribe("home.#"), GUARD)
+        uploads = b.agent.listen()
+        async with ApiClient(a_sock) as client:
+            # The device's own publishes: bulk waits for Wi-Fi, urgent goes now.
+            photo = await client.call(
+                {"op": "pub", "subject": "home.photo", "text": "photo", "qclass": "bulk"}
+            )
+            assert photo["state"] == "held"
+            sos = await client.call(
+                {"op": "pub", "subject": "home.sos", "text": "sos", "urgent": True}
+            )
+            assert sos["state"] == "published"
+        got = await asyncio.wait_for(uploads.get(), GUARD)
+        assert got["text"] == "sos" and uploads.empty()
 
         for i in range(BULK):
             await asyncio.wait_for(
@@ -132,6 +147,12 @@ async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
         assert [r["nseq"] for r in records] == [BULK + 1, *range(1, BULK + 1)]
         status = await wait_status(a_sock, lambda s: s["sip_addr"].startswith(wifi_ip + ":"))
         assert status["status"] == "CONNECTED"
+        got = await asyncio.wait_for(uploads.get(), GUARD)  # the held upload, on Wi-Fi
+        assert got["text"] == "photo"
+        status = await wait_status(a_sock, lambda s: s["buffered"] == 0)
+        decided = (tmp_path / "alice" / "churn.log").read_text()
+        assert '"event":"publish_decided"' in decided
+        assert "network=cellular class=bulk decision=wait for=wifi" in decided
         released = [
             str(e.fields["reason"])
             for e in sink.named("channel_decided")
@@ -139,9 +160,10 @@ async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
         ]
         assert released == ["network=wifi class=bulk decision=deliver"] * BULK
         await asyncio.wait_for(sink.wait_for("notify_delivered", ALICE, count=BULK + 1), GUARD)
+        assert uploads.empty()  # the upload once
         print(
             f"\nnetwork wait: {BULK} bulk held on cellular, delivered after the route moved "
-            f"to wifi; urgent at once; 0 lost, 0 dup"
+            f"to wifi; urgent at once; 0 lost, 0 dup; the device's bulk upload waited too"
         )
     finally:
         await close_netns_run(tail, None, a, b, broker, ns, (wifi_h, cell_h))
