@@ -292,7 +292,8 @@ def add_pub_arguments(parser: argparse.ArgumentParser) -> None:
     # A script tells an accepted publish from one the agent only keeps by the status alone.
     parser.epilog = (
         "exit status: 0 published (the broker accepted it), 3 sent or buffered (the agent "
-        "keeps it and sends it until the broker answers), 4 refused by the broker, 2 error"
+        "keeps it and sends it until the broker answers) or held (for a cheaper network), "
+        "4 refused by the broker, 2 error"
     )
     parser.add_argument("subject", help="dot-separated words, e.g. stocks.petr4")
     parser.add_argument(

@@ -93,3 +93,42 @@ async def test_sub_and_pub_class_on_the_command_line(
             second = await asyncio.wait_for(anext(records), GUARD)
             assert second["subject"] == "news.big"
             await records.aclose()
+
+
+async def test_calendar_on_the_command_line(
+    running: RunningAgent, store: BrokerStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mdeci.store.calendars import SqlCalendars
+
+    sock = str(running.config.api_socket)
+    argv = ("calendar", "--rule", "wifi:0.9:mon-fri:8-19", "--rule", "wifi:0.2:sat,sun")
+    assert await cli(*argv, "--utc-offset", "60", "--socket", sock) == 0
+    assert capsys.readouterr().out.strip() == "calendar kept: 2 rules"
+    stored = SqlCalendars(store.engine).get("sip:alice@localhost")
+    assert stored is not None and stored.utc_offset_minutes == 60
+    week = stored.calendar()
+    monday_9_local = 4 * 86400 + 8 * 3600.0  # 1970-01-05 was a Monday; 08:00 UTC
+    assert week.probability("wifi", monday_9_local) == 0.9
+    assert week.probability("wifi", monday_9_local + 5 * 86400) == 0.2  # Saturday
+    with pytest.raises(SystemExit) as refused:  # a usage error: argparse, before any I/O
+        main(["calendar", "--rule", "wifi", "--socket", sock])
+    assert refused.value.code == 2
+    assert "expected CHANNEL:P" in capsys.readouterr().err
+    assert await cli("calendar", "--rule", "wifi:2", "--socket", sock) == 2
+    assert "p must be within 0..1" in capsys.readouterr().err
+
+
+async def test_calendar_through_the_client_library(
+    running: RunningAgent, store: BrokerStore
+) -> None:
+    from mdeci.client import BadRequest, Client
+    from mdeci.store.calendars import SqlCalendars
+
+    async with Client(running.config.api_socket) as client:
+        kept = await client.send_calendar([{"channel": "wifi", "p": 0.6}], utc_offset_minutes=-60)
+        assert kept == 1
+        with pytest.raises(BadRequest, match="p must be within"):
+            await client.send_calendar([{"channel": "wifi", "p": 3}])
+    stored = SqlCalendars(store.engine).get("sip:alice@localhost")
+    assert stored is not None and stored.utc_offset_minutes == -60
+    assert stored.calendar().probability("wifi", 0.0) == 0.6
