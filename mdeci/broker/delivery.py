@@ -636,6 +636,8 @@ class Delivery:
                 link.known = True
             if out:
                 taken[uri] = out
+            if gate is not None and gate.overdue:
+                self.release(uri, gate.overdue)
         if error is not None and len(plan) == 1:
             raise error
         return taken

@@ -43,6 +43,11 @@ from mdeci.channels.networks import (
 from mdeci.frames import Device
 from mdeci.store.queue_rows import DeliveryRow, RowClass
 
+#: How far below a notification being sent a held one may stay. The agent accepts a
+#: number below the highest it has only within its window (``[sms] window``, 1024 by
+#: default): a held notification that would fall out of it goes now instead.
+MAX_HOLD_SPAN = 512
+
 
 @dataclass(frozen=True, slots=True)
 class Held:
@@ -172,6 +177,27 @@ class NetworkHolds:
                 out[uri] = released
         return out
 
+    def too_far(self, uri: str, nseq: int) -> list[int]:
+        """Held nseqs more than :data:`MAX_HOLD_SPAN` below ``nseq``, which goes now:
+        they go too (no longer held)."""
+        held = self._held.get(uri)
+        if not held:
+            return []
+        out = sorted(n for n in held if n < nseq - MAX_HOLD_SPAN)
+        report = self._reports.get(uri)
+        network = report.network if report is not None else None
+        for n in out:
+            message = held.pop(n).message
+            decision = Deliver(network or "", 0.0, 0.0)
+            reason = describe(decision, network=network, qclass=message.qclass)
+            self.log.emit(
+                "channel_decided", uri, channel="ip", nseq=n, bytes=message.size,
+                reason=f"{reason} why=reorder_window",
+            )  # fmt: skip
+        if not held:
+            del self._held[uri]
+        return out
+
     def _again(self, uri: str, now: float) -> list[int]:
         held = self._held.get(uri)
         if not held:
@@ -248,6 +274,7 @@ class Gate:
         self.acked = acked
         self.fresh = fresh  # the nseqs to decide for (their classes are read)
         self.classes: dict[int, str] = {}
+        self.overdue: list[int] = []  # held ones too far below what goes (MAX_HOLD_SPAN)
 
     @classmethod
     def prepare(
@@ -293,11 +320,13 @@ class Gate:
         if nseq <= self.acked or nseq in self.holds.held(self.uri):
             return True
         qclass = self.classes.get(nseq)
-        if qclass is None:
-            return False
-        size = NOTIFY_ROW_OVERHEAD + len(row[4]) + len(row[5]) + len(row[6])
-        message = Outgoing(user=self.uri, qclass=qclass, size=size, first_seen=row[7])
-        return self.holds.decide(self.uri, nseq, message)
+        if qclass is not None:
+            size = NOTIFY_ROW_OVERHEAD + len(row[4]) + len(row[5]) + len(row[6])
+            message = Outgoing(user=self.uri, qclass=qclass, size=size, first_seen=row[7])
+            if self.holds.decide(self.uri, nseq, message):
+                return True
+        self.overdue += self.holds.too_far(self.uri, nseq)
+        return False
 
 
 #: What a notify frame adds to a row's subject, attributes and payload, about.

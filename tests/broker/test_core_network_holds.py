@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from mdeci.broker import MemorySink
+import pytest
+
+from mdeci.broker import MemorySink, network_holds
 from mdeci.broker.glue import Broker
 from mdeci.broker.network_holds import NetworkHolds
 from mdeci.channels.config import default_class_configs
@@ -101,3 +103,20 @@ def test_a_held_row_gone_another_way_does_not_keep_the_acks_back(
     broker.handle_frame(ALICE, encode(Ack(upto=2)))
     broker.flush_acks()
     assert queued(store, ALICE) == []
+
+
+def test_a_held_row_goes_before_it_falls_out_of_the_agents_window(
+    store: BrokerStore, clock: FakeClock, sink: MemorySink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(network_holds, "MAX_HOLD_SPAN", 2)
+    broker = holding_broker(store, clock, sink)
+    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    pub(broker, "big", "bulk")
+    for n in range(4):
+        pub(broker, f"n{n}")
+    # 2 and 3 go; 4 is more than 2 above the held 1: 1 goes after this take.
+    assert [n.nseq for n in notifies(broker, ALICE)] == [2, 3, 4, 5]
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1]
+    ones = [str(e.fields["reason"]) for e in sink.named("channel_decided") if e.fields["nseq"] == 1]
+    assert ones[0].startswith("network=cellular class=bulk decision=wait")
+    assert ones[1] == "network=cellular class=bulk decision=deliver why=reorder_window"
