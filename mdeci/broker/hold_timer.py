@@ -1,6 +1,9 @@
-"""The timer of the notifications held for a cheaper network: twice a second the
-database thread releases those whose wait ran out (mdeci/broker/network_holds.py); the
-delivery then sends them on the network the device is on."""
+"""The timer of the notifications held for a cheaper network: twice a second it looks
+at the earliest wait's end (:attr:`NetworkHolds.earliest`, one attribute read on the
+loop) and, once it has passed, the database thread releases what is due
+(mdeci/broker/network_holds.py); the delivery then sends it on the network the device is
+on. Nothing held: no call to the database thread (a call there every tick slowed a
+fan-out measurably)."""
 
 from __future__ import annotations
 
@@ -27,9 +30,13 @@ class HoldTimer:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="hold-timer")
 
     async def _run(self) -> None:
+        core = self._broker.core
         while True:
             await asyncio.sleep(self._tick)
-            await self._worker.run(self._broker.release_due)
+            holds = core.holds
+            due = holds.earliest if holds is not None else None
+            if due is not None and due <= core.clock():
+                await self._worker.run(self._broker.release_due)
 
     async def close(self) -> None:
         task, self._task = self._task, None

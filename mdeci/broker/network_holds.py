@@ -83,6 +83,10 @@ class NetworkHolds:
         self._held: dict[str, dict[int, Held]] = {}
         self._usage = MemoryUsage()  # networks carry no limits; SMS's are the SMS side's
         self._waits = any(c.max_delay > 0 for c in self.classes.values())
+        #: The earliest ``until`` of what is held (None: nothing), kept after each change
+        #: on the owner's thread: a timer on another thread reads it to know whether to
+        #: call :meth:`due` (one attribute read, no walk of the dicts).
+        self.earliest: float | None = None
 
     # ------------------------------------------------------------------ inputs
 
@@ -109,10 +113,12 @@ class NetworkHolds:
             held.pop(nseq, None)
             if not held:
                 del self._held[uri]
+            self._changed()
 
     def forget(self, uri: str) -> None:
         """The user's rows are gone or its session ended: nothing is held for it."""
         self._held.pop(uri, None)
+        self._changed()
 
     # ------------------------------------------------------------------ queries
 
@@ -162,8 +168,12 @@ class NetworkHolds:
         self._logged(uri, nseq, message, network, decision)
         if isinstance(decision, Wait):
             self._held.setdefault(uri, {})[nseq] = Held(message, decision)
+            self._changed()
             return True
         return False
+
+    def _changed(self) -> None:
+        self.earliest = self.next_deadline()
 
     def due(self) -> dict[str, list[int]]:
         """At a deadline: per user, the held nseqs to send now."""
@@ -196,6 +206,7 @@ class NetworkHolds:
             )  # fmt: skip
         if not held:
             del self._held[uri]
+        self._changed()
         return out
 
     def _again(self, uri: str, now: float) -> list[int]:
@@ -215,6 +226,7 @@ class NetworkHolds:
             self._logged(uri, nseq, entry.message, network, decision)
         if not held:
             del self._held[uri]
+        self._changed()
         return released
 
     def _decide(self, uri: str, message: Outgoing, now: float | None = None) -> NetworkDecision:
