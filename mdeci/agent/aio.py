@@ -135,7 +135,7 @@ class Agent(AgentDriver, Applications):
         sip_addr = await self.backend.start(self._on_bye)
         self.endpoint = await RudpEndpoint.open(cfg.media.host, cfg.media.port, config=cfg.rudp)
         self.media = MediaLink(
-            self.endpoint, self._on_burst, self._on_peer_lost, self._on_broker_restarted
+            self.endpoint, self._burst_in, self._on_peer_lost, self._on_broker_restarted
         )
         kwargs: dict[str, Any] = {}
         if self.response_timeout is not None:
@@ -290,6 +290,14 @@ class Agent(AgentDriver, Applications):
             # or dump instead of taking it for ours.
             if self._monitor is not None:
                 self._monitor.set_host(core.sip_addr[0])
+
+    def _burst_in(self, burst: list[bytes]) -> None:
+        """A burst from the broker; RUDP's RTT then is the current network's, for the
+        best figures the agent reports (mdeci/agent/device.py)."""
+        rtt = self.media.srtt_ms if self.media is not None else None
+        if rtt is not None and self.core is not None:
+            self.core.device.observe_latency(rtt)
+        self._on_burst(burst)
 
     async def move_to(self, host: str) -> None:
         """Move SIP and RUDP to ``host``: rebind RUDP, REGISTER the new contact, re-INVITE.

@@ -4,8 +4,8 @@ agent's traffic, what the agent tells the broker of it, and whether a publish wa
 The thesis runs its channel algorithm "both at the scheduler and at the mobility layer
 of the MH". :class:`DeviceSide` is the mobility layer's half. It maps the address that
 reaches the broker (and the interface carrying it, when the glue knows it) to a network
-kind of ``[network]`` in agent.toml, reports each kind's best figures (the configured
-ones), and builds the ``device`` frame the core sends at every session start and after each move
+kind of ``[network]`` in agent.toml, keeps each kind's best figures (the configured ones,
+the latency lowered by RUDP's measured round trips), and builds the ``device`` frame the core sends at every session start and after each move
 (with the ``[calendar]`` as a ``calendar`` frame). For the agent's own publishes it asks
 :func:`mdeci.channels.networks.decide` with the classes of
 :func:`mdeci.channels.default_classes` (``urgent`` and ``normal`` never wait, ``bulk``
@@ -80,6 +80,19 @@ class DeviceSide:
         changed = kind != self.network
         self.network = kind
         return changed
+
+    def observe_latency(self, latency_ms: float) -> None:
+        """A round trip measured on the current network (RUDP's smoothed RTT): kept as
+        that kind's best if it is lower."""
+        kind = self.network
+        best = self.best.get(kind) if kind is not None else None
+        if (
+            kind is None
+            or not latency_ms > 0
+            or (best is not None and best.latency_ms <= latency_ms)
+        ):
+            return
+        self.best[kind] = Best(latency_ms=latency_ms, coverage=best.coverage if best else 1.0)
 
     def report(self) -> Device:
         """The ``device`` frame: network kind, best figures, battery."""

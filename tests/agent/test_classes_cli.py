@@ -64,7 +64,7 @@ async def cli(*argv: str) -> int:
 
 
 async def test_sub_and_pub_class_on_the_command_line(
-    running: RunningAgent, store: BrokerStore, capsys: pytest.CaptureFixture[str]
+    running: RunningAgent, far: FarEnd, store: BrokerStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sock = str(running.config.api_socket)
     assert await cli("sub", "news.#", "--class", "bulk", "--socket", sock) == 0
@@ -93,6 +93,16 @@ async def test_sub_and_pub_class_on_the_command_line(
             second = await asyncio.wait_for(anext(records), GUARD)
             assert second["subject"] == "news.big"
             await records.aclose()
+    # The best figures it reports: cellular's measured RTT (loopback) below the configured
+    # 100 ms, reported with the move to Wi-Fi.
+    core = running.agent.core
+    assert core is not None and core.device.best["cellular"].latency_ms < 100.0
+    report = far.broker.core.devices["sip:alice@localhost"]
+    assert report.network == "wifi"
+    assert {b.network: b.latency_ms < 100.0 for b in report.best} == {
+        "cellular": True,
+        "wifi": False,
+    }
 
 
 async def test_calendar_on_the_command_line(
