@@ -252,7 +252,17 @@ class NetworkHolds:
         network: str | None,
         decision: NetworkDecision,
     ) -> None:
-        cost = decision.cost if isinstance(decision, Deliver) else None
+        if isinstance(decision, Deliver):
+            cost: float | None = decision.cost
+        elif isinstance(decision, Wait):
+            # What it would have cost on the network it is on now: the wait saves this
+            # less the cost of the line that delivers it.
+            cost = next(
+                (n.channel().cost(message.size) for n in self.networks if n.kind == network),
+                None,
+            )
+        else:
+            cost = None
         self.log.emit(
             "channel_decided",
             uri,

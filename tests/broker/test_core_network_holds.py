@@ -62,6 +62,8 @@ def test_held_row_is_skipped_and_the_ack_stays_below_it(
     broker.handle_frame(ALICE, encode(Ack(upto=1)))
     broker.flush_acks()
     assert queued(store, ALICE) == []
+    costs = [e.fields["cost"] for e in sink.named("channel_decided") if e.fields["nseq"] == 1]
+    assert isinstance(costs[0], float) and costs[0] > 0 and costs[-1] == 0.0  # saved: costs[0]
     reasons = [str(e.fields["reason"]) for e in sink.named("channel_decided")]
     assert reasons[0].startswith("network=cellular class=bulk decision=wait for=wifi")
     assert reasons[-1] == "network=wifi class=bulk decision=deliver"
