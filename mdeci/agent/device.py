@@ -5,8 +5,9 @@ The thesis runs its channel algorithm "both at the scheduler and at the mobility
 of the MH". :class:`DeviceSide` is the mobility layer's half. It maps the address that
 reaches the broker (and the interface carrying it, when the glue knows it) to a network
 kind of ``[network]`` in agent.toml, keeps each kind's best figures (the configured ones,
-the latency lowered by RUDP's measured round trips), and builds the ``device`` frame the core sends at every session start and after each move
-(with the ``[calendar]`` as a ``calendar`` frame). For the agent's own publishes it asks
+the latency lowered by RUDP's measured round trips), and builds the ``device`` frame the
+core sends at every session start and after each move (with the ``[calendar]`` as a
+``calendar`` frame). For the agent's own publishes it asks
 :func:`mdeci.channels.networks.decide` with the classes of
 :func:`mdeci.channels.default_classes` (``urgent`` and ``normal`` never wait, ``bulk``
 may wait up to an hour): a delay-tolerant publish made on a costly network waits for the
