@@ -326,6 +326,13 @@ class _UserLog:
                     + ("handover" if gap == 0 else "reattach")
                     + '"',
                 )
+                # The device's outbox goes on the new network: its decision.
+                self.simple(
+                    start + 1,
+                    self.agent,
+                    "publish_decided",
+                    ',"channel":"ip","reason":"network=wifi class=normal decision=deliver"',
+                )
                 prev = self.addr
                 self.addr = new
                 failover = cfg.brokers > 1 and gap > 0 and rng.random() < cfg.failover_fraction
@@ -464,6 +471,13 @@ class _UserLog:
                 size = rng.randint(60, 400)
                 segments = max(1, math.ceil(size / 134))  # 140 octets less the UDH
                 cost = round(segments * cfg.sms_cost, 4)
+                self.simple(
+                    at,
+                    self.broker,
+                    "channel_decided",
+                    f',"channel":"sms","nseq":{self.nseq},"bytes":{size},"cost":{cost},'
+                    '"reason":"network=none class=urgent decision=sms"',
+                )
                 self.simple(
                     at + 1,
                     self.broker,

@@ -71,6 +71,8 @@ class Event(StrEnum):
     NOTIFY_DUPLICATE = "notify_duplicate"
     NOTIFY_GAP = "notify_gap"
     HANDOFF = "handoff"
+    CHANNEL_DECIDED = "channel_decided"
+    PUBLISH_DECIDED = "publish_decided"
 
 
 class Role(StrEnum):
@@ -92,6 +94,7 @@ AGENT_EVENTS: Final = (
     Event.BROKER_LOST,
     Event.NOTIFY_DUPLICATE,
     Event.NOTIFY_GAP,
+    Event.PUBLISH_DECIDED,
 )
 AUTHORITY: Final[dict[Event, Role]] = {
     event: Role.AGENT if event in AGENT_EVENTS else Role.BROKER for event in Event

@@ -41,6 +41,7 @@ REGISTRY: dict[str, Entry] = {
     "tail": Entry("mdeci.commands.client", "print notifications as the local agent receives them"),
     "status": Entry("mdeci.commands.client", "show the local agent's session status"),
     "move": Entry("mdeci.commands.client", "move the local agent to another local address"),
+    "calendar": Entry("mdeci.commands.calendar", "send the device's calendar of networks"),
     "db": Entry("mdeci.commands.db", "database administration (upgrade)"),
     "admin": Entry("mdeci.commands.admin", "users, sessions, kicks and drain (operators)"),
     "check": Entry("mdeci.commands.check", "validate a broker or agent config file and exit"),

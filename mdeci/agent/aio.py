@@ -30,7 +30,13 @@ from mdeci.agent.core import AgentCore
 from mdeci.agent.driver import BYE_TIMEOUT, AgentDriver
 from mdeci.agent.errors import AgentError, StateError
 from mdeci.agent.events import AttachMedia, Invite, Rebind, SipCommand
-from mdeci.agent.ipmonitor import AddressSource, Wakeable, make_monitor, route_destination
+from mdeci.agent.ipmonitor import (
+    AddressSource,
+    Wakeable,
+    interface_of,
+    make_monitor,
+    route_destination,
+)
 from mdeci.agent.machine import State, Status
 from mdeci.agent.media import DataLink, MediaLink
 from mdeci.agent.quic_media import QuicMediaLink
@@ -116,7 +122,7 @@ class Agent(AgentDriver, Applications):
         make_state_dir(cfg.state_dir)  # 0700: the user's notifications and publishes
         self._lock = lock_state_dir(cfg.state_dir)  # before any file is opened or rewritten
         files = open_state_files(cfg.state_dir, self.fsync)
-        if cfg.sms.enabled:
+        if cfg.sms.enabled or cfg.network.kinds:  # out-of-order nseqs: SMS, network holds
             nseq = files.nseq
             nseq.gate = windowed_gate(nseq.path, nseq.highest, cfg.sms.window)
         self._files = files
@@ -134,7 +140,7 @@ class Agent(AgentDriver, Applications):
         sip_addr = await self.backend.start(self._on_bye)
         self.endpoint = await RudpEndpoint.open(cfg.media.host, cfg.media.port, config=cfg.rudp)
         self.media = MediaLink(
-            self.endpoint, self._on_burst, self._on_peer_lost, self._on_broker_restarted
+            self.endpoint, self._burst_in, self._on_peer_lost, self._on_broker_restarted
         )
         self.quic_media = QuicMediaLink(cfg.media.host, self._on_burst, self._on_peer_lost)
         kwargs: dict[str, Any] = {}
@@ -150,6 +156,7 @@ class Agent(AgentDriver, Applications):
             media_addr=self.endpoint.local_addr,
             **kwargs,
         )
+        self.core.interface_of = interface_of  # [network] interfaces
         self._spawn(self._sip_worker())
         self._monitor = make_monitor(
             cfg.ip_monitor,
@@ -295,6 +302,14 @@ class Agent(AgentDriver, Applications):
             # or dump instead of taking it for ours.
             if self._monitor is not None:
                 self._monitor.set_host(core.sip_addr[0])
+
+    def _burst_in(self, burst: list[bytes]) -> None:
+        """A burst from the broker; RUDP's RTT then is the current network's, for the
+        best figures the agent reports (mdeci/agent/device.py)."""
+        rtt = self.media.srtt_ms if self.media is not None else None
+        if rtt is not None and self.core is not None:
+            self.core.device.observe_latency(rtt)
+        self._on_burst(burst)
 
     async def move_to(self, host: str) -> None:
         """Move SIP and RUDP to ``host``: rebind RUDP, REGISTER the new contact, re-INVITE.

@@ -180,6 +180,7 @@ class ApiServer:
                     attrs,
                     _payload(req),
                     urgent=bool(req.get("urgent", False)),
+                    qclass=str(req.get("qclass") or ""),
                     timeout=agent.config.pub_timeout,
                 )
                 return {

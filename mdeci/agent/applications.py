@@ -245,6 +245,7 @@ class Applications:
         payload: bytes = b"",
         *,
         urgent: bool = False,
+        qclass: str = "",
         timeout: float | None = None,
     ) -> PubResult:
         """Publish: buffered durably first, then sent if CONNECTED.
@@ -258,13 +259,18 @@ class Applications:
         :class:`BrokerRefused` if the broker refused it, :class:`StateError`.
         """
         assert self.core is not None
-        msg_id, req = self.core.publish(self.monotonic(), subject, attrs, payload, urgent=urgent)
+        msg_id, req = self.core.publish(
+            self.monotonic(), subject, attrs, payload, urgent=urgent, qclass=qclass,
+            wall=self.clock(),
+        )  # fmt: skip
         if req is not None and not self._sync_soon:
             # One fsync for the publishes of this loop turn, then they are sent.
             self._sync_soon = True
             asyncio.get_running_loop().call_soon(self._sync_outbox)
         if req is None:
             self._pump()
+            if msg_id in self.core.waiting_publishes:
+                return PubResult(msg_id=msg_id, state="held")  # for a cheaper network
             self._publish_by_sms(msg_id, subject, attrs, payload, urgent)
             return PubResult(msg_id=msg_id, state="buffered")
         try:

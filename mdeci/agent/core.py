@@ -38,10 +38,12 @@ tells the applications.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mdeci.agent.backoff import Backoff
+from mdeci.agent.core_apps import ApplicationInputs
+from mdeci.agent.device import DeviceSide
 from mdeci.agent.errors import NotConnected, StateError
 from mdeci.agent.events import (
     Address,
@@ -65,7 +67,7 @@ from mdeci.agent.events import (
     StoreReplaced,
     hostport,
 )
-from mdeci.agent.files import AgentFiles
+from mdeci.agent.files import AgentFiles, OutgoingPub
 from mdeci.agent.intake import Intake
 from mdeci.agent.liveness import BrokerLiveness
 from mdeci.agent.machine import State, Status, Trigger, next_state
@@ -84,10 +86,7 @@ from mdeci.churnlog import Event
 from mdeci.config import AgentConfig
 from mdeci.errors import FrameError
 from mdeci.frames import (
-    AttrValue,
-    Calendar,
     CalendarOk,
-    CalendarRule,
     Error,
     Frame,
     LimitReached,
@@ -107,9 +106,10 @@ from mdeci.frames import (
 from sip.errors import SdpError
 
 RESPONSE_TIMEOUT = 10.0  # seconds to wait for a broker's answer frame (the probe too)
+PUB_OVERHEAD = 64  # a pub frame's keys, msg_id and CBOR heads, about
 
 
-class AgentCore(BrokerLiveness):
+class AgentCore(ApplicationInputs, BrokerLiveness):
     """The agent's state machine; see the module docstring."""
 
     def __init__(
@@ -153,6 +153,11 @@ class AgentCore(BrokerLiveness):
         self._moving_from: Address | None = None
         self._restore_subs = False
         self._slow_at: float | None = None  # when a pending attempt counts as slow
+        self._wall_offset = 0.0  # wall clock minus ``now``, as the glue last gave both
+        self.device = DeviceSide(config)
+        # Which interface holds an address (the glue's lookup; None: not known).
+        self.interface_of: Callable[[str], str | None] = lambda host: None
+        self._requests.hold = self._publish_hold
 
     # ------------------------------------------------------------------ observing
 
@@ -360,6 +365,9 @@ class AgentCore(BrokerLiveness):
             # A re-INVITE on a live session (after a move): the media path is up.
             self._media_connected(now)
             self._step(Trigger.RESUMED)
+            self._tell_device(now, calendar=False)
+            if self._requests.waiting:  # held for a cheaper network: maybe this one
+                self._requests.flush(now)
             return
         self._step(Trigger.ANSWERED)
         self._requests.request(now, List(req=self._requests.next_req()), probe=True)
@@ -374,7 +382,9 @@ class AgentCore(BrokerLiveness):
         old = self.files.nseq.store_id
         if store_id is None or store_id == old:
             return False
-        window = self.config.sms.window if self.config.sms.enabled else 0
+        # SMS, and a broker's notifications held for a cheaper network, come out of order.
+        reorders = self.config.sms.enabled or bool(self.config.network.kinds)
+        window = self.config.sms.window if reorders else 0
         try:
             replaced = self._intake.new_store(store_id, window, f"{old or 'unknown'}-{int(wall)}")
         except StateError as exc:
@@ -475,6 +485,7 @@ class AgentCore(BrokerLiveness):
     # ------------------------------------------------------------------ timers
 
     def handle_timer(self, now: float, *, wall: float | None = None) -> None:
+        self._wall_offset = self._wall_offset if wall is None else wall - now
         self.sync_outbox(now)  # a held publish's timeout answers it: durable first
         self._intake.retry(now, now if wall is None else wall)
         if self._slow_at is not None and now >= self._slow_at:
@@ -585,84 +596,39 @@ class AgentCore(BrokerLiveness):
         if self._restore_subs:
             self._restore(now, wall)
         self._subs.connected(now, wall)
+        self._tell_device(now)
         self._requests.flush(now)
+
+    def _tell_device(self, now: float, *, calendar: bool = True) -> None:
+        """Each session start and move: the network kind (``device``) and, with
+        ``calendar``, the ``[calendar]``; before the outbox, which goes by that network."""
+        host = self.media_addr[0] or self.sip_addr[0]
+        self.device.locate(host, self.interface_of(host) if self.config.network.kinds else None)
+        if not self.device.configured:
+            return
+        self._send(self.device.report())
+        frame = self.device.calendar_frame(self._requests.next_req()) if calendar else None
+        if frame is not None:
+            self._requests.request(now, frame)
+
+    def _publish_hold(self, pub: OutgoingPub, now: float) -> float | None:
+        """Until when (``now``'s clock) ``pub`` waits for a cheaper network."""
+        wall = now + self._wall_offset
+        size = len(pub.payload) + len(pub.subject) + PUB_OVERHEAD
+        first = pub.queued_at or wall
+        found = self.device.decide_publish(
+            pub.qclass, urgent=pub.urgent, size=size, first_seen=first, wall=wall
+        )
+        until = found.held_until if found is not None else None
+        if found is not None and pub.msg_id not in self._requests.waiting:
+            self._log(Event.PUBLISH_DECIDED, channel="ip", bytes=size, reason=found.describe())
+        return None if until is None else now + (until - wall)
 
     def _restore(self, now: float, wall: float) -> None:
         """Send our recorded subscriptions again (a new broker store has none of them)."""
         self._restore_subs = False
         restored = self._subs.restore(now, wall)
         self.sink(StoreReplaced(old=None, new=self.files.nseq.store_id or "", restored=restored))
-
-    # ------------------------------------------------------------------ applications
-
-    def _need_connection(self) -> None:
-        if not self._connected:
-            raise NotConnected("not connected to the broker (requests are refused)")
-
-    def subscribe(
-        self,
-        now: float,
-        subject: str,
-        filter: str = "",
-        ttl: int | None = None,
-        *,
-        qclass: str = "",
-        fixed: bool = False,
-    ) -> int:
-        """Send ``sub`` (``qclass``: the queue class of its notifications; ``fixed``: it
-        ends at its TTL, else it is a lease the agent renews); its ``req``. Raises
-        :class:`NotConnected`, :class:`FrameError`."""
-        self._need_connection()
-        return self._subs.subscribe(now, subject, filter, ttl, qclass, fixed=fixed)
-
-    def send_calendar(
-        self, now: float, rules: Sequence[CalendarRule], utc_offset_minutes: int = 0
-    ) -> int:
-        """Send this device's weekly channel calendar; its ``req``. Raises
-        :class:`NotConnected`, :class:`FrameError` (bad rules)."""
-        self._need_connection()
-        req = self._requests.next_req()
-        frame = Calendar(req=req, rules=tuple(rules), utc_offset_minutes=utc_offset_minutes)
-        return self._requests.request(now, frame)
-
-    def unsubscribe(self, now: float, sub_id: str) -> int:
-        """Send ``unsub``; its ``req``. Raises :class:`NotConnected`, :class:`FrameError`."""
-        self._need_connection()
-        return self._subs.unsubscribe(now, sub_id)
-
-    def list(self, now: float) -> int:
-        """Send ``list``; its ``req``. Raises :class:`NotConnected`."""
-        self._need_connection()
-        return self._requests.request(now, List(req=self._requests.next_req()))
-
-    def publish(
-        self,
-        now: float,
-        subject: str,
-        attrs: Mapping[str, AttrValue] | None = None,
-        payload: bytes = b"",
-        *,
-        urgent: bool = False,
-    ) -> tuple[str, int | None]:
-        """Buffer durably, then send if CONNECTED: ``(msg_id, req or None)``.
-
-        Raises :class:`~mdeci.errors.FrameError` (bad subject or attributes; nothing
-        stored), :class:`StateError`.
-        """
-        msg_id = self.random_bytes(16).hex()
-        req = self._requests.publish(
-            now, msg_id, subject, attrs, payload, urgent=urgent, connected=self._connected
-        )
-        return msg_id, req
-
-    def stop_awaiting(self, req: int) -> None:
-        """The application was told publish ``req`` is pending (its wait ended)."""
-        self._requests.stop_awaiting(req)
-
-    def sync_outbox(self, now: float) -> None:
-        """The glue's durable point for publishes (once per loop turn): one fsync for the
-        publishes buffered since the last one, then they are sent, in order."""
-        self._requests.sync()
 
     # ------------------------------------------------------------------ shutdown
 

@@ -28,6 +28,8 @@ class OutgoingPub:
     attrs: Mapping[str, AttrValue] = field(default_factory=dict)
     payload: bytes = b""
     urgent: bool = False
+    qclass: str = ""  # its queue class ("": the broker's choice)
+    queued_at: float = 0.0  # wall time of the publish: a wait for a network ends from it
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -36,6 +38,8 @@ class OutgoingPub:
             "attrs": dict(self.attrs),
             "payload": base64.b64encode(self.payload).decode("ascii"),
             "urgent": self.urgent,
+            "qclass": self.qclass,
+            "queued_at": self.queued_at,
         }
 
     @classmethod
@@ -46,6 +50,8 @@ class OutgoingPub:
             attrs=dict(obj.get("attrs", {})),
             payload=base64.b64decode(obj.get("payload", "")),
             urgent=bool(obj.get("urgent", False)),
+            qclass=str(obj.get("qclass", "")),
+            queued_at=float(obj.get("queued_at", 0.0)),
         )
 
 

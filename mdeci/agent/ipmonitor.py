@@ -414,3 +414,30 @@ async def route_destination(host: str, like: str) -> str | None:
     except OSError:
         return None
     return str(infos[0][4][0]) if infos else None
+
+
+_SIOCGIFADDR = 0x8915  # Linux: an interface's (primary) IPv4 address
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface whose IPv4 address is ``address`` (the network kind of
+    ``[network] interfaces``), None when none is (or not IPv4, or not Linux)."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        packed = socket.inet_aton(address)
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                info = fcntl.ioctl(
+                    sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode())
+                )
+            except OSError:
+                continue  # no IPv4 address
+            if info[20:24] == packed:
+                return name
+    return None

@@ -159,6 +159,13 @@ class MediaLink:
             self._burst_soon = True
             asyncio.get_running_loop().call_soon(self._take_burst)
 
+    @property
+    def srtt_ms(self) -> float | None:
+        """RUDP's smoothed round-trip time to the broker, ms (None: not measured yet)."""
+        peer = self._peer
+        srtt = peer.connection.rto.srtt if peer is not None else None
+        return None if srtt is None else srtt * 1000.0
+
     def _take_burst(self) -> None:
         self._burst_soon = False
         burst, self._burst = self._burst, []

@@ -68,17 +68,29 @@ class Requests:
         # from again (resend_unanswered) or the next connection (flush).
         self._unanswered = False
         self._resend_at: float | None = None  # when the outbox goes again (connected)
+        # Until when (``now``'s clock) a publish of the outbox waits for a cheaper
+        # network, None: it goes now. The core sets it (mdeci.agent.device).
+        self.hold: Callable[[OutgoingPub, float], float | None] = _never
+        self._waiting: dict[str, float] = {}  # msg_id -> until, publishes held by `hold`
 
     def next_req(self) -> int:
         self._req += 1
         return self._req
 
     def deadline(self) -> float | None:
-        """The earliest deadline of a request in flight, or of the outbox's next resend."""
-        due = min((p.deadline for p in self._pending.values()), default=None)
-        if self._resend_at is None:
-            return due
-        return self._resend_at if due is None else min(due, self._resend_at)
+        """The earliest deadline of a request in flight, of the outbox's next resend, or
+        of a publish's wait for a network."""
+        times = [p.deadline for p in self._pending.values()]
+        if self._resend_at is not None:
+            times.append(self._resend_at)
+        if self._waiting:
+            times.append(min(self._waiting.values()))
+        return min(times, default=None)
+
+    @property
+    def waiting(self) -> tuple[str, ...]:
+        """The msg_ids of the publishes that wait for a cheaper network."""
+        return tuple(self._waiting)
 
     def request(
         self,
@@ -148,6 +160,8 @@ class Requests:
         *,
         urgent: bool,
         connected: bool,
+        qclass: str = "",
+        wall: float = 0.0,
     ) -> int | None:
         """Buffer durably, then (``connected``) send: the request's ``req`` or None.
 
@@ -161,11 +175,18 @@ class Requests:
             attrs=dict(attrs or {}),
             payload=payload,
             urgent=urgent,
+            qclass=qclass,
         )  # validates before anything is stored
         pub = OutgoingPub(
-            msg_id=msg_id, subject=subject, attrs=frame.attrs, payload=payload, urgent=urgent
+            msg_id=msg_id,
+            subject=subject,
+            attrs=frame.attrs,
+            payload=payload,
+            urgent=urgent,
+            qclass=qclass,
+            queued_at=wall,
         )
-        if not connected:
+        if not connected or self._held_back(now, pub):
             self._outbox.add(pub)  # durable now: the application is answered now
             return None
         # Written now, made durable (with the other publishes of this loop turn) by
@@ -209,9 +230,22 @@ class Requests:
         if self._resend_at is None:
             self._resend_at = now + RESEND_AFTER
 
+    def _held_back(self, now: float, pub: OutgoingPub) -> bool:
+        until = self.hold(pub, now)
+        if until is None or until <= now:
+            self._waiting.pop(pub.msg_id, None)
+            return False
+        self._waiting[pub.msg_id] = until
+        return True
+
     def timer(self, now: float, *, connected: bool) -> None:
-        """The outbox's resend is due: it goes if connected (the next connection sends
-        it otherwise)."""
+        """The outbox's resend, or a publish's wait, is due: the outbox goes if connected
+        (the next connection sends it otherwise)."""
+        if self._waiting and min(self._waiting.values()) <= now:
+            if connected:
+                self.flush(now)
+                return
+            self._waiting = {k: t for k, t in self._waiting.items() if t > now}
         if self._resend_at is None or now < self._resend_at:
             return
         if connected:
@@ -225,7 +259,7 @@ class Requests:
         self._resend_at = None
         waiting = {p.frame.msg_id for p in self._pending.values() if isinstance(p.frame, Pub)}
         for pub in self._outbox.pending():
-            if pub.msg_id not in waiting:
+            if pub.msg_id not in waiting and not self._held_back(now, pub):
                 self._send_pub(now, pub)
 
     def stop_awaiting(self, req: int) -> None:
@@ -245,13 +279,19 @@ class Requests:
             attrs=pub.attrs,
             payload=pub.payload,
             urgent=pub.urgent,
+            qclass=pub.qclass,
         )
         return self.request(now, frame, hold=hold, awaited=awaited)
 
     def settled(self, pub: Pub) -> None:
         """The broker's answer settles ``pub`` (accepted, or refused and the application
         told): not to be sent again."""
+        self._waiting.pop(pub.msg_id, None)
         try:
             self._outbox.done(pub.msg_id)
         except StateError as exc:
             self._alert("state", str(exc))
+
+
+def _never(pub: OutgoingPub, now: float) -> float | None:
+    return None

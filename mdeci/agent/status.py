@@ -70,7 +70,8 @@ class AgentStatus:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PubResult:
     """How a publish ended within the bound: ``published`` (the broker's ``pub-ok``),
-    ``sent`` (on its way, no answer yet) or ``buffered`` (kept until a connection)."""
+    ``sent`` (on its way, no answer yet), ``buffered`` (kept until a connection) or
+    ``held`` (kept until a cheaper network or its class's delay, mdeci/agent/device.py)."""
 
     msg_id: str
     state: str

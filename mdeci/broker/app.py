@@ -23,7 +23,9 @@ from mdeci.broker.admin import AdminError, AdminServer
 from mdeci.broker.endpoint import Address, BrokerSipEndpoint
 from mdeci.broker.errors import BrokerError
 from mdeci.broker.glue import Broker
+from mdeci.broker.hold_timer import HoldTimer
 from mdeci.broker.metrics import BrokerMetrics, MetricsServer, MetricsSink, MetricsSources
+from mdeci.broker.network_holds import NetworkHolds
 from mdeci.broker.service import BrokerService
 from mdeci.broker.sink import ChurnLogSink, ChurnSink
 from mdeci.broker.sms import SmsFallback
@@ -68,6 +70,7 @@ class RunningBroker:
     _owned_log: ChurnLog | None = None
     _owns_store: bool = False
     _wakes: WakeListener | None = None
+    _holds: HoldTimer | None = None
     _closed: bool = field(default=False)
 
     async def close(self) -> None:
@@ -87,6 +90,8 @@ class RunningBroker:
                 await self.sms.close()
             if self._wakes is not None:
                 await self._wakes.close()
+            if self._holds is not None:
+                await self._holds.close()
             await self.service.close()
             if self._owned_log is not None:
                 self._owned_log.close()
@@ -156,6 +161,7 @@ async def run_broker(
     service: BrokerService | None = None
     sms: SmsFallback | None = None
     wakes: WakeListener | None = None
+    holds: HoldTimer | None = None
     # The core and the store run on this thread from the first statement on: even the
     # core's start-up read of the subscriptions keeps off the event loop.
     worker = DbWorker()
@@ -165,6 +171,7 @@ async def run_broker(
         broker.sms_classes = frozenset(
             c.name for c in config.channels.classes if "sms" in c.channels
         )
+        await worker.run(_attach_holds, broker, config, sink)
         try:
             service = await BrokerService.open(broker, media_host, media_port, config.rudp, worker)
         except OSError as exc:
@@ -186,6 +193,8 @@ async def run_broker(
                     f"{exc.strerror or exc}"
                 ) from None
         service.start()
+        holds = HoldTimer(worker, broker)
+        holds.start()
         if config.sms.enabled:
             defaults = {
                 f"sip:{u.user}@{config.domain}": u.msisdn for u in config.auth.users if u.msisdn
@@ -237,6 +246,8 @@ async def run_broker(
             await sms.close()
         if wakes is not None:
             await wakes.close()
+        if holds is not None:
+            await holds.close()
         if service is not None:
             await service.close()
         else:
@@ -262,6 +273,26 @@ async def run_broker(
         _owned_log=owned_log,
         _owns_store=owns_store,
         _wakes=wakes,
+        _holds=holds,
+    )
+
+
+def _attach_holds(broker: Broker, config: BrokerConfig, sink: ChurnSink) -> None:
+    """The core's network holds (on the database thread, which owns the core)."""
+    channels = config.channels
+
+    def sub_class(sub_id: int) -> str | None:
+        compiled = broker.core.matcher.get(sub_id)
+        return None if compiled is None else compiled.sub.qclass or None
+
+    broker.core.holds = NetworkHolds(
+        channels.networks,
+        channels.classes_of(),
+        sink,
+        broker.core.clock,
+        urgent_class=channels.urgent_class,
+        default_class=channels.default_class,
+        sub_class=sub_class,
     )
 
 

@@ -47,7 +47,7 @@ from mdeci.broker.delivery import (
 from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher
 from mdeci.broker.refusal import refusal
 from mdeci.broker.sink import ChurnSink, Row, emit_rows
-from mdeci.channels.calendar import Rule
+from mdeci.channels.calendar import Rule, WeeklyCalendar
 from mdeci.config import OverflowPolicyName
 from mdeci.errors import FilterError, FrameError, StoreError, SubjectError
 from mdeci.filters import compile_filter, compile_pattern
@@ -63,6 +63,7 @@ from mdeci.frames import (
     Ack,
     Calendar,
     CalendarOk,
+    Device,
     Error,
     Frame,
     List,
@@ -237,6 +238,10 @@ class BrokerCore(Delivery):
         #: Queue classes a sub or pub may name (run_broker sets [channels]'s).
         self.classes: frozenset[str] = frozenset()
         self.sms_classes: frozenset[str] = frozenset()  # those of them that may use SMS
+        # The last ``device`` frame of each user: its access network, best figures and
+        # battery (docs/channels.md "Networks as channels"); kept in memory, sent again by
+        # the agent at every session start.
+        self.devices: dict[str, Device] = {}
 
     def load(self) -> Step[None]:
         """Fill the matcher with the subscriptions alive now.
@@ -288,6 +293,11 @@ class BrokerCore(Delivery):
                 return []
             if isinstance(frame, Calendar):
                 return [self._stored((yield from self._calendar(uri, frame)))]
+            if isinstance(frame, Device):
+                self.devices[uri] = frame
+                if self.holds is not None:
+                    self.release(uri, self.holds.device(uri, frame))
+                return []
         except StoreError as exc:
             self.health_events.append(StoreFailed("frame", exc, uri))
             return [_refused(getattr(frame, "req", None), exc)]
@@ -363,6 +373,9 @@ class BrokerCore(Delivery):
             for r in frame.rules
         )
         yield from call(PutCalendar(uri, rules, frame.utc_offset_minutes, self.clock()))
+        if self.holds is not None:
+            week = WeeklyCalendar.from_rules(rules, utc_offset_minutes=frame.utc_offset_minutes)
+            self.release(uri, self.holds.calendar(uri, week))
         return CalendarOk(req=frame.req, rules=len(rules))
 
     def _unsub(self, uri: str, frame: Unsub) -> Step[Frame]:

@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from mdeci.broker.config import BrokerCoreConfig
+from mdeci.broker.network_holds import Gate, NetworkHolds
 from mdeci.broker.sink import ChurnSink, NullSink, Row, emit_rows
 from mdeci.errors import FrameError, StoreError
 from mdeci.frames import NotifyEncoder, notify_bytes
-from mdeci.store.queue_rows import DeliveryRow, PublishResult, StoredRow, as_delivery
+from mdeci.store.queue_rows import DeliveryRow, PublishResult, RowClass, StoredRow, as_delivery
 
 R = TypeVar("R")
 
@@ -99,6 +100,14 @@ class TakeMissed(StoreCommand[int]):
     """Take (and reset) ``uri``'s count of overflow drops."""
 
     uri: str
+
+
+@dataclass(frozen=True, slots=True)
+class RowClasses(StoreCommand[list[RowClass]]):
+    """The class inputs of ``uri``'s queued rows ``nseqs`` (mdeci/store/row_classes.py)."""
+
+    uri: str
+    nseqs: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +170,9 @@ class _Link:
     known: bool = False
     ahead: list[DeliveryRow] | None = None
     ahead_bytes: int = 0  # their payloads' and attrs' bytes (bounded: see _remember)
+    # Something was sent below an nseq already in flight (a notification held for a
+    # cheaper network, then released): ``inflight`` is not in nseq order.
+    unordered: bool = False
 
     def forget(self) -> None:
         """The queue after ``sent_upto`` is no longer known: the next take reads it."""
@@ -209,6 +221,13 @@ class Delivery:
         #: Whether what is about to be sent is checked with CheckHeld first (several
         #: brokers on one database: the glue's fence, mdeci/broker/fencing.py).
         self.fenced = False
+        #: Notifications held for a cheaper network (docs/channels.md "Networks as
+        #: channels"); None: every notification goes at once.
+        self.holds: NetworkHolds | None = None
+        # Per user with holds: the nseqs released from a hold and sent, not acked yet, and
+        # the highest ack received (the store's ack stays below both: see _floor).
+        self._released: dict[str, set[int]] = {}
+        self._raw_acks: dict[str, int] = {}
 
     def _remember(self, written: Sequence[StoredRow], results: Sequence[PublishResult]) -> None:
         """Append the rows a publish call wrote to their connected users' ``ahead``
@@ -266,12 +285,15 @@ class Delivery:
     def _ack(self, uri: str, upto: int) -> None:
         if upto > self._acks.get(uri, 0):
             self._acks[uri] = upto
+        released = self._released.get(uri)
+        if released is not None:
+            released.difference_update([n for n in released if n <= upto])
         link = self._links.get(uri)
         if link is not None:
             if upto > link.sent_upto:
                 link.forget()  # acked what was not sent: its rows ahead may be gone
             now = self.clock()
-            if link.earlier:
+            if link.earlier or link.unordered:
                 acked = sorted(n for n in {*link.inflight, *link.earlier} if n <= upto)
             else:
                 # The common case, without a set and a sort per ack: ``inflight`` gets
@@ -331,12 +353,63 @@ class Delivery:
         held = [(user, self._acks[user]) for user in uris if user in self._acks]
         if not held:
             return
-        yield from call(AckMany(held))
+        if self.holds is not None and (self._raw_acks or self._released or self.holds.any_held()):
+            held = self._floored(held)
+        if held:
+            yield from call(AckMany(held))
         for user, upto in held:
             # An ack that arrived meanwhile cannot be lower (nothing runs in between),
             # but keep the rule "only ever forget what was applied" explicit.
             if self._acks.get(user) == upto:
                 del self._acks[user]
+
+    def _floored(self, acks: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """``acks`` kept below each user's lowest held or released-and-unacked nseq:
+        the agent's ack is cumulative over what it received, and those it has not. The
+        part above is kept (``_raw_acks``) and applied once nothing is below it."""
+        out = []
+        for user, upto in acks:
+            upto = max(upto, self._raw_acks.pop(user, 0))
+            floor = self._floor(user)
+            if floor is not None and upto >= floor:
+                self._raw_acks[user] = upto
+                del self._acks[user]
+                upto = floor - 1
+            if upto > 0:
+                out.append((user, upto))
+        return out
+
+    def _floor(self, uri: str) -> int | None:
+        holds = self.holds
+        low = holds.lowest(uri) if holds is not None else None
+        released = self._released.get(uri)
+        if released:
+            least = min(released)
+            low = least if low is None else min(low, least)
+        return low
+
+    def release(self, uri: str, nseqs: Sequence[int]) -> None:
+        """Send ``uri``'s held notifications ``nseqs`` now (a cheaper network came, or
+        their deadline): the next take reads the store again from the lowest of them."""
+        if not nseqs:
+            return
+        self._released.setdefault(uri, set()).update(nseqs)
+        raw = self._raw_acks.pop(uri, None)
+        if raw is not None:  # applied again, below what is now the floor
+            self._acks[uri] = max(self._acks.get(uri, 0), raw)
+        link = self._links.get(uri)
+        if link is not None and link.open:
+            link.sent_upto = min(link.sent_upto, min(nseqs) - 1)
+            link.unordered = True
+            link.forget()
+        self.events.append(Wake("acked", uri))
+
+    def release_due(self) -> None:
+        """Release what a deadline lets go (the glue calls it on a timer)."""
+        if self.holds is None:
+            return
+        for uri, nseqs in self.holds.due().items():
+            self.release(uri, nseqs)
 
     def _try_flush_acks(self, *uris: str) -> Step[None]:
         # Held acks only repeat work if left unapplied: never fail a caller over them.
@@ -407,6 +480,9 @@ class Delivery:
             if link.sizes is not None:
                 link.inflight_bytes -= link.sizes.pop(nseq, 0)
             link.earlier.pop(nseq, None)
+        if self.holds is not None:
+            self.holds.drop(uri, nseq)
+            self._released.get(uri, set()).discard(nseq)
 
     def mark_disconnected(self, uri: str, reason: str) -> Step[None]:
         """``uri``'s media stopped answering (or the dialog ended): close its delivery
@@ -493,8 +569,16 @@ class Delivery:
             yield from self._missed_none(
                 [uri for (uri, _, _), rows in zip(plan, rows_of, strict=True) if rows]
             )
+        holds = self.holds
         for (uri, link, room), rows in zip(plan, rows_of, strict=True):
             ahead = link.ahead
+            gate: Gate | None = None
+            if holds is not None and ((rows and holds.may_hold(uri)) or uri in self._released):
+                try:
+                    gate = yield from self._gate(uri, link, rows)
+                except StoreError as exc:
+                    error = exc
+                    continue
             if rows and uri in self._missed_pending:
                 try:
                     # The only other store call; made before this user's state changes
@@ -513,6 +597,9 @@ class Delivery:
             inflight = link.inflight
             for row in rows:
                 nseq = row[0]
+                if gate is not None and gate.skip(row):
+                    link.sent_upto = max(link.sent_upto, nseq)
+                    continue
                 data = encode_row(row, known.get(nseq, 0) if known else 0)
                 if data is None:
                     data = self._encode_notify(uri, row, known)
@@ -549,9 +636,21 @@ class Delivery:
                 link.known = True
             if out:
                 taken[uri] = out
+            if gate is not None and gate.overdue:
+                self.release(uri, gate.overdue)
         if error is not None and len(plan) == 1:
             raise error
         return taken
+
+    def _gate(self, uri: str, link: _Link, rows: Sequence[DeliveryRow]) -> Step[Gate]:
+        """What of ``rows`` the network decision keeps back (see :class:`Gate`)."""
+        holds = self.holds
+        assert holds is not None
+        acked = self._raw_acks.get(uri, 0)
+        gate = Gate.prepare(holds, uri, link.inflight, rows, self._released, acked)
+        if gate.fresh and holds.may_hold(uri):
+            gate.classify((yield from call(RowClasses(uri, gate.fresh))))
+        return gate
 
     def _missed_none(self, uris: list[str]) -> Step[None]:
         """Of ``uris``, those whose missed count is still to be taken from the store

@@ -50,6 +50,7 @@ from mdeci.broker.delivery import (
     OutgoingNotify,
     PendingMany,
     QueueListener,
+    RowClasses,
     Step,
     StoreCommand,
     TakeMissed,
@@ -63,6 +64,7 @@ from mdeci.frames import Frame
 from mdeci.store.calendars import SqlCalendars
 from mdeci.store.queue_rows import PublishResult, StoredRow
 from mdeci.store.repo import BrokerStore
+from mdeci.store.row_classes import row_classes
 from mdeci.store.subscription_rows import Subscription
 
 T = TypeVar("T")
@@ -98,6 +100,7 @@ class Broker:
         self._handlers: dict[type[StoreCommand[Any]], _Handler] = {
             AckMany: self.queues.ack_many,
             PendingMany: self.queues.pending_many,
+            RowClasses: lambda c: row_classes(self.store.engine, c.uri, c.nseqs),
             CheckHeld: self.queues.check_held,
             MissedMany: lambda c: self.store.queues.missed_many(c.uris),
             TakeMissed: self.queues.take_missed,
@@ -235,6 +238,15 @@ class Broker:
     @sms_classes.setter
     def sms_classes(self, names: frozenset[str]) -> None:
         self.core.sms_classes = names
+
+    def release_due(self) -> None:
+        """Send the notifications whose wait for a cheaper network ran out (a timer of
+        the glue calls it; mdeci/broker/network_holds.py)."""
+        self._owned()
+        try:
+            self.core.release_due()
+        finally:
+            self._report()
 
     # ------------------------------------------------------------------ frames
 

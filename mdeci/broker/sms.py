@@ -1,5 +1,9 @@
 """SMS side of the broker: channel selection beyond IP for the classes that may use SMS.
 
+Here the channels are IP (whatever access network carries it) and SMS. Which access
+network a notification waits for (Wi-Fi rather than cellular) is decided on the IP path
+(:mod:`mdeci.broker.network_holds`, docs/channels.md "Networks as channels").
+
 Theory of operation (docs/protocol.md §7, docs/channels.md "Broker integration")
 ----------------------------------------------------------------------------
 :class:`SmsFallback` is asked to look at a user (:meth:`SmsFallback.kick`) when

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from mdeci.channels.errors import PolicyError
 from mdeci.channels.limits import Limit, Period
 from mdeci.channels.model import Billing, ClassPolicy, Kind, Tariff, Weights
+from mdeci.channels.networks import THESIS_NETWORKS, Network
 
 CHANNEL_NAMES = ("ip", "sms")
 
@@ -133,6 +134,9 @@ class ChannelsConfig:
     classes: tuple[ClassConfig, ...] = field(default_factory=default_class_configs)
     ip: IpConfig = field(default_factory=IpConfig)
     limits: tuple[LimitConfig, ...] = ()
+    # The access networks devices report (``[[channels.networks]]``): their price per MB
+    # and figures, weighed when a delay-tolerant notification may wait for a cheaper one.
+    networks: tuple[Network, ...] = THESIS_NETWORKS
     # Moving averages of the live figures: weight of a new sample (0 < alpha <= 1).
     alpha: float = 0.2
 
@@ -148,6 +152,9 @@ class ChannelsConfig:
                 raise PolicyError(f"limit names class {lim.qclass!r}, not among {names}")
         if not 0 < self.alpha <= 1:
             raise PolicyError("alpha must be in (0, 1]")
+        kinds = [n.kind for n in self.networks]
+        if len(set(kinds)) != len(kinds):
+            raise PolicyError(f"network kinds must be unique: {kinds}")
 
     def classes_of(self) -> Mapping[str, ClassPolicy]:
         return {c.name: c.policy() for c in self.classes}

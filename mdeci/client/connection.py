@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -177,6 +177,7 @@ class Client:
         payload: bytes | str = b"",
         *,
         urgent: bool = False,
+        qclass: str = "",
     ) -> PublishResult:
         """Publish. The result's ``state`` says whether the broker accepted it or the agent
         keeps it to send later; a refusal raises :class:`Refused`."""
@@ -188,9 +189,26 @@ class Client:
                 "attrs": dict(attrs or {}),
                 "payload": base64.b64encode(data).decode(),
                 "urgent": urgent,
+                "qclass": qclass,
             }
         )
         return publish_result(answer)
+
+    async def send_calendar(
+        self, rules: Sequence[Mapping[str, object]], utc_offset_minutes: int = 0
+    ) -> int:
+        """Send the device's weekly calendar of networks (maps of ``channel``, ``p``,
+        ``weekdays`` bits, ``start_hour``, ``end_hour``; docs/channels.md "Networks as
+        channels"); how many rules the broker kept. A bad rule raises
+        :class:`BadRequest` and nothing is sent."""
+        answer = await self.request(
+            {
+                "op": "calendar",
+                "rules": [dict(r) for r in rules],
+                "utc_offset_minutes": utc_offset_minutes,
+            }
+        )
+        return int(answer.get("rules", 0))
 
     async def notifications(self, cursor: FileCursor | None = None) -> Notifications:
         """A stream of notifications (``async for``).

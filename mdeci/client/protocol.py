@@ -55,6 +55,7 @@ class PublishState(enum.Enum):
     ACCEPTED = "published"  # the broker answered pub-ok: it is durable there
     SENT = "sent"  # on its way, no answer within pub_timeout: kept, sent again if needed
     BUFFERED = "buffered"  # the agent is disconnected: kept, sent when it reconnects
+    HELD = "held"  # kept for a cheaper network, at most its class's delay (docs/channels.md)
 
 
 @dataclass(frozen=True, slots=True)

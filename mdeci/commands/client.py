@@ -113,6 +113,14 @@ def add_sub_arguments(parser: argparse.ArgumentParser) -> None:
         help="end at the TTL (default: the agent renews it until mdeci unsub)",
     )
     parser.add_argument(
+        "--class",
+        dest="qclass",
+        default="",
+        metavar="CLASS",
+        help="queue class of its notifications (the broker's [channels] classes, e.g. "
+        "urgent, normal, bulk: bulk may wait for a cheaper network; default: the broker's)",
+    )
+    parser.add_argument(
         "--no-type-check",
         action="store_true",
         help="subscribe even if the filter compares an attribute with a value of another "
@@ -198,6 +206,7 @@ def run_sub(args: argparse.Namespace) -> int:
         "filter": args.filter,
         "ttl": args.ttl,
         "lease": not args.fixed,
+        "qclass": args.qclass,
     }
     deadline = time.monotonic() + max(args.wait, 0.0)
     while True:
@@ -283,7 +292,8 @@ def add_pub_arguments(parser: argparse.ArgumentParser) -> None:
     # A script tells an accepted publish from one the agent only keeps by the status alone.
     parser.epilog = (
         "exit status: 0 published (the broker accepted it), 3 sent or buffered (the agent "
-        "keeps it and sends it until the broker answers), 4 refused by the broker, 2 error"
+        "keeps it and sends it until the broker answers) or held (for a cheaper network), "
+        "4 refused by the broker, 2 error"
     )
     parser.add_argument("subject", help="dot-separated words, e.g. stocks.petr4")
     parser.add_argument(
@@ -296,6 +306,14 @@ def add_pub_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--payload", default=None, help="payload text (UTF-8)")
     parser.add_argument("--urgent", action="store_true", help="may go by SMS when offline")
+    parser.add_argument(
+        "--class",
+        dest="qclass",
+        default="",
+        metavar="CLASS",
+        help="queue class (e.g. urgent, normal, bulk: a bulk publish made on a costly "
+        "network waits for a cheaper one within its delay; default: the subscription's)",
+    )
     _common(parser)
 
 
@@ -308,6 +326,7 @@ def run_pub(args: argparse.Namespace) -> int:
         "attrs": dict(args.attr),
         "text": args.payload,
         "urgent": args.urgent,
+        "qclass": args.qclass,
     }
     try:
         answer = _call(args, request)
@@ -317,7 +336,9 @@ def run_pub(args: argparse.Namespace) -> int:
     if answer.get("state") == "published":
         print(f"published {answer['msg_id']} matched={answer.get('matched')}")
         return 0
-    if answer.get("state") == "sent":
+    if answer.get("state") == "held":
+        print(f"held {answer['msg_id']} (waits for a cheaper network, at most its class's delay)")
+    elif answer.get("state") == "sent":
         print(f"sent {answer['msg_id']} (no answer from the broker yet; kept until it comes)")
     else:
         print(f"buffered {answer['msg_id']} (sent when the agent reconnects)")

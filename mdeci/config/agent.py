@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from mdeci.channels.calendar import Rule, WeeklyCalendar
+from mdeci.channels.networks import Network
 from mdeci.config.common import (
     E164,
     SIP_AOR,
@@ -120,6 +123,129 @@ class AgentSmsConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkKindConfig:
+    """One ``[[network.kinds]]``: an access-network kind (``wifi``, ``cellular`` ...),
+    its figures, and how the agent recognises it: by the interface that carries the
+    route to the broker (``interfaces``) or by the local address (``prefixes``)."""
+
+    kind: str
+    price_per_mb: float = 0.0  # money per MB (2^20 bytes), billed pro rata
+    energy_mw: float = 1000.0
+    latency_ms: float = 100.0  # the best latency observed on it, until measured better
+    coverage: float = 1.0  # the best coverage (0 < V <= 1) observed on it
+    interfaces: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()  # address ranges, "10.1.0.0/16"
+
+    def __post_init__(self) -> None:
+        self.network()  # PolicyError (a ValueError) names the bad value
+        for prefix in self.prefixes:
+            try:
+                ipaddress.ip_network(prefix, strict=False)
+            except ValueError:
+                _check(False, f"network {self.kind}: {prefix!r} is not an address range")
+
+    def network(self) -> Network:
+        return Network(
+            kind=self.kind,
+            price_per_mb=self.price_per_mb,
+            energy_mw=self.energy_mw,
+            latency_ms=self.latency_ms,
+            coverage=self.coverage,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkConfig:
+    """``[network]``: the access-network kinds, and the battery level to report where
+    the platform gives none (None: unknown)."""
+
+    kinds: tuple[NetworkKindConfig, ...] = ()
+    battery: float | None = None
+
+    def __post_init__(self) -> None:
+        names = [k.kind for k in self.kinds]
+        _check(len(set(names)) == len(names), f"network kinds must be unique: {names}")
+        if self.battery is not None:
+            _check(0 <= self.battery <= 1, "'battery' must be within 0..1")
+
+    def kind_of(self, address: str | None, interface: str | None = None) -> str | None:
+        """The kind of the network that carries ``address`` (via ``interface``, when
+        known): the first kind naming the interface, else the first whose range holds
+        the address; None when none does."""
+        if interface is not None:
+            for k in self.kinds:
+                if interface in k.interfaces:
+                    return k.kind
+        if address is None:
+            return None
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return None
+        for k in self.kinds:
+            if any(ip in ipaddress.ip_network(p, strict=False) for p in k.prefixes):
+                return k.kind
+        return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CalendarRuleConfig:
+    """One ``[[calendar.rules]]``: ``channel`` (a network kind, or ``sms``) is there with
+    probability ``p`` on ``weekdays`` (0 = Monday) from ``start_hour`` to ``end_hour``
+    (local time); a later rule overrides an earlier one."""
+
+    channel: str
+    p: float
+    weekdays: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6)
+    start_hour: int = 0
+    end_hour: int = 24
+
+    def __post_init__(self) -> None:
+        _check(bool(self.channel) and len(self.channel) <= 64, "'channel' must be 1..64 chars")
+        _check(0 <= self.p <= 1, "'p' must be within 0..1")
+        _check(bool(self.weekdays), "'weekdays' must not be empty")
+        _check(all(0 <= d <= 6 for d in self.weekdays), "'weekdays' must be within 0..6")
+        _check(
+            0 <= self.start_hour <= self.end_hour <= 24, "need 0 <= start_hour <= end_hour <= 24"
+        )
+
+    @property
+    def weekday_bits(self) -> int:
+        """The weekdays as the ``calendar`` frame's bit set (bit 0 Monday)."""
+        return sum(1 << d for d in set(self.weekdays))
+
+    def rule(self) -> Rule:
+        return Rule(
+            channel=self.channel,
+            p=self.p,
+            weekdays=frozenset(self.weekdays),
+            start_hour=self.start_hour,
+            end_hour=self.end_hour,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentCalendarConfig:
+    """``[calendar]``: the device's weekly calendar of networks, sent to the broker at
+    every session start and used by the agent's own decisions."""
+
+    utc_offset_minutes: int = 0
+    rules: tuple[CalendarRuleConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(-840 <= self.utc_offset_minutes <= 840, "'utc_offset_minutes' within -840..840")
+        _check(len(self.rules) <= 64, "at most 64 rules")
+
+    def calendar(self) -> WeeklyCalendar | None:
+        """The calendar of these rules; None without any."""
+        if not self.rules:
+            return None
+        return WeeklyCalendar.from_rules(
+            (r.rule() for r in self.rules), utc_offset_minutes=self.utc_offset_minutes
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AgentConfig:
     """Everything ``mdeci agent`` needs (``configs/agent.toml``).
 
@@ -143,6 +269,8 @@ class AgentConfig:
     ip_monitor: IpMonitorConfig = field(default_factory=IpMonitorConfig)
     churnlog: ChurnLogConfig = field(default_factory=ChurnLogConfig)
     sms: AgentSmsConfig = field(default_factory=AgentSmsConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    calendar: AgentCalendarConfig = field(default_factory=AgentCalendarConfig)
     pub_timeout: float = 1.0  # seconds `mdeci pub` waits for pub-ok before "sent"
 
     def __post_init__(self) -> None:

@@ -43,12 +43,15 @@ from mdeci.frames.model import (
     MAX_DEPTH,
     MAX_FRAME_BYTES,
     MAX_ID_LENGTH,
+    MAX_NETWORKS,
     TOO_LARGE,
     UINT63,
     Ack,
     Calendar,
     CalendarRule,
+    Device,
     Frame,
+    NetworkBest,
     Notify,
     Pub,
     PubOk,
@@ -156,6 +159,12 @@ def _from_map(cls: type[Any], m: Mapping[str, Any], op: str) -> Any:
                 if len(value) > MAX_CALENDAR_RULES:
                     raise FrameError(f"{op}: at most {MAX_CALENDAR_RULES} rules")
                 value = tuple(_rule(v, op) for v in value)
+            elif cls is Device and f.name == "best":
+                if not isinstance(value, list):
+                    raise FrameError(f"{op}: best must be a list, not {_name(value)}")
+                if len(value) > MAX_NETWORKS:
+                    raise FrameError(f"{op}: at most {MAX_NETWORKS} best entries")
+                value = tuple(_best(v, op) for v in value)
             kwargs[f.name] = value
         elif f.default is f.default_factory:  # both MISSING: a required field
             raise FrameError(f"{op}: missing field '{f.name}'")
@@ -167,6 +176,13 @@ def _rule(value: object, op: str) -> CalendarRule:
         raise FrameError(f"{op}: each rule must be a map, not {_name(value)}")
     rule: CalendarRule = _from_map(CalendarRule, value, op)
     return rule
+
+
+def _best(value: object, op: str) -> NetworkBest:
+    if not isinstance(value, dict):
+        raise FrameError(f"{op}: each best entry must be a map, not {_name(value)}")
+    best: NetworkBest = _from_map(NetworkBest, value, op)
+    return best
 
 
 def _item(value: object, op: str) -> SubInfo:

@@ -468,6 +468,65 @@ class CalendarOk:
         _int(self.op, "rules", self.rules, 0, MAX_CALENDAR_RULES)
 
 
+#: Most network kinds a ``device`` frame may report figures for.
+MAX_NETWORKS = 16
+
+
+def _figure(op: str, name: str, value: object, *, most: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FrameError(f"{op}: {name} must be a number, not {_name(value)}")
+    if not 0 < value <= most:  # NaN fails too
+        raise FrameError(f"{op}: {name} must be within (0, {most:g}]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkBest:
+    """One entry of ``device.best``: the best latency (ms) and coverage (0 < V <= 1) the
+    device observed on the access network of kind ``network``."""
+
+    network: str
+    latency_ms: float
+    coverage: float = 1.0
+
+    def __post_init__(self) -> None:
+        _text("device", "best.network", self.network, 1, 64)
+        _figure("device", "best.latency_ms", self.latency_ms, most=3.6e6)
+        _figure("device", "best.coverage", self.coverage, most=1.0)
+        object.__setattr__(self, "latency_ms", float(self.latency_ms))
+        object.__setattr__(self, "coverage", float(self.coverage))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """Agent to broker: the kind of the access network carrying the device's traffic
+    now (``network``; ``""``: unknown), its best observed figures per kind, and its
+    battery level (0..1; -1: unknown). Sent when a session starts and after each move;
+    not answered. The broker decides again for what it holds for a cheaper network
+    (docs/channels.md "Networks as channels")."""
+
+    op: ClassVar[str] = "device"
+    network: str = ""
+    best: tuple[NetworkBest, ...] = ()
+    battery: float = -1.0
+
+    def __post_init__(self) -> None:
+        _text(self.op, "network", self.network, 0, 64)
+        if not isinstance(self.best, tuple | list):
+            raise FrameError(f"device: best must be a list, not {_name(self.best)}")
+        if len(self.best) > MAX_NETWORKS:
+            raise FrameError(f"device: at most {MAX_NETWORKS} best entries")
+        for entry in self.best:
+            if not isinstance(entry, NetworkBest):
+                raise FrameError(f"device: best must hold NetworkBest, not {_name(entry)}")
+        object.__setattr__(self, "best", tuple(self.best))
+        value = self.battery
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise FrameError(f"device: battery must be a number, not {_name(value)}")
+        if not (value == -1 or 0 <= value <= 1):
+            raise FrameError("device: battery must be within 0..1, or -1 (unknown)")
+        object.__setattr__(self, "battery", float(value))
+
+
 Frame = (
     Sub
     | SubOk
@@ -483,6 +542,7 @@ Frame = (
     | LimitReached
     | Calendar
     | CalendarOk
+    | Device
 )
 
 FRAME_TYPES: Mapping[str, type[Frame]] = MappingProxyType(
@@ -503,6 +563,7 @@ FRAME_TYPES: Mapping[str, type[Frame]] = MappingProxyType(
             LimitReached,
             Calendar,
             CalendarOk,
+            Device,
         )
     }
 )

@@ -158,3 +158,12 @@ def by_column(rows: list[StoredRow]) -> tuple[list[object], ...]:
         [r[9] for r in shared],
         [r[10] for r in shared],
     )
+
+
+class RowClass(NamedTuple):
+    """A queued notification's class inputs."""
+
+    nseq: int
+    qclass: str | None  # the publish's class, None: it named none
+    urgent: bool
+    sub_id: int

@@ -36,9 +36,11 @@ EVENTS = {
     "subscription_expired",
     "notify_duplicate",
     "notify_gap",
+    "channel_decided",
+    "publish_decided",
 }
 # The events whose agent line is the fact (docs/analytics.md, "One source of truth").
-AGENT_EVENTS = {"ip_changed", "broker_lost", "notify_duplicate", "notify_gap"}
+AGENT_EVENTS = {"ip_changed", "broker_lost", "notify_duplicate", "notify_gap", "publish_decided"}
 STRINGS = (
     "ts",
     "node",

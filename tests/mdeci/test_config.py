@@ -18,6 +18,7 @@ from mdeci.config import (
     load_agent_config,
     load_broker_config,
 )
+from mdeci.config.agent import AgentCalendarConfig
 from mdeci.config.reader import UNREAD_SECRET
 from mdeci.errors import ConfigError, MdeciError
 from rudp.config import RudpConfig
@@ -358,10 +359,58 @@ def test_unknown_key_message_is_exact(tmp_path: Path) -> None:
         (AGENT_MIN + "[broker]\naddress = 5060\n", "must be a 'host:port' string, not an integer"),
         (AGENT_MIN + "register_expires = 600\n", "unknown key 'register_expires'"),
         (AGENT_MIN + "password_env = 'X'\n", "not both"),
+        (
+            AGENT_MIN + "[[network.kinds]]\nkind = 'sms'\n",
+            "[network.kinds[0]] 'sms' is not a network kind",
+        ),
+        (
+            AGENT_MIN + "[[network.kinds]]\nkind = 'wifi'\nprefixes = ['10.0.0.300/8']\n",
+            "network wifi: '10.0.0.300/8' is not an address range",
+        ),
+        (
+            AGENT_MIN + "[[network.kinds]]\nkind = 'wifi'\nprice_per_mb = -1\n",
+            "price_per_mb must be finite and >= 0",
+        ),
+        (
+            AGENT_MIN + "[[network.kinds]]\nkind = 'wifi'\n[[network.kinds]]\nkind = 'wifi'\n",
+            "network kinds must be unique",
+        ),
+        (AGENT_MIN + "[network]\nbattery = 1.5\n", "[network] 'battery' must be within 0..1"),
+        (AGENT_MIN + "[[calendar.rules]]\nchannel = 'wifi'\np = 2\n", "'p' must be within 0..1"),
+        (
+            AGENT_MIN + "[[calendar.rules]]\nchannel = 'wifi'\np = 1\nweekdays = [7]\n",
+            "'weekdays' must be within 0..6",
+        ),
+        (AGENT_MIN + "[calendar]\nutc_offset_minutes = 900\n", "'utc_offset_minutes' within"),
     ],
 )
 def test_agent_errors(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in agent_error(tmp_path, text)
+
+
+def test_agent_network_and_calendar(tmp_path: Path) -> None:
+    text = AGENT_MIN + (
+        "[network]\nbattery = 0.4\n"
+        "[[network.kinds]]\nkind = 'wifi'\ninterfaces = ['wlan0']\nprefixes = ['10.1.0.0/16']\n"
+        "[[network.kinds]]\nkind = 'cellular'\nprice_per_mb = 0.005\nenergy_mw = 1500\n"
+        "latency_ms = 250\nprefixes = ['10.0.0.0/8', 'fd00::/8']\n"
+        "[calendar]\nutc_offset_minutes = 60\n"
+        "[[calendar.rules]]\nchannel = 'wifi'\np = 0.9\nweekdays = [0, 1, 2, 3, 4]\n"
+        "start_hour = 8\nend_hour = 18\n"
+    )
+    cfg = load_agent_config(write(tmp_path, text, "agent.toml"), env={})
+    net = cfg.network
+    assert [k.kind for k in net.kinds] == ["wifi", "cellular"] and net.battery == 0.4
+    assert net.kinds[1].network().price_per_mb == 0.005
+    # Interface first, then the first range holding the address.
+    assert net.kind_of("10.2.0.1", "wlan0") == "wifi"
+    assert net.kind_of("10.1.3.4") == "wifi" and net.kind_of("10.2.0.1") == "cellular"
+    assert net.kind_of("fd00::5") == "cellular" and net.kind_of("192.0.2.1") is None
+    rule = cfg.calendar.rules[0]
+    assert rule.weekday_bits == 0x1F and (rule.start_hour, rule.end_hour) == (8, 18)
+    calendar = cfg.calendar.calendar()
+    assert calendar is not None and calendar.utc_offset_minutes == 60
+    assert AgentCalendarConfig().calendar() is None  # no rules: no calendar
 
 
 def test_missing_file_and_bad_encoding(tmp_path: Path) -> None:

@@ -15,9 +15,11 @@ from mdeci.frames import (
     FRAME_TYPES,
     MAX_FRAME_BYTES,
     Ack,
+    Device,
     Error,
     Frame,
     List,
+    NetworkBest,
     Notify,
     Pub,
     PubOk,
@@ -99,6 +101,20 @@ frames: st.SearchStrategy[Frame] = st.one_of(
         missed=st.integers(0, 1000),
     ),
     st.builds(Ack, upto=st.integers(0, 2**63 - 1)),
+    st.builds(
+        Device,
+        network=st.sampled_from(["", "wifi", "cellular"]),
+        best=st.lists(
+            st.builds(
+                NetworkBest,
+                network=st.sampled_from(["wifi", "cellular"]),
+                latency_ms=st.floats(0.5, 1e5),
+                coverage=st.floats(0.01, 1.0),
+            ),
+            max_size=3,
+        ).map(tuple),
+        battery=st.sampled_from([-1.0, 0.0, 0.5, 1.0]),
+    ),
     st.builds(
         Error,
         req=st.none() | reqs,
@@ -432,3 +448,31 @@ def test_items_must_be_maps() -> None:
     assert "map" in str(_bad({"op": "subs", "req": 1, "items": [5]}))
     exc = _bad({"op": "subs", "req": 1, "items": [{"sub_id": "1"}]})
     assert "missing field 'subject'" in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"battery": 2}, "battery must be within 0..1, or -1"),
+        ({"battery": True}, "battery must be a number"),
+        ({"best": [{"network": "wifi", "latency_ms": 0}]}, "best.latency_ms must be within"),
+        ({"best": [{"network": "wifi", "latency_ms": 5, "coverage": 1.5}]}, "best.coverage"),
+        ({"best": [{"latency_ms": 5}]}, "missing field 'network'"),
+        ({"best": "wifi"}, "best must be a list"),
+        ({"network": 7}, "network must be text"),
+    ],
+)
+def test_device_frame_refuses_bad_fields(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(FrameError, match=message):
+        decode(cbor2.dumps({"op": "device", **fields}))
+
+
+def test_device_frame_on_the_wire() -> None:
+    frame = Device(network="wifi", best=(NetworkBest(network="wifi", latency_ms=12),), battery=0.5)
+    assert cbor2.loads(encode(frame)) == {
+        "op": "device",
+        "network": "wifi",
+        "best": [{"network": "wifi", "latency_ms": 12.0}],
+        "battery": 0.5,
+    }
+    assert decode(encode(frame)) == frame
