@@ -36,6 +36,7 @@ EVENTS = {
     "subscription_expired",
     "notify_duplicate",
     "notify_gap",
+    "handoff",
     "channel_decided",
     "publish_decided",
 }

@@ -1,4 +1,4 @@
-"""Acceptance 2: on a generated ~200,000-event log, Spark's per-user and per-hour tables
+"""On a generated ~200,000-event log, Spark's per-user and per-hour tables
 equal those of the independent plain-Python implementation in ``reference.py``."""
 
 from __future__ import annotations

@@ -26,6 +26,16 @@ def test_events_are_exactly_the_protocol_ones() -> None:
     assert sorted(e.value for e in Event) == sorted(PROTOCOL_EVENTS)
 
 
+def test_the_analytics_reference_knows_every_event() -> None:
+    """The plain-Python oracle of the Spark jobs (tests/analytics/reference.py) keeps its
+    own lists, written independently; they name the same events and agent facts."""
+    from mdeci.churnlog import AGENT_EVENTS
+    from tests.analytics import reference
+
+    assert reference.EVENTS == {e.value for e in Event}
+    assert reference.AGENT_EVENTS == {e.value for e in AGENT_EVENTS}
+
+
 def test_the_analytics_read_the_vocabulary_defined_here() -> None:
     from analytics.vocabulary import read
     from mdeci.churnlog import AGENT_EVENTS, OPTIONAL_FIELDS
