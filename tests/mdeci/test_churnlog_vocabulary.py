@@ -32,8 +32,8 @@ def test_the_analytics_reference_knows_every_event() -> None:
     from mdeci.churnlog import AGENT_EVENTS
     from tests.analytics import reference
 
-    assert reference.EVENTS == {e.value for e in Event}
-    assert reference.AGENT_EVENTS == {e.value for e in AGENT_EVENTS}
+    assert {e.value for e in Event} == reference.EVENTS
+    assert {e.value for e in AGENT_EVENTS} == reference.AGENT_EVENTS
 
 
 def test_the_analytics_read_the_vocabulary_defined_here() -> None:
