@@ -599,7 +599,7 @@ class BrokerSipEndpoint:
         for command in commands:
             if isinstance(command, Log) and command.event == "session_ended":
                 log.warning(
-                    "session of %s (Call-ID %s) ended: no authentic RUDP datagram within "
+                    "session of %s (Call-ID %s) ended: no authentic data-channel packet within "
                     "%.1f s of the key agreement; the SDP key exchange was altered on the "
                     "path or the agent derived another key",
                     command.uri,
