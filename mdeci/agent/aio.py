@@ -142,7 +142,9 @@ class Agent(AgentDriver, Applications):
         self.media = MediaLink(
             self.endpoint, self._burst_in, self._on_peer_lost, self._on_broker_restarted
         )
-        self.quic_media = QuicMediaLink(cfg.media.host, self._on_burst, self._on_peer_lost)
+        self.quic_media = QuicMediaLink(
+            cfg.media.host, self._on_burst, self._on_peer_lost, cfg.media.quic
+        )
         kwargs: dict[str, Any] = {}
         if self.response_timeout is not None:
             kwargs["response_timeout"] = self.response_timeout

@@ -13,7 +13,7 @@ from mdeci.agent.events import Invite, Register, Reinvite, SipCommand, SipOutcom
 from mdeci.config import AgentConfig
 
 NO_AUTHENTIC_ANSWER = (
-    "no authentic RUDP answer from the broker after the key agreement: the SDP key "
+    "no authentic answer from the broker after the key agreement: the SDP key "
     "exchange was altered on the path, the password differs, or the broker's media is "
     "unreachable"
 )

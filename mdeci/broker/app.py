@@ -186,7 +186,7 @@ async def run_broker(
         service.accept = config.media.transports
         if "quic" in config.media.transports:
             try:
-                await service.open_quic(media_host, config.media.quic_port)
+                await service.open_quic(media_host, config.media.quic_port, config.media.quic)
             except OSError as exc:
                 raise BrokerError(
                     f"cannot listen for QUIC on {media_host}:{config.media.quic_port}: "

@@ -284,8 +284,9 @@ class BrokerSipEndpoint:
     async def restore_sessions(self) -> int:
         """After a restart: rebuild the dialog and the RUDP peer of every session of this
         broker's (or of no broker's) stored CONNECTED, so agents keep their dialogs
-        (re-INVITE, BYE) and delivery resumes. Rows that cannot be read back are marked
-        DISCONNECTED. Returns how many were restored. Raises StoreError."""
+        (re-INVITE, BYE) and delivery resumes; a QUIC session ends with a BYE (its agent
+        INVITEs again at once). Rows that cannot be read back are marked DISCONNECTED.
+        Returns how many were restored. Raises StoreError."""
         restored = 0
         rows = await self.worker.run(
             self.store.sessions.owned_sessions, SessionStatus.CONNECTED, self.store.node
@@ -314,14 +315,14 @@ class BrokerSipEndpoint:
                 kx = parse_session(rec.remote_sdp).key
             except SdpError:
                 kx = None  # a re-INVITE then has to agree new keys
+            self.ua.dialogs[dialog.id] = dialog  # before a QUIC session's BYE goes out
             self._run(
                 self.sessions.restored(
-                    rec.uri, dialog.id, addr, rec.session_key, kx, rec.started_at
+                    rec.uri, dialog.id, addr, rec.session_key, kx, rec.started_at, rec.transport
                 )
             )
-            self.ua.dialogs[dialog.id] = dialog
             # A PING now: the agent, which holds the key, resumes on it (docs/protocol.md §4).
-            if self.service.alive(rec.uri):
+            if rec.transport == "rudp" and self.service.alive(rec.uri):
                 self.service.endpoint.peer(rec.session_key, addr).announce()
             restored += 1
             # The guard verifies the owner's in-dialog requests from the cache.
@@ -598,7 +599,7 @@ class BrokerSipEndpoint:
         for command in commands:
             if isinstance(command, Log) and command.event == "session_ended":
                 log.warning(
-                    "session of %s (Call-ID %s) ended: no authentic RUDP datagram within "
+                    "session of %s (Call-ID %s) ended: no authentic data-channel packet within "
                     "%.1f s of the key agreement; the SDP key exchange was altered on the "
                     "path or the agent derived another key",
                     command.uri,

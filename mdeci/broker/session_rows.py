@@ -86,6 +86,7 @@ class SessionRows:
             remote_cseq=c.remote_cseq,
             started_at=c.started_at,
             updated_at=c.updated_at,
+            transport=c.transport,
         )
         self._worker.post("session row", self._row, record, c.refresh)
 

@@ -183,6 +183,7 @@ class StoreSession:
     started_at: float
     updated_at: float
     refresh: bool = False
+    transport: str = RUDP  # the data channel the answer accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,6 +401,7 @@ class SessionManager:
                 started_at=s.started_at,
                 updated_at=ev.wall,
                 refresh=same,
+                transport=answer.transport,
             )
         )
         name = "session_reinvited" if ev.refreshed else "session_started"
@@ -446,10 +448,27 @@ class SessionManager:
         key: bytes,
         kx: bytes | None,
         started_at: float,
+        transport: str = RUDP,
     ) -> list[Command]:
-        """``uri``'s session stored CONNECTED, read back at start."""
+        """``uri``'s session stored CONNECTED on ``transport``, read back at start.
+
+        A QUIC session ends with a BYE: its connection's state died with the process, and
+        only the agent (the QUIC client) can open another, which it would do only at
+        QUIC's idle timeout; the BYE makes it INVITE again at once. Its queue stays."""
         if uri in self._sessions:
             return []  # a live session is newer than any row
+        if transport != RUDP:
+            reason = "broker restarted: the QUIC connection is gone"
+            fields = (
+                ("call_id", dialog_id[0]),
+                ("addr", addr_text(media_addr)),
+                ("reason", reason),
+            )
+            return [
+                SetStatus(uri, Status.NONE),
+                Log("session_ended", uri, fields),
+                SendBye(dialog_id),
+            ]
         s = self._new(uri, dialog_id, media_addr, key, started_at)
         self._set_kx(s, kx)
         s.status = Status.NONE

@@ -10,6 +10,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from mdeci.errors import ConfigError
+from quicdata.connection import QuicDataConfig
 from sip.timers import TimerConfig
 
 E164 = re.compile(r"\+[1-9][0-9]{1,14}")
@@ -119,10 +120,23 @@ class MediaConfig:
     # the socket's, and move a connected agent's media path only by RUDP path validation
     # (the source its packets arrive from), never to the address in its SDP.
     advertise: HostPort | None = None
+    # QUIC (quicdata/connection.py): a PING every quic_keepalive seconds on an open
+    # connection, so that quic_idle_timeout seconds without a packet mean the peer is gone.
+    quic_idle_timeout: float = 30.0
+    quic_keepalive: float = 10.0
 
     def __post_init__(self) -> None:
         _port(self.port)
         _check(bool(self.host), "'host' must not be empty")
+        _check(
+            0 < self.quic_keepalive < self.quic_idle_timeout,
+            "need 0 < quic_keepalive < quic_idle_timeout",
+        )
+
+    @property
+    def quic(self) -> QuicDataConfig:
+        """The QUIC connections' settings of this table."""
+        return QuicDataConfig(idle_timeout=self.quic_idle_timeout, keepalive=self.quic_keepalive)
 
 
 # The data channels (docs/sip.md): RUDP (UDP/MDECI-RUDP) and QUIC (UDP/MDECI-QUIC).

@@ -87,6 +87,9 @@ class SessionRow(Base):
     # names the epoch it expects (mdeci/store/ownership.py).
     owner: Mapped[str] = mapped_column(Text, server_default=text("''"))
     epoch: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    # The data channel the SDP answer accepted ("rudp" or "quic"): a restart restores
+    # the session on it.
+    transport: Mapped[str] = mapped_column(Text, server_default=text("'rudp'"))
 
 
 class SubscriptionRow(Base):

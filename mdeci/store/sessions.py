@@ -1,8 +1,8 @@
 """The ECI Session Manager's state, one row per user URI.
 
 A row holds the user's dialog (Call-ID, tags, remote target, route set, CSeqs), the
-remote SDP and the media address it gave, the RUDP session key and the optional MSISDN,
-and the user's status:
+remote SDP and the media address it gave, the data channel the answer accepted (RUDP or
+QUIC), the session key and the optional MSISDN, and the user's status:
 
 - ``CONNECTED``: the dialog is up and the media address answers;
 - ``DISCONNECTED``: the dialog is up but RUDP sends fail (queue; urgent ones go by SMS);
@@ -55,6 +55,7 @@ class SessionRecord:
     remote_cseq: int
     started_at: float
     updated_at: float
+    transport: str = "rudp"  # the data channel the SDP answer accepted ("rudp", "quic")
 
 
 _NAMES = tuple(f.name for f in fields(SessionRecord))

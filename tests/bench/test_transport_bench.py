@@ -4,16 +4,17 @@ impairment proxy, without loss and at 5 % loss both ways.
 Run: ``.venv/bin/pytest -m bench -s tests/bench/test_transport_bench.py``
 (``MDECI_TRANSPORT_BENCH_EVENTS`` overrides the 2,000 notifications).
 
-Set-up: a broker (``[media] transports`` one of them) and alice's agent (``[media]
-transport`` the same) in this process; the broker's data channel socket sits behind
-``python -m rudp.impair`` (a separate process, seed 1, 5 ms one-way delay, the stated loss
-both ways; its SDP answer names the proxy), so every datagram of the data channel
-crosses the impaired link. SIP is direct. Alice subscribes, then the broker's core takes
-the publishes in batches of 100 (as a busy publisher's arrive) and alice's application
-receives every notification. Measured from the first publish to the last arrival: wall
-time, goodput (payload bytes per second), and this process's CPU (broker, its database
-thread and the agent; the proxy's is its own) per notification. Asserted: nothing lost,
-nothing duplicated, order kept.
+Set-up: a broker (``[media] transports`` one of them) in this process, alice's agent
+(``[media] transport`` the same) a ``python -m mdeci agent`` child with an application
+reading ``tail``; the broker's data channel socket sits behind ``python -m rudp.impair``
+(a separate process, seed 1, 5 ms one-way delay, the stated loss both ways; its SDP
+answer names the proxy), so every datagram of the data channel crosses the impaired
+link. SIP is direct. Alice subscribes, then the broker's core takes the publishes in
+batches of 100 (as a busy publisher's arrive) and alice's application receives every
+notification. Measured from the first publish to the last arrival: wall time, goodput
+(payload bytes per second), and per notification the CPU of the broker (this process:
+its loop and database thread), of the agent's process and of the proxy's. Asserted:
+nothing lost, nothing duplicated, order kept, every datagram through the proxy.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from mdeci.agent.daemon import run_agent
+from mdeci.agent.api import ApiClient
 from mdeci.broker.app import RunningBroker, run_broker
 from mdeci.config import (
     AuthConfig,
@@ -39,13 +40,20 @@ from mdeci.config import (
 )
 from mdeci.frames import Pub, encode
 from mdeci.store.repo import BrokerStore
-from tests.agent.farend import lo_only
 from tests.broker.conftest import WaitingSink
 
 # The store fixtures of the broker and store tests (a migrated SQLite file per test).
 from tests.broker.conftest import store as store
-from tests.e2e.harness_a import check_exactly
-from tests.e2e.test_handover import RUDP, Arrivals, agent_config
+from tests.e2e.harness_a import (
+    Tail,
+    agent_toml,
+    check_exactly,
+    is_connected,
+    start_agent,
+    stop,
+    wait_status,
+)
+from tests.e2e.test_handover import RUDP
 from tests.rudp.test_bench import Proxy
 from tests.store.conftest import sqlite_path as sqlite_path
 from tests.store.conftest import sqlite_template as sqlite_template
@@ -54,6 +62,8 @@ EVENTS = int(os.environ.get("MDECI_TRANSPORT_BENCH_EVENTS", "2000"))
 PAYLOAD = 1000  # bytes per notification
 BATCH = 100  # publishes per core call
 TIMEOUT = 300
+# The agent's [rudp]: the broker's RUDP settings (test_handover's RUDP).
+AGENT_RUDP = "rto_initial = 0.2\nrto_min = 0.05\nrto_max = 1.0\nmax_retries = 4\nack_delay = 0.002"
 FEED = "sip:feed@localhost"
 BROKER_MEDIA_HOST = "::1"
 
@@ -91,7 +101,7 @@ async def _broker(
 
 @pytest.mark.bench
 @pytest.mark.timeout(TIMEOUT)
-@pytest.mark.parametrize("loss", [0.0, 0.05], ids=["loss0", "loss5"])
+@pytest.mark.parametrize("loss", [0.0, 0.01, 0.05], ids=["loss0", "loss1", "loss5"])
 @pytest.mark.parametrize("transport", ["rudp", "quic"])
 async def test_delivery_over_each_transport_through_the_impairment_proxy(
     tmp_path: Path, store: BrokerStore, transport: str, loss: float
@@ -103,32 +113,34 @@ async def test_delivery_over_each_transport_through_the_impairment_proxy(
     broker.service.advertise = proxy.addr  # the answer's c=: the proxy's host
     if transport == "quic":
         broker.service.quic_advertise = proxy.addr
-    config = agent_config(tmp_path / "alice", "alice", "127.0.0.2", broker.sip_addr[1])
-    config = dataclasses.replace(
-        config, media=dataclasses.replace(config.media, transport=transport)
+    sip = broker.sip_addr
+    config = agent_toml(
+        tmp_path / "alice", "alice", "127.0.0.2", sip, rudp=AGENT_RUDP, transport=transport
     )
-    a = await run_agent(config, address_source=lo_only)
-    arrivals = Arrivals(a.agent)
+    a, a_sock = await start_agent(tmp_path, "alice", config)
+    tail: Tail | None = None
     try:
-        await asyncio.wait_for(a.wait_connected(), 30)
-        assert a.status().media_transport == transport
-        await asyncio.wait_for(a.agent.subscribe("bench.tick", ttl=600), 30)
+        status = await wait_status(a_sock, is_connected)
+        assert status["media_transport"] == transport
+        async with ApiClient(a_sock) as client:
+            await client.call({"op": "sub", "subject": "bench.tick", "ttl": 600})
+        tail = await Tail(a_sock).start()
         # Each payload is its own name, padded to PAYLOAD bytes (the records' "text").
         texts = [f"b{i}".ljust(PAYLOAD, ".") for i in range(EVENTS)]
         pubs = [
             encode(Pub(req=i + 1, msg_id=f"b{i}", subject="bench.tick", payload=text.encode()))
             for i, text in enumerate(texts)
         ]
-        proxy_cpu0 = proxy.cpu()
+        proxy_cpu0, agent_cpu0 = proxy.cpu(), process_cpu(a.pid)
         cpu0, t0 = time.process_time(), time.perf_counter()
         for start in range(0, EVENTS, BATCH):
             batch = [(FEED, data) for data in pubs[start : start + BATCH]]
             await broker.service.worker.run(broker.broker.handle_frames, batch)
-        await asyncio.wait_for(arrivals.at_least(EVENTS), TIMEOUT - 60)
+        records = await asyncio.wait_for(tail.wait_count(EVENTS), TIMEOUT - 60)
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         proxy_cpu = proxy.cpu() - proxy_cpu0
-        records = [r for _, r in arrivals.received]
+        agent_cpu = process_cpu(a.pid) - agent_cpu0
         check_exactly(records, texts)
         # Through the proxy: the broker's peer is the proxy's upstream socket, not alice's.
         peer_addr = broker.service._users["sip:alice@localhost"].peer.addr
@@ -137,11 +149,19 @@ async def test_delivery_over_each_transport_through_the_impairment_proxy(
             f"\ntransport bench, {transport}, loss {loss:.0%} both ways (proxy, 5 ms one-way): "
             f"{EVENTS} x {PAYLOAD} B in {wall:.2f} s: goodput "
             f"{EVENTS * PAYLOAD / wall / 1e6:.2f} MB/s ({EVENTS / wall:.0f} notifications/s); "
-            f"CPU {cpu / EVENTS * 1e6:.0f} us per notification (broker + agent), "
-            f"proxy {proxy_cpu / EVENTS * 1e6:.0f} us; 0 lost, 0 duplicated, order kept"
+            f"CPU per notification: broker {cpu / EVENTS * 1e6:.0f} us, agent "
+            f"{agent_cpu / EVENTS * 1e6:.0f} us, proxy {proxy_cpu / EVENTS * 1e6:.0f} us; "
+            f"0 lost, 0 duplicated, order kept"
         )
     finally:
-        arrivals.close()
-        await a.close()
+        if tail is not None:
+            await tail.close()
+        await stop(a)
         await broker.close()
         proxy.stop()
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -20,6 +20,7 @@ from mdeci.config import (
     load_broker_config,
 )
 from mdeci.errors import ConfigError
+from quicdata.connection import QuicDataConfig
 from sip.errors import SdpError
 from sip.sdp import TRANSPORTS
 
@@ -154,3 +155,18 @@ def test_toml_names_the_transports(tmp_path: Path) -> None:
     broker.write_text('[media]\ntransports = ["tcp"]\n')
     with pytest.raises(ConfigError, match="transports"):
         load_broker_config(broker, env={})
+
+
+def test_toml_sets_the_quic_timers_of_either_side(tmp_path: Path) -> None:
+    agent = tmp_path / "agent.toml"
+    agent.write_text(
+        'aor = "sip:alice@example.org"\npassword = "pw"\n[media]\ntransport = "quic"\n'
+        "quic_idle_timeout = 2.0\nquic_keepalive = 0.5\n"
+    )
+    quic = load_agent_config(agent, env={}).media.quic
+    assert (quic.idle_timeout, quic.keepalive) == (2.0, 0.5)
+    assert BrokerMediaConfig().quic == QuicDataConfig()  # QUIC's defaults: 30 s and 10 s
+    with pytest.raises(ConfigError, match="quic_keepalive"):
+        BrokerMediaConfig(quic_idle_timeout=1.0, quic_keepalive=1.0)
+    with pytest.raises(ConfigError, match="quic_keepalive"):
+        AgentMediaConfig(quic_keepalive=0.0)

@@ -393,6 +393,32 @@ def test_restart_restores_stored_sessions_and_marks_unreadable_ones(
     assert manager.unrestorable(ALICE) == []  # a live session is not marked
 
 
+def test_a_restored_quic_session_ends_with_a_bye_so_its_agent_invites_again(
+    manager: SessionManager,
+) -> None:
+    """The QUIC connection died with the broker and only the agent can open another:
+    the stored session is ENDED and BYEd instead of waiting for QUIC's idle timeout."""
+    dialog = ("call-1", "ours", "from-1")
+    out = manager.restored(ALICE, dialog, ("10.0.0.1", 4000), b"k" * 16, b"kx", 5.0, "quic")
+    assert [type(c) for c in out] == [SetStatus, Log, SendBye]
+    assert out[0] == SetStatus(ALICE, Status.NONE) and out[2] == SendBye(dialog)
+    log = out[1]
+    assert isinstance(log, Log) and "QUIC" in str(dict(log.fields)["reason"])
+    assert manager.get(ALICE) is None and manager.owner(dialog) is None
+    assert manager.kx_holder(b"kx") is None
+
+
+def test_the_stored_row_names_the_transport_the_answer_accepted(
+    manager: SessionManager, clock: Clock
+) -> None:
+    alice = Agent(manager, clock, ALICE)
+    alice.dialog = ("call-q", "ours", "from-q")
+    answer = alice._answer("call-q", "from-q", None, ("10.0.0.1", 4000), b"kx", b"k" * 16, new=True)
+    manager.answered(replace(answer, transport="quic"))
+    rows = of(StoreSession, manager.dialog_up(alice._up(refreshed=False), clock.now))
+    assert [r.transport for r in rows if isinstance(r, StoreSession)] == ["quic"]
+
+
 def test_new_dialog_of_the_same_user_takes_over_and_byes_the_old(
     manager: SessionManager, clock: Clock
 ) -> None:

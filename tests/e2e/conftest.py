@@ -1,4 +1,5 @@
-"""The SIP backends the end-to-end suites run with: each suite runs on both agent stacks."""
+"""The SIP backends and data channels the end-to-end suites run with: each suite runs on
+both agent stacks, and the delivery stories on both data channels (docs/sip.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from tests.peers import missing
 
 STACKS = ("mdeci", "pjsua2")
+TRANSPORTS = ("rudp", "quic")
 
 
 @pytest.fixture(params=STACKS)
@@ -19,3 +21,9 @@ def sip_stack(request: pytest.FixtureRequest) -> str:
         except ImportError:
             missing("pjsua2 (PJSIP Python binding)", "pip install pjsua2-python")
     return stack
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """The data channel: the agents' ``[media] transport`` and the broker's only one."""
+    return str(request.param)

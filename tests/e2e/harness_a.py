@@ -95,9 +95,11 @@ def agent_toml(
     ip_monitor: str = 'mode = "poll"\npoll_interval = 600.0',
     stack: str = "mdeci",
     transport: str = "rudp",
+    media: str = "",
 ) -> str:
     """An agent of ``user`` (password ``<user>-secret``) bound to ``host``, on the SIP
-    backend ``stack``, offering the data channel ``transport`` (``[media] transport``)."""
+    backend ``stack``, offering the data channel ``transport`` (``[media] transport``);
+    ``media``: more lines of its ``[media]`` table."""
     address = f"{broker[0]}:{broker[1]}"
     return (
         "\n".join(
@@ -121,6 +123,7 @@ def agent_toml(
                 "[media]",
                 f'host = "{host}"',
                 f'transport = "{transport}"',
+                media,
                 "[rudp]",
                 rudp or FAST_RUDP,
                 "[reconnect]",

@@ -201,7 +201,8 @@ class _Child:
 class BrokerProcess(_Child):
     """``python -m mdeci broker`` on loopback ``host`` with users alice, bob and carol; ``sip``:
     more lines of its ``[sip]`` table (e.g. transports and TLS files); ``extra``: more
-    tables at the end of the file; ``node``: its name (several brokers on one store)."""
+    tables at the end of the file; ``node``: its name (several brokers on one store);
+    ``transports``: its ``[media] transports``."""
 
     def __init__(
         self,
@@ -212,6 +213,7 @@ class BrokerProcess(_Child):
         *,
         host: str = "127.0.0.1",
         node: str = "broker-e2e",
+        transports: tuple[str, ...] = ("rudp",),
     ) -> None:
         super().__init__()
         folder.mkdir(parents=True, exist_ok=True)
@@ -224,6 +226,9 @@ class BrokerProcess(_Child):
             + "".join(
                 f'[[auth.users]]\nuser = "{u}"\npassword = "{p}"\n\n' for u, p in PASSWORDS.items()
             )
+            + "[media]\ntransports = ["
+            + ", ".join(f'"{t}"' for t in transports)
+            + "]\n\n"
             + extra
         )
         self.loaded = load_broker_config(self.config)  # a bad file fails here, not in the child
@@ -270,7 +275,8 @@ class AgentProcess(_Child):
     """``python -m mdeci agent`` of ``user`` bound to ``host``, talking to ``broker``
     (its SIP address, or ``address`` when given: a TLS port, a proxy); ``sip``: more
     lines of its ``[sip]`` table (transports, TLS files); ``timers``: its SIP timers
-    and its ``[rudp]`` and ``[reconnect]`` tables instead of the fast loopback ones."""
+    and its ``[rudp]`` and ``[reconnect]`` tables instead of the fast loopback ones;
+    ``transport``: its ``[media] transport``."""
 
     def __init__(
         self,
@@ -283,6 +289,7 @@ class AgentProcess(_Child):
         address: tuple[str, int] | None = None,
         sip: str = "",
         timers: tuple[str, str] = FAST_AGENT_TIMERS,
+        transport: str = "rudp",
     ) -> None:
         super().__init__()
         folder.mkdir(parents=True, exist_ok=True)
@@ -296,7 +303,7 @@ class AgentProcess(_Child):
             f'[registrar]\naddress = "{where[0]}:{where[1]}"\n\n'
             f'[broker]\naor = "{BROKER_AOR}"\naddress = "{where[0]}:{where[1]}"\n\n'
             f'[sip]\nhost = "{host}"\n{timers[0]}{sip}\n'
-            f'[media]\nhost = "{host}"\n\n{timers[1]}\n\n'
+            f'[media]\nhost = "{host}"\ntransport = "{transport}"\n\n{timers[1]}\n\n'
             # Nothing moves in these tests: the monitor is as good as off.
             '[ip_monitor]\nmode = "poll"\npoll_interval = 600.0\n'
         )

@@ -4,7 +4,8 @@ drop-oldest, and the in-order drain on resume.
 The broker runs in-process (its churn events are awaited on a sink, its session status
 read from the store); A is a ``python -m mdeci agent`` child silenced with SIGSTOP and
 resumed with SIGCONT; B is an in-process agent. The broker's RUDP gives up after
-~0.35 s (``FAST_RUDP`` of the agent tests), so DISCONNECTED comes early in the silence.
+~0.35 s (``FAST_RUDP`` of the agent tests), and on QUIC (the ``transport`` fixture) the
+idle timeout is 1 s (``QUIC_MEDIA``), so DISCONNECTED comes early in the silence.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mdeci.broker.app import RunningBroker, run_broker
 from mdeci.config import (
     AuthConfig,
     BrokerConfig,
+    BrokerMediaConfig,
     OverflowPolicy,
     QueueConfig,
     SipConfig,
@@ -59,14 +61,22 @@ A_RUDP = (
     "rto_initial = 0.2\nrto_min = 0.05\nrto_max = 1.0\nmax_retries = 4\n"
     "ack_delay = 0.002\nkeepalive_interval = 0.5"
 )
+# QUIC's counterpart on both ends: a PING every 0.3 s, gone after 1 s without a packet.
+QUIC_MEDIA = BrokerMediaConfig(
+    host="127.0.0.1", transports=("quic",), quic_idle_timeout=1.0, quic_keepalive=0.3
+)
+QUIC_AGENT_MEDIA = "quic_idle_timeout = 1.0\nquic_keepalive = 0.3"
 
 
-async def _broker(tmp: Path, store: BrokerStore, sink: WaitingSink) -> RunningBroker:
+async def _broker(
+    tmp: Path, store: BrokerStore, sink: WaitingSink, transport: str
+) -> RunningBroker:
     config = BrokerConfig(
         domain="localhost",
         data_dir=tmp / "broker",
         sip=SipConfig(host="127.0.0.1", port=0, t1=0.05, t2=0.4, t4=0.5),
         rudp=FAST_RUDP,
+        media=QUIC_MEDIA if transport == "quic" else BrokerMediaConfig(),
         queue=QueueConfig(max_per_uri=QUEUE_MAX, overflow=OverflowPolicy.DROP_OLDEST),
         auth=AuthConfig(
             users=tuple(UserConfig(user=u, password=f"{u}-secret") for u in ("alice", "bob"))
@@ -90,9 +100,10 @@ async def test_silenced_agent_is_disconnected_queued_and_drained_in_order(
     store: BrokerStore,
     silence: float,
     sip_stack: str,
+    transport: str,
 ) -> None:
     sink = WaitingSink()
-    broker = await _broker(tmp_path, store, sink)
+    broker = await _broker(tmp_path, store, sink, transport)
     sip = broker.sip_addr
     a: Child | None = None
     b: RunningAgent | None = None
@@ -102,11 +113,24 @@ async def test_silenced_agent_is_disconnected_queued_and_drained_in_order(
         a, a_sock = await start_agent(
             tmp_path,
             "alice",
-            agent_toml(tmp_path / "alice", "alice", "127.0.0.2", sip, rudp=A_RUDP, stack=sip_stack),
+            agent_toml(
+                tmp_path / "alice",
+                "alice",
+                "127.0.0.2",
+                sip,
+                rudp=A_RUDP,
+                stack=sip_stack,
+                transport=transport,
+                media=QUIC_AGENT_MEDIA,
+            ),
         )
         bob = agent_config(tmp_path / "bob", "bob", "127.0.0.4", sip[1])
         b = await run_agent(
-            dataclasses.replace(bob, sip=dataclasses.replace(bob.sip, stack=sip_stack)),
+            dataclasses.replace(
+                bob,
+                sip=dataclasses.replace(bob.sip, stack=sip_stack),
+                media=dataclasses.replace(bob.media, transport=transport),
+            ),
             address_source=lo_only,
         )
         await wait_status(a_sock, is_connected)
@@ -131,7 +155,7 @@ async def test_silenced_agent_is_disconnected_queued_and_drained_in_order(
         silenced_at = loop.time()
         await publish(BEFORE)
         gone = await asyncio.wait_for(sink.wait_for("media_disconnected", ALICE), GUARD)
-        assert str(gone.fields.get("reason", "")).startswith("rudp:"), gone
+        assert str(gone.fields.get("reason", "")).startswith(f"{transport}:"), gone
         session = store.sessions.get_session(ALICE)
         assert session is not None and session.status is SessionStatus.DISCONNECTED
         assert not broker.service.is_connected(ALICE)
@@ -167,7 +191,7 @@ async def test_silenced_agent_is_disconnected_queued_and_drained_in_order(
         assert all(r["missed"] == 0 for r in resumed[1:])
         await asyncio.wait_for(sink.wait_for("media_connected", ALICE, count=2), GUARD)
         status = await wait_status(a_sock, lambda s: s["highest_nseq"] == BEFORE + DURING)
-        assert status["status"] == "CONNECTED"
+        assert (status["status"], status["media_transport"]) == ("CONNECTED", transport)
         await asyncio.wait_for(
             sink.wait_for("notify_delivered", ALICE, count=BEFORE + QUEUE_MAX), GUARD
         )

@@ -78,36 +78,54 @@ T1, T2, T4 = 0.5, 4.0, 5.0
 # stall of the loaded machine does not drop notifications by policy (counted as lost).
 QUEUE = QueueConfig(max_per_uri=50_000)
 PROGRESS = 100  # moves between progress lines
+# The broker's data channel on ::1, the agents on IPv4: the broker cannot reach an agent's
+# own address (an IPv6 socket bound to ::1 does not send to IPv4), so every datagram both
+# ways crosses the proxy (on one IPv4 loopback RUDP's path validation finds the direct
+# path and leaves the proxy; the test asserts the broker's peers are the proxy's).
+MEDIA_HOST = "::1"
 # Bounds the publisher (test_handover's 20,000 ran out after ~600 moves on a loaded
 # machine, where a move takes ~0.75 s at ~40 publishes/s).
 MAX_EVENTS = 200 * MOVES
 
 
 def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sock:
+        sock.bind((MEDIA_HOST, 0))
         return int(sock.getsockname()[1])
 
 
 async def _broker(
-    tmp: Path, store: BrokerStore, sink: WaitingSink, media_port: int, relay: tuple[str, int]
+    tmp: Path,
+    store: BrokerStore,
+    sink: WaitingSink,
+    media_port: int,
+    relay: tuple[str, int],
+    transport: str,
 ) -> RunningBroker:
+    media = BrokerMediaConfig(host=MEDIA_HOST, transports=(transport,), advertise=HostPort(*relay))
+    if transport == "quic":
+        media = dataclasses.replace(media, quic_port=media_port)
+    else:
+        media = dataclasses.replace(media, port=media_port)
     config = BrokerConfig(
         domain="localhost",
         data_dir=tmp / "broker",
         sip=SipConfig(host="127.0.0.1", port=0, t1=T1, t2=T2, t4=T4),
-        media=BrokerMediaConfig(host="127.0.0.1", port=media_port, advertise=HostPort(*relay)),
+        media=media,
         rudp=RUDP,
         queue=QUEUE,
         auth=AuthConfig(
             users=tuple(UserConfig(user=u, password=f"{u}-secret") for u in ("alice", "bob"))
         ),
     )
-    return await run_broker(config, sip_listen=("127.0.0.1", 0), store=store, log=sink)
+    broker = await run_broker(config, sip_listen=("127.0.0.1", 0), store=store, log=sink)
+    if transport == "quic":
+        broker.service.quic_advertise = relay  # the answer's QUIC line: the proxy
+    return broker
 
 
-def _agent(state: Path, user: str, host: str, port: int) -> AgentConfig:
-    config = agent_config(state, user, host, port)
+def _agent(state: Path, user: str, host: str, port: int, transport: str) -> AgentConfig:
+    config = agent_config(state, user, host, port, transport=transport)
     return dataclasses.replace(config, sip=dataclasses.replace(config.sip, t1=T1, t2=T2, t4=T4))
 
 
@@ -143,24 +161,25 @@ def _count(records: list[dict[str, Any]], sent: int) -> tuple[int, int]:
 @pytest.mark.bench
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("loss", [0.05, 0.0], ids=["loss5", "loss0"])
+@pytest.mark.parametrize("transport", ["rudp", "quic"])
 async def test_thousand_moves_through_the_impairment_proxy(
-    tmp_path: Path, store: BrokerStore, loss: float
+    tmp_path: Path, store: BrokerStore, loss: float, transport: str
 ) -> None:
     media_port = _free_udp_port()
     proxy = Proxy(
-        ("127.0.0.1", media_port), loss, tcp=False, extra=("--max-clients", str(MOVES + 16))
+        (MEDIA_HOST, media_port), loss, tcp=False, extra=("--max-clients", str(MOVES + 16))
     )
     sink = WaitingSink()
-    broker = await _broker(tmp_path, store, sink, media_port, proxy.addr)
+    broker = await _broker(tmp_path, store, sink, media_port, proxy.addr, transport)
     port = broker.sip_addr[1]
     fsync_a, fsync_b = TimedFsync(), TimedFsync()
     a = await run_agent(
-        _agent(tmp_path / "alice", "alice", A_HOSTS[0], port),
+        _agent(tmp_path / "alice", "alice", A_HOSTS[0], port, transport),
         address_source=lo_only,
         fsync=fsync_a,
     )
     b = await run_agent(
-        _agent(tmp_path / "bob", "bob", "127.0.0.100", port),
+        _agent(tmp_path / "bob", "bob", "127.0.0.100", port, transport),
         address_source=lo_only,
         fsync=fsync_b,
     )
@@ -177,7 +196,7 @@ async def test_thousand_moves_through_the_impairment_proxy(
             restore.append(await move_and_time(a, arrivals, A_HOSTS[k % len(A_HOSTS)]))
             if k % PROGRESS == 0:
                 print(
-                    f"\n{k} moves (loss {loss:.0%}): {len(received)} received; "
+                    f"\n{k} moves ({transport}, loss {loss:.0%}): {len(received)} received; "
                     f"{_summary(restore)}; {time.perf_counter() - wall:.0f} s",
                     flush=True,
                 )
@@ -200,11 +219,12 @@ async def test_thousand_moves_through_the_impairment_proxy(
         stats = [peer.stats for _, peer in links]
         load = os.getloadavg()
         print(
-            f"\nhandover bench, loss {loss:.0%} both ways (proxy, 5 ms one-way): {MOVES} moves, "
+            f"\nhandover bench, {transport}, loss {loss:.0%} both ways (proxy, 5 ms one-way): "
+            f"{MOVES} moves, "
             f"{sent} events published ({sent / elapsed:.0f}/s, offered {RATE:.0f}/s): "
             f"lost {lost}, duplicated {dup}; {_summary(restore)}; moves took {wall:.1f} s wall, "
             f"{cpu:.1f} s CPU (this process: broker and both agents); backlog drained "
-            f"{drain:.1f} s after the last move; broker RUDP "
+            f"{drain:.1f} s after the last move; broker RUDP (none on QUIC) "
             f"retransmissions {sum(s.retransmissions for s in stats)}, timeouts "
             f"{sum(s.timeouts for s in stats)}, tail probes {sum(s.tail_probes for s in stats)}; "
             f"during the moves A fsync-ed {calls_a} times ({seconds_a:.2f} s) for "
@@ -212,6 +232,10 @@ async def test_thousand_moves_through_the_impairment_proxy(
             f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}",
             flush=True,
         )
+        # Through the proxy: the broker's peers are the proxy's upstream sockets.
+        addrs = [link.peer.addr for link in broker.service._users.values()]
+        print(f"broker peers {addrs}", flush=True)
+        assert addrs and all(addr is not None and addr[0] == MEDIA_HOST for addr in addrs), addrs
         assert (lost, dup) == (0, 0)
         assert [r["nseq"] for r in records] == list(range(1, sent + 1))
         assert a.agent.event_counts["ip_changed"] == MOVES

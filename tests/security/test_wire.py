@@ -19,7 +19,7 @@ import pytest
 
 from mdeci.agent import Agent, Status
 from mdeci.broker.app import RunningBroker
-from mdeci.config import AuthConfig, HostPort
+from mdeci.config import AgentConfig, AuthConfig, BrokerMediaConfig, HostPort
 from mdeci.store.repo import BrokerStore
 from rudp.keys import KeyExchange
 from sip.auth import compute_ha1
@@ -40,9 +40,22 @@ async def start_broker(
     sink: WaitingSink,
     *,
     key_confirm_timeout: float = 10.0,
+    transport: str = "rudp",
 ) -> RunningBroker:
+    """The loopback broker, accepting the data channel ``transport`` only."""
     auth = AuthConfig(users=users(*USERS), key_confirm_timeout=key_confirm_timeout)
-    return await run_loopback_broker(broker_config(tmp, auth=auth), store, clock, sink)
+    media = BrokerMediaConfig(transports=(transport,))
+    return await run_loopback_broker(broker_config(tmp, auth=auth, media=media), store, clock, sink)
+
+
+def _on(config: AgentConfig, transport: str) -> AgentConfig:
+    return dataclasses.replace(config, media=dataclasses.replace(config.media, transport=transport))
+
+
+def _media_ports(broker: RunningBroker) -> set[int]:
+    """The broker's data-channel ports: RUDP's, and QUIC's server when it has one."""
+    quic = broker.service.quic
+    return {broker.media_addr[1]} | (set() if quic is None else {quic.local_addr[1]})
 
 
 def _forms(secret: bytes) -> list[bytes]:
@@ -56,16 +69,20 @@ def _forms(secret: bytes) -> list[bytes]:
     ]
 
 
+@pytest.mark.parametrize("transport", ["rudp", "quic"])
 async def test_no_payload_and_no_key_material_on_the_wire(
-    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink, transport: str
 ) -> None:
-    broker = await start_broker(tmp_path, store, clock, sink)
-    capture = LoopbackCapture(ports={broker.sip_addr[1], broker.media_addr[1]}).open()
+    broker = await start_broker(tmp_path, store, clock, sink, transport=transport)
+    media_ports = _media_ports(broker)
+    capture = LoopbackCapture(ports={broker.sip_addr[1], *media_ports}).open()
     marker = b"MARKER-" + secrets.token_hex(12).encode()
-    alice_cfg = agent_config(tmp_path / "alice", "alice", "127.0.0.2", broker.sip_addr[1])
+    alice_cfg = _on(
+        agent_config(tmp_path / "alice", "alice", "127.0.0.2", broker.sip_addr[1]), transport
+    )
     alice = Agent(alice_cfg, address_source=lo_only)
     bob = Agent(
-        agent_config(tmp_path / "bob", "bob", "127.0.0.4", broker.sip_addr[1]),
+        _on(agent_config(tmp_path / "bob", "bob", "127.0.0.4", broker.sip_addr[1]), transport),
         address_source=lo_only,
     )
     secrets_seen: set[bytes] = set()
@@ -81,6 +98,7 @@ async def test_no_payload_and_no_key_material_on_the_wire(
         await bob.start()
         await asyncio.wait_for(alice.wait_connected(), GUARD)
         await asyncio.wait_for(bob.wait_connected(), GUARD)
+        assert alice.status().media_transport == transport
         note_secrets()
         await asyncio.wait_for(alice.subscribe("wire.*"), GUARD)
         inbox = alice.listen()
@@ -91,7 +109,8 @@ async def test_no_payload_and_no_key_material_on_the_wire(
             )
             assert result.state == "published"
             if i == 49:
-                # A move half-way: new SIP contact, new RUDP address, same keys.
+                # A move half-way: new SIP contact, new media address (QUIC: the
+                # connection migrates), same keys.
                 await asyncio.wait_for(alice.move_to("127.0.0.3"), GUARD)
         got = [await asyncio.wait_for(inbox.get(), GUARD) for _ in range(100)]
         assert [g["nseq"] for g in got] == list(range(1, 101))
@@ -111,7 +130,7 @@ async def test_no_payload_and_no_key_material_on_the_wire(
         capture.close()
 
     datagrams = capture.datagrams
-    media = [d for d in datagrams if broker.media_addr[1] in (d.src[1], d.dst[1])]
+    media = [d for d in datagrams if media_ports & {d.src[1], d.dst[1]}]
     sip = [d for d in datagrams if broker.sip_addr[1] in (d.src[1], d.dst[1])]
     # The capture saw the traffic: every notification, the SIP of the move and reconnect.
     assert len(media) > 200
