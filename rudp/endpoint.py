@@ -202,7 +202,7 @@ class PeerCore(Generic[H]):
                 else:
                     self._deliver(event.data)
             elif isinstance(event, MessageAcked):
-                done = self._waiters.acked(event.message_id)
+                done = self._waiters.acked(event.last)
                 if done:
                     self._complete(done, None)
             elif isinstance(event, MessageFailed):

@@ -54,13 +54,12 @@ class LossRecovery(ConnectionFields):
             messages = self._messages
             first = self._next_message_id - len(messages)
             if messages and messages[first][0] < self._snd_una:
-                if self._events is None:
-                    self._events = deque()
-                emit = self._events.append  # _emit's work, once for all of them
+                start = first
                 while messages and messages[first][0] < self._snd_una:
                     del messages[first]
-                    emit(MessageAcked(first))
                     first += 1
+                # One event for the run: the adapter completes its waiters up to the last.
+                self._emit(MessageAcked(start, first - start))
         # Only in-flight sequence numbers matter: bounds the work one ACK can cause.
         top = min(self._snd_una + self.config.window, self._sent_end())
         blocks = [
