@@ -129,6 +129,12 @@ class PeerCore(Generic[H]):
         everything written. Raises PeerUnreachable, MessageTooLarge."""
         self._written = self._queue(message)
 
+    def write_many(self, messages: Sequence[bytes]) -> None:
+        """:meth:`write` for each of ``messages``, in order, all or none (see
+        :meth:`_queue_many`): a sender that learns of a failure from
+        :attr:`on_disconnected` needs no waiter per send."""
+        self._written = self._queue_many(messages)[-1]
+
     def _queue(self, message: bytes) -> int:
         """Queue ``message`` to go out at the end of this turn; its id. Raises
         PeerUnreachable (closed, DISCONNECTED) and MessageTooLarge."""
