@@ -444,7 +444,10 @@ class SqlQueueStore:
             if limit < 1:
                 raise InvalidArgument(f"limit must be at least 1, not {limit}")
         found: list[list[DeliveryRow]] = []
-        with reading(self._engine, "pending") as conn, self._raw_cursor(conn, "pending") as cursor:
+        with (
+            reading(self._engine, "pending") as conn,
+            self.driver_cursor(conn, "pending") as cursor,
+        ):
             for read in reads:
                 epoch = None if epochs is None else epochs.get(read[0])
                 if epoch is None:
@@ -455,7 +458,7 @@ class SqlQueueStore:
         return found
 
     @contextlib.contextmanager
-    def _raw_cursor(self, conn: Connection, what: str) -> Iterator[Any]:
+    def driver_cursor(self, conn: Connection, what: str) -> Iterator[Any]:
         """The driver's own cursor on ``conn``; a driver error comes out as a StoreError
         (see _driver_failed). Closing the cursor of a connection that the error
         invalidated raises in sqlite3: that must not replace the StoreError, which is
@@ -515,7 +518,7 @@ class SqlQueueStore:
             return [gone.get(uri, 0) for uri, _ in acks]
         counts: dict[int, int] = {}
         sql = self._sql
-        with self._raw_cursor(conn, "ack") as cursor:
+        with self.driver_cursor(conn, "ack") as cursor:
             for i in sorted(range(len(acks)), key=lambda i: acks[i][0]):
                 uri, upto = acks[i]
                 # _delete's statements, on the driver's cursor (see pending_many).
@@ -546,20 +549,23 @@ class SqlQueueStore:
             }
             return gone
         # SQLite: its write lock is the database's; the first statement is a write (see
-        # _sql.py). The DELETE's terms each use the primary key.
-        counts: collections.Counter[str] = collections.Counter()
-        for start in range(0, len(acks), _ACK_CHUNK):
-            chunk = acks[start : start + _ACK_CHUNK]
-            n = len(chunk)
-            conn.exec_driver_sql(sql.ack_lock.sql(n), tuple(uris[start : start + n]))
-            params: list[object] = []
-            for uri, upto in chunk:
-                params += (uri, upto)
-            deleted = conn.exec_driver_sql(sql.ack_delete.sql(n), tuple(params))
-            counts.update(str(uri) for (uri,) in deleted)
-        if counts:
-            conn.exec_driver_sql(sql.shrink, [(n, uri) for uri, n in counts.items()])
-        return dict(counts)
+        # _sql.py). The DELETE's terms each use the primary key. On the driver's cursor
+        # (see pending_many): the DELETE returns a row per acked notification.
+        counts: dict[str, int] = {}
+        with self.driver_cursor(conn, "ack") as cursor:
+            for start in range(0, len(acks), _ACK_CHUNK):
+                chunk = acks[start : start + _ACK_CHUNK]
+                n = len(chunk)
+                cursor.execute(sql.ack_lock.sql(n), uris[start : start + n])
+                params: list[object] = []
+                for uri, upto in chunk:
+                    params += (uri, upto)
+                cursor.execute(sql.ack_delete.sql(n), params)
+                for (uri,) in cursor.fetchall():
+                    counts[uri] = counts.get(uri, 0) + 1
+            if counts:
+                cursor.executemany(sql.shrink, [(n, uri) for uri, n in counts.items()])
+        return counts
 
     def remove(self, uri: str, nseq: int) -> bool:
         """Delete exactly ``uri``'s queued notification ``nseq`` (one a side channel such
