@@ -85,6 +85,8 @@ from mdeci.store.queue_sql import (
 )
 from mdeci.store.wake import NOTIFY_OTHERS
 
+_new_tuple = tuple.__new__
+
 # Publishes recorded per statement (see SqlQueueStore._record_new): 4 parameters each,
 # within SQLite's smallest limit on a statement's parameters (999).
 _RECORD_CHUNK = 200
@@ -93,12 +95,6 @@ _RECORD_CHUNK = 200
 _LOCK_CHUNK = 500
 # Acks one SQLite DELETE applies (see SqlQueueStore._ack_set): 2 parameters each.
 _ACK_CHUNK = 400
-
-
-def _store_error(what: str, exc: Exception) -> StoreError:
-    """The :class:`StoreError` for a driver error ``exc`` (as ``_sql.transaction`` classifies
-    SQLAlchemy's)."""
-    return store_error(what, exc)
 
 
 @dataclass(slots=True)
@@ -331,13 +327,19 @@ class SqlQueueStore:
             # No queue can overflow (each gets at most len(ordered) entries): the walk
             # below without its overflow bookkeeping (the usual case, once per publish
             # and per recipient). Same nseqs, depths, rows and order.
+            # queue_row's rows, and Enqueued without its Python-level constructor, inline.
             queued_fast: list[Enqueued] = []
+            publisher, subject, attrs, payload = m.publisher_uri, m.subject, m.attrs_cbor, m.payload
+            urgent, published_at, qclass = m.urgent, m.published_at, m.qclass
             for uri, sub_id in ordered:
                 counter = counters[uri]
-                counter.last_nseq += 1
-                counter.depth += 1
-                queued_fast.append(Enqueued(uri, counter.last_nseq, sub_id, counter.depth))
-            unwritten.extend([queue_row(m, item, urgent_subs) for item in queued_fast])
+                nseq = counter.last_nseq = counter.last_nseq + 1
+                depth = counter.depth = counter.depth + 1
+                queued_fast.append(_new_tuple(Enqueued, (uri, nseq, sub_id, depth)))
+                unwritten.append(
+                    (uri, nseq, sub_id, publisher, msg_id, subject, attrs, payload,
+                     urgent or sub_id in urgent_subs, published_at, qclass)
+                )  # fmt: skip
             return PublishResult(len(ordered), False, tuple(queued_fast))
         # Pass 1: how many of each user's older entries overflow drops, so that one
         # DELETE per user fetches their nseqs. A queue is the older entries (oldest
@@ -483,7 +485,7 @@ class SqlQueueStore:
         if self._engine.dialect.is_disconnect(cast(Any, exc), dbapi_conn, None):
             conn.invalidate(exc)
             self._engine.dispose()  # checked-out connections finish; idle ones close
-        return _store_error(what, exc)
+        return store_error(what, exc)  # classified as _sql.transaction does
 
     def ack(self, uri: str, upto: int) -> int:
         """Delete ``uri``'s queued notifications with ``nseq <= upto``; how many went.
