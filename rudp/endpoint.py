@@ -283,6 +283,7 @@ class EndpointCore(Generic[P]):
         #: (counted in ``stats.dropped_incoming``) as if the path towards this endpoint
         #: had failed; sends are unaffected. Cuts a device's IP path without netem.
         self.drop_incoming = False
+        self._flushes: list[P] = []  # peers that sent this turn (see _flush_later)
 
     def _peer(self, key: bytes, make: Callable[[], P]) -> P:
         """The peer for ``key``, made by ``make`` on first use."""
@@ -309,6 +310,28 @@ class EndpointCore(Generic[P]):
         """Our own address changed: every peer resends what it has in flight at once."""
         for peer in self._peers.values():
             peer.path_changed()
+
+    def _flush_later(self, peer: P) -> None:
+        """Flush ``peer`` at the end of this turn of the adapter's loop, with every other
+        peer that sent in it: one callback for them all (one per peer and turn was a
+        visible share of a fan-out's CPU)."""
+        if not self._flushes:
+            self._at_turn_end(self._flush_due)
+        self._flushes.append(peer)
+
+    def _flush_due(self) -> None:
+        due, self._flushes = self._flushes, []
+        for i, peer in enumerate(due):
+            try:
+                peer._flush()
+            except Exception:  # the adapter's loop reports it; the peers after it still go
+                self._flushes[:0] = due[i + 1 :]
+                self._at_turn_end(self._flush_due)
+                raise
+
+    def _at_turn_end(self, flush: Callable[[], None]) -> None:
+        """The adapter's hook: call ``flush`` at the end of this turn of its loop."""
+        raise NotImplementedError
 
     def feed(self, datagrams: Iterable[tuple[bytes, Address]]) -> Iterable[P]:
         """Feed each datagram, with its source, to its peer; the peers that got one, each
