@@ -36,6 +36,7 @@ from rudp.path import Address
 from rudp.waiters import Waiters
 
 log = logging.getLogger("rudp")
+_NO_ACK = "no ACK after retries"  # why a message failed
 
 H = TypeVar("H")  # the adapter's waiter handle (an asyncio future)
 
@@ -50,7 +51,8 @@ class PeerCore(Generic[H]):
 
     __slots__ = (
         "_closed", "_flush_soon", "_timer_at", "_waiters", "_written", "connection", "key",
-        "on_disconnected", "on_heard", "on_message", "on_path_changed", "on_restarted",
+        "on_disconnected", "on_failed", "on_heard", "on_message", "on_path_changed",
+        "on_restarted",
     )  # fmt: skip
 
     def __init__(
@@ -66,6 +68,10 @@ class PeerCore(Generic[H]):
             key, config, sender_id=sender_id, protection=protection, peer_address=addr
         )
         self.on_disconnected: Callable[[PeerUnreachable], None] | None = None
+        #: Called after on_disconnected when messages failed with the association (not
+        #: for a keepalive alone), with the error their waiters got: a writer without
+        #: waiters (write, write_many) hears of its loss here.
+        self.on_failed: Callable[[PeerUnreachable], None] | None = None
         # Called for every authenticated datagram: lets the owner see a peer it gave up
         # on talking again, before any message arrives.
         self.on_heard: Callable[[], None] | None = None
@@ -212,7 +218,7 @@ class PeerCore(Generic[H]):
                 if done:
                     self._complete(done, None)
             elif isinstance(event, MessageFailed):
-                error = PeerUnreachable("no ACK after retries", event.data)
+                error = PeerUnreachable(_NO_ACK, event.data)
                 self._complete(self._waiters.failed(event.message_id), error)
             elif isinstance(event, PathChallenged):
                 log.info("rudp peer %016x: validating new path %s (was %s)",
@@ -222,8 +228,11 @@ class PeerCore(Generic[H]):
                          self.connection.cid, event.address, event.previous)  # fmt: skip
                 if self.on_path_changed is not None:
                     self.on_path_changed(event.address, event.previous)
-            elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
-                self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
+            elif isinstance(event, PeerDisconnected):
+                if self.on_disconnected is not None:
+                    self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
+                if event.failed and self.on_failed is not None:
+                    self.on_failed(PeerUnreachable(_NO_ACK))
             elif isinstance(event, PeerRestarted) and self.on_restarted is not None:
                 self.on_restarted()
 

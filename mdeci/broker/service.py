@@ -20,7 +20,7 @@ work (an idle session holds no task, event or queue, for memory):
   per batch until the path is proved, none after); what is marked due during the call is
   the next call's: no polling;
 - sends: a :class:`~rudp.aio.PeerUnreachable` (at once, or when retries run out: by a
-  send's future, or by the peer's ``on_disconnected`` once the path is proved) is the
+  send's future, or by the peer's ``on_failed`` once the path is proved) is the
   Session Manager's ``media_failed`` for the send's epoch.
 
 Sessions: who is CONNECTED, since which epoch, and whether its path was proved are the
@@ -127,7 +127,6 @@ class _UserLink:
 
 
 _CONNECTED = Status.CONNECTED
-_NO_ACK = "no ACK after retries"  # a send's PeerUnreachable reason when retries ran out
 _nothing = type(None)  # a worker call that does nothing: waits for the calls before it
 
 
@@ -315,7 +314,7 @@ class BrokerService:
             link.peer.on_message = lambda data: self._received(new, data)
             link.peer.on_path_changed = lambda addr, prev: _log_path(new.uri, addr, prev)
             # What _send_notifies writes without a waiter fails here, with the association.
-            link.peer.on_disconnected = lambda _: self._unreachable(new, new.epoch, _NO_ACK)
+            link.peer.on_failed = lambda exc: self._unreachable(new, new.epoch, exc.reason)
         link.session = session
         if self.advertise is None or link.peer.path_changes == 0:
             link.peer.set_address(media_addr)  # behind a relay: until a path is validated
@@ -601,7 +600,7 @@ class BrokerService:
     def _send_notifies(self, link: _UserLink, data: list[bytes]) -> None:
         """Queue notifies on ``link``'s peer, in order: with a future until the path is
         proved (:meth:`_spawn_sends`), then without (one per user and round cost a fan-out
-        ~10 % of its CPU): a failure then comes by ``on_disconnected`` (see _attach)."""
+        ~10 % of its CPU): a failure then comes by the peer's ``on_failed`` (_attach)."""
         if not link.session.proved:
             self._spawn_sends(link, data)
             return
