@@ -362,7 +362,13 @@ class NotifyEncoder:
         if sub is None:
             sub = self._sub_ids[sub_id] = _K_SUB_ID + cbor2.dumps(str(sub_id))
         # The map's head (fewer than 24 items), op and nseq, sub_id, the rest, missed.
-        nseq_head = _ONE_BYTE[nseq] if nseq < 24 else _cbor_head(0, nseq)
+        # _cbor_head's shortest forms, inline for the common sizes (a call per row else).
+        if nseq < 24:
+            nseq_head = _ONE_BYTE[nseq]
+        elif nseq < 0x10000:
+            nseq_head = _HEAD8(24, nseq) if nseq < 0x100 else _HEAD16(25, nseq)
+        else:
+            nseq_head = _cbor_head(0, nseq)
         parts: tuple[bytes, ...]
         if missed:
             parts = (_ONE_BYTE[0xA1 + items], _K_OP_NOTIFY_NSEQ, nseq_head, sub, tail,
@@ -416,7 +422,9 @@ class NotifyEncoder:
             parts += (_K_ATTRS, attrs)
             items += 1
         if payload:
-            parts += (_K_PAYLOAD, _cbor_head(_MAJOR_BYTES, len(payload)), payload)
+            n = len(payload)
+            head = _HEAD8(_MAJOR_BYTES | 24, n) if 24 <= n < 0x100 else _cbor_head(_MAJOR_BYTES, n)
+            parts += (_K_PAYLOAD, head, payload)
             items += 1
         return b"".join(parts), items
 
