@@ -36,6 +36,7 @@ from rudp.path import Address
 from rudp.waiters import Waiters
 
 log = logging.getLogger("rudp")
+_NO_ACK = "no ACK after retries"  # why a message failed
 
 H = TypeVar("H")  # the adapter's waiter handle (an asyncio future)
 
@@ -50,7 +51,8 @@ class PeerCore(Generic[H]):
 
     __slots__ = (
         "_closed", "_flush_soon", "_timer_at", "_waiters", "_written", "connection", "key",
-        "on_disconnected", "on_heard", "on_message", "on_path_changed", "on_restarted",
+        "on_disconnected", "on_failed", "on_heard", "on_message", "on_path_changed",
+        "on_restarted",
     )  # fmt: skip
 
     def __init__(
@@ -66,6 +68,10 @@ class PeerCore(Generic[H]):
             key, config, sender_id=sender_id, protection=protection, peer_address=addr
         )
         self.on_disconnected: Callable[[PeerUnreachable], None] | None = None
+        #: Called after on_disconnected when messages failed with the association (not
+        #: for a keepalive alone), with the error their waiters got: a writer without
+        #: waiters (write, write_many) hears of its loss here.
+        self.on_failed: Callable[[PeerUnreachable], None] | None = None
         # Called for every authenticated datagram: lets the owner see a peer it gave up
         # on talking again, before any message arrives.
         self.on_heard: Callable[[], None] | None = None
@@ -128,6 +134,12 @@ class PeerCore(Generic[H]):
         """Queue one message without a waiter (a stream's ``write``); a drain waits for
         everything written. Raises PeerUnreachable, MessageTooLarge."""
         self._written = self._queue(message)
+
+    def write_many(self, messages: Sequence[bytes]) -> None:
+        """:meth:`write` for each of ``messages``, in order, all or none (see
+        :meth:`_queue_many`): a sender that learns of a failure from
+        :attr:`on_disconnected` needs no waiter per send."""
+        self._written = self._queue_many(messages)[-1]
 
     def _queue(self, message: bytes) -> int:
         """Queue ``message`` to go out at the end of this turn; its id. Raises
@@ -202,11 +214,11 @@ class PeerCore(Generic[H]):
                 else:
                     self._deliver(event.data)
             elif isinstance(event, MessageAcked):
-                done = self._waiters.acked(event.message_id)
+                done = self._waiters.acked(event.last)
                 if done:
                     self._complete(done, None)
             elif isinstance(event, MessageFailed):
-                error = PeerUnreachable("no ACK after retries", event.data)
+                error = PeerUnreachable(_NO_ACK, event.data)
                 self._complete(self._waiters.failed(event.message_id), error)
             elif isinstance(event, PathChallenged):
                 log.info("rudp peer %016x: validating new path %s (was %s)",
@@ -216,8 +228,11 @@ class PeerCore(Generic[H]):
                          self.connection.cid, event.address, event.previous)  # fmt: skip
                 if self.on_path_changed is not None:
                     self.on_path_changed(event.address, event.previous)
-            elif isinstance(event, PeerDisconnected) and self.on_disconnected is not None:
-                self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
+            elif isinstance(event, PeerDisconnected):
+                if self.on_disconnected is not None:
+                    self.on_disconnected(PeerUnreachable(f"{event.failed} messages failed"))
+                if event.failed and self.on_failed is not None:
+                    self.on_failed(PeerUnreachable(_NO_ACK))
             elif isinstance(event, PeerRestarted) and self.on_restarted is not None:
                 self.on_restarted()
 
@@ -277,6 +292,7 @@ class EndpointCore(Generic[P]):
         #: (counted in ``stats.dropped_incoming``) as if the path towards this endpoint
         #: had failed; sends are unaffected. Cuts a device's IP path without netem.
         self.drop_incoming = False
+        self._flushes: list[P] = []  # peers that sent this turn (see _flush_later)
 
     def _peer(self, key: bytes, make: Callable[[], P]) -> P:
         """The peer for ``key``, made by ``make`` on first use."""
@@ -303,6 +319,28 @@ class EndpointCore(Generic[P]):
         """Our own address changed: every peer resends what it has in flight at once."""
         for peer in self._peers.values():
             peer.path_changed()
+
+    def _flush_later(self, peer: P) -> None:
+        """Flush ``peer`` at the end of this turn of the adapter's loop, with every other
+        peer that sent in it: one callback for them all (one per peer and turn was a
+        visible share of a fan-out's CPU)."""
+        if not self._flushes:
+            self._at_turn_end(self._flush_due)
+        self._flushes.append(peer)
+
+    def _flush_due(self) -> None:
+        due, self._flushes = self._flushes, []
+        for i, peer in enumerate(due):
+            try:
+                peer._flush()
+            except Exception:  # the adapter's loop reports it; the peers after it still go
+                self._flushes[:0] = due[i + 1 :]
+                self._at_turn_end(self._flush_due)
+                raise
+
+    def _at_turn_end(self, flush: Callable[[], None]) -> None:
+        """The adapter's hook: call ``flush`` at the end of this turn of its loop."""
+        raise NotImplementedError
 
     def feed(self, datagrams: Iterable[tuple[bytes, Address]]) -> Iterable[P]:
         """Feed each datagram, with its source, to its peer; the peers that got one, each

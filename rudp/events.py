@@ -17,7 +17,16 @@ class MessageReceived:
 
 @dataclass(frozen=True, slots=True)
 class MessageAcked:
+    """Messages ``message_id`` to ``message_id + count - 1`` are acknowledged: one event
+    for all that one ACK's cumulative point passed (they are acknowledged in id order)."""
+
     message_id: int
+    count: int = 1
+
+    @property
+    def last(self) -> int:
+        """The highest id acknowledged."""
+        return self.message_id + self.count - 1
 
 
 @dataclass(frozen=True, slots=True)

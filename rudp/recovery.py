@@ -47,27 +47,29 @@ class LossRecovery(ConnectionFields):
             self._snd_una = ack.cumulative
             if self._resend:
                 self._resend = [o for o in self._resend if o.seq >= self._snd_una]
-            self._sacked_ranges = _subtract(self._sacked_ranges, [(0, self._snd_una)])
+            if self._sacked_ranges:
+                self._sacked_ranges = _subtract(self._sacked_ranges, [(0, self._snd_una)])
             # The pending ids are always the newest len(messages) ones (acks remove the
             # oldest, a failure all): the oldest is known without iterating the dict,
             # whose deleted head entries a next(iter()) would walk again on every call.
             messages = self._messages
             first = self._next_message_id - len(messages)
             if messages and messages[first][0] < self._snd_una:
-                if self._events is None:
-                    self._events = deque()
-                emit = self._events.append  # _emit's work, once for all of them
+                start = first
                 while messages and messages[first][0] < self._snd_una:
                     del messages[first]
-                    emit(MessageAcked(first))
                     first += 1
+                # One event for the run: the adapter completes its waiters up to the last.
+                self._emit(MessageAcked(start, first - start))
         # Only in-flight sequence numbers matter: bounds the work one ACK can cause.
-        top = min(self._snd_una + self.config.window, self._sent_end())
-        blocks = [
-            (max(start, self._snd_una), min(end, top))
-            for start, end in ack.blocks
-            if max(start, self._snd_una) < min(end, top)
-        ]
+        blocks: list[tuple[int, int]] = []
+        if ack.blocks:
+            top = min(self._snd_una + self.config.window, self._sent_end())
+            blocks = [
+                (max(start, self._snd_una), min(end, top))
+                for start, end in ack.blocks
+                if max(start, self._snd_una) < min(end, top)
+            ]
         if newest and self._sacked_ranges:
             # The gaps below the last block are what the receiver lacks now. A packet we
             # took as SACKed in a gap was reneged (dropped by the buffer cap): SACK is
@@ -86,7 +88,8 @@ class LossRecovery(ConnectionFields):
             if reneged:
                 self._sacked_ranges = _subtract(self._sacked_ranges, reneged)
                 self._resend.sort(key=lambda o: o.seq)
-        fresh = _subtract(blocks, self._sacked_ranges)  # what this ACK newly reports
+        # What this ACK newly reports (the usual ACK, in order, reports no block).
+        fresh = _subtract(blocks, self._sacked_ranges) if blocks else blocks
         for start, end in fresh:
             for seq in range(start, end):
                 out = self._inflight.get(seq)

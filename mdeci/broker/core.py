@@ -88,6 +88,7 @@ _QUEUED_KEYS = ("nseq", "queue_depth")
 NOTIFY_OVERHEAD = 512
 # Published msg_ids forgotten per call of Broker.prune (one short transaction).
 PRUNE_CHUNK = 1000
+_new_tuple = tuple.__new__  # a Wake per woken user without its Python-level constructor
 
 
 def _error(req: int | None, code: int, message: str) -> Error:
@@ -569,7 +570,7 @@ class BrokerCore(Delivery):
             # sweep.
             with contextlib.suppress(StoreError):
                 yield from self.sweep(expired_at)
-        self.events.extend(Wake("queued", target) for target in sorted(woken))
+        self.events.extend([_new_tuple(Wake, ("queued", target)) for target in sorted(woken)])
 
     def _urgent_subs(self, targets: Sequence[tuple[str, int]]) -> frozenset[int]:
         """Targets whose subscription names a class that may use SMS."""

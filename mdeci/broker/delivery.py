@@ -55,6 +55,9 @@ _DELIVERED_KEYS = ("nseq", "latency_ms")
 # Rows a connected user's link remembers ahead of its window at most (_Link.ahead); a
 # user further behind is served from the store.
 AHEAD_LIMIT = 64
+# Builds a named tuple of the records below without its Python-level constructor (one
+# per notification or woken user).
+_new_tuple = tuple.__new__
 
 
 class StoreCommand(Generic[R]):
@@ -429,7 +432,7 @@ class Delivery:
                 if uri in served:
                     held_back.append(uri)
                 else:
-                    events.append(Wake("acked", uri))
+                    events.append(_new_tuple(Wake, ("acked", uri)))
         if self._acks_due:
             due, self._acks_due = self._acks_due, set()
             yield from self._try_flush_acks(*sorted(due))
@@ -616,7 +619,7 @@ class Delivery:
                 link.sent_upto = nseq
                 inflight[nseq] = row[7]  # published_at
                 sizes[nseq] = size
-                out.append(OutgoingNotify(nseq, data))
+                out.append(_new_tuple(OutgoingNotify, (nseq, data)))
             link.inflight_bytes = self.config.window_bytes - room_bytes
             if sizes:
                 link.sizes = sizes

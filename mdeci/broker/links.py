@@ -86,6 +86,10 @@ class DataPeer(Protocol):
 
     def send_many_nowait(self, data: Sequence[bytes]) -> asyncio.Future[None]: ...
 
+    def write_many(self, data: Sequence[bytes]) -> None:
+        """Queue ``data`` in order with no future (a proved path's notifies): a failure
+        comes by the ``on_gone`` of :meth:`bind`."""
+
     def observe(self) -> tuple[float | None, int, int]:
         """(smoothed RTT in ms or None, messages sent, retransmissions): the SMS side's
         view of the IP link."""
@@ -132,6 +136,8 @@ class RudpDataPeer:
         self.rudp.on_message = on_message
         self.rudp.on_heard = on_heard
         self.rudp.on_path_changed = on_path
+        # Messages written without a future (write_many) fail here, with the association.
+        self.rudp.on_failed = lambda exc: on_gone(exc.reason)
 
     def set_address(self, addr: Address) -> None:
         self.rudp.set_address(addr)
@@ -144,6 +150,9 @@ class RudpDataPeer:
 
     def send_many_nowait(self, data: Sequence[bytes]) -> asyncio.Future[None]:
         return self.rudp.send_many_nowait(data)
+
+    def write_many(self, data: Sequence[bytes]) -> None:
+        self.rudp.write_many(data)
 
     def observe(self) -> tuple[float | None, int, int]:
         conn = self.rudp.connection
@@ -216,6 +225,10 @@ class QuicDataPeerLink:
 
     def send_nowait(self, data: bytes) -> asyncio.Future[None]:
         return self.send_many_nowait([data])
+
+    def write_many(self, data: Sequence[bytes]) -> None:
+        # The connection's end reports on_gone itself: the future's failure is only read.
+        self.send_many_nowait(data).add_done_callback(_read_outcome)
 
     def send_many_nowait(self, data: Sequence[bytes]) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -384,3 +397,9 @@ def _log_path(uri: str, addr: tuple[str, int], prev: tuple[str, int] | None) -> 
     # RUDP follows a NAT rebinding by itself; the operator sees it only here.
     prev_text = None if prev is None else addr_text(prev)
     oplog_event("path_changed", uri=uri, addr=addr_text(addr), prev_addr=prev_text)
+
+
+def _read_outcome(future: asyncio.Future[None]) -> None:
+    """Retrieve a future's outcome that another path reports (asyncio logs one unread)."""
+    if not future.cancelled():
+        future.exception()

@@ -16,11 +16,12 @@ work (an idle session holds no task, event or queue, for memory):
   freed the window; a connection) are marked due, and the task hands all of them to
   ``Broker.take_batches`` in one worker call (a fan-out wakes a hundred users at once:
   one call, one transaction for their held acks, one connection for their reads) -> each
-  notify queued on the RUDP peer at once, in nseq order (``write``; ``send_nowait`` for
-  a batch's last: no task per message, one future per batch); what is marked due during
-  the call is the next call's: no polling;
-- sends: a :class:`~rudp.aio.PeerUnreachable` (at once, or when retries run out) is the
-  Session Manager's ``media_failed`` for the epoch the send began in.
+  notify queued on the RUDP peer at once, in nseq order (no task per message; one future
+  per batch until the path is proved, none after); what is marked due during the call is
+  the next call's: no polling;
+- sends: a :class:`~rudp.aio.PeerUnreachable` (at once, or when retries run out: by a
+  send's future, or by the ``DataPeer``'s ``on_gone`` once the path is proved) is the
+  Session Manager's ``media_failed`` for the send's epoch.
 
 Sessions: who is CONNECTED, since which epoch, and whether its path was proved are the
 :class:`~mdeci.broker.sessions.SessionManager`'s (``self.sessions``); this service hands
@@ -133,8 +134,7 @@ class BrokerService:
         # The transport side of each session (peer, sends in flight), by URI.
         self._users: dict[str, UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        # Frames received and not yet handled, in arrival order (see _received), and the task
-        # handing them to the core.
+        # Frames received, not yet handled, in arrival order (_received); the task handling them.
         self._inbound: list[tuple[UserLink, bytes]] = []
         self._pump: asyncio.Task[None] | None = None
         # Users whose delivery may progress (an ordered set), and the task serving them.
@@ -143,8 +143,7 @@ class BrokerService:
         # The channel selector and SMS side when set (run_broker; see the sms property).
         self._sms: SmsFallback | None = None
         self.refused_requests = 0  # requests answered 503 or dropped by _admit
-        # [media] advertise: the relay's address, announced in SDP; agents are then
-        # followed by path validation only (see connected).
+        # [media] advertise: the relay's address in SDP; agents followed by path validation.
         self.advertise: tuple[str, int] | None = None
         # [media] transports: the data channels SDP answers accept; QUIC's server if one.
         self.accept: tuple[str, ...] = ("rudp",)
@@ -418,7 +417,7 @@ class BrokerService:
         link = self._users.get(uri)
         if link is None or not link.delivering:
             return False
-        self._spawn_send(link, data)
+        self._spawn_sends(link, [data])
         return True
 
     def _after_db(self, fn: Callable[[str], object], uri: str) -> None:
@@ -479,7 +478,7 @@ class BrokerService:
                     link, epoch = acking[uri]
                     if link.epoch != epoch or not link.delivering:
                         continue  # as in _deliver: the mark_* behind the call resends
-                    self._spawn_sends(link, [item.data for item in items])
+                    self._send_notifies(link, [item.data for item in items])
         finally:
             self._pump = None
 
@@ -543,11 +542,8 @@ class BrokerService:
         if held <= 2 * cap:
             req = getattr(frame, "req", None)
             text = "too many unacknowledged replies; acknowledge, then retry"
-            self._spawn_reply(link, encode(Error(req=req, code=UNAVAILABLE, message=text)))
+            self._spawn_replies(link, [encode(Error(req=req, code=UNAVAILABLE, message=text))])
         return None
-
-    def _spawn_reply(self, link: UserLink, data: bytes) -> None:
-        self._spawn_replies(link, [data])
 
     def _spawn_replies(self, link: UserLink, data: list[bytes]) -> None:
         # The replies' bytes count against the cap until their send is done; released by
@@ -594,29 +590,32 @@ class BrokerService:
                     items = batches.get(link.uri)
                     if items:
                         # Refused at once (unreachable): all go after the next connection.
-                        self._spawn_sends(link, [item.data for item in items])
+                        self._send_notifies(link, [item.data for item in items])
         finally:
             self._delivery = None
 
-    def _spawn_send(self, link: UserLink, data: bytes) -> asyncio.Future[None] | None:
-        return self._spawn_sends(link, [data])
+    def _send_notifies(self, link: UserLink, data: list[bytes]) -> None:
+        """Queue notifies on ``link``'s peer, in order: with a future until the path is
+        proved (:meth:`_spawn_sends`), then without (one per user and round cost a fan-out
+        ~10 % of its CPU): a failure then comes by the peer's ``on_gone`` (_attach)."""
+        if not link.session.proved:
+            self._spawn_sends(link, data)
+            return
+        try:
+            link.peer.write_many(data)
+        except PeerUnreachable as exc:
+            self._unreachable(link, link.epoch, exc.reason)
 
     def _spawn_sends(
         self, link: UserLink, data: list[bytes], reply_size: int = 0
     ) -> asyncio.Future[None] | None:
-        """Queue the messages of ``data`` on ``link``'s peer, in order; the future of
-        their acknowledgement, all of them (None if the peer refused them at once: then
-        the user is marked unreachable). No task per message, and one future for a
-        window of notifies or a round of replies (a task, then a future and
-        its callback per notify are a visible share of a delivery's CPU): the future's
-        callback does what the task did when it ended, and gives back ``reply_size``
-        bytes of ``link.reply_bytes`` (see _spawn_replies)."""
+        """Queue the messages of ``data`` on ``link``'s peer, in order; the one future of
+        their acknowledgement (None if the peer refused them at once: then the user is
+        marked unreachable). Its callback (no task per message) gives back
+        ``reply_size`` bytes of ``link.reply_bytes`` (see _spawn_replies)."""
         epoch = link.epoch
         try:
-            if len(data) == 1:
-                future = link.peer.send_nowait(data[0])
-            else:
-                future = link.peer.send_many_nowait(data)
+            future = link.peer.send_many_nowait(data)
         except PeerUnreachable as exc:
             self._unreachable(link, epoch, exc.reason)
             return None

@@ -294,7 +294,8 @@ _HEAD8 = struct.Struct(">BB").pack
 _HEAD16 = struct.Struct(">BH").pack
 _HEAD32 = struct.Struct(">BI").pack
 _HEAD64 = struct.Struct(">BQ").pack
-_DOUBLE = struct.Struct(">Bd").pack
+# published_at's key, then its value as a double (its head byte, then the number).
+_PUBLISHED_AT = struct.Struct(f">{len(_K_PUBLISHED_AT)}sBd").pack
 _MAJOR_BYTES = 0x40  # CBOR major types 2 and 3 in a head's top three bits
 _MAJOR_TEXT = 0x60
 
@@ -362,43 +363,41 @@ class NotifyEncoder:
             return None
         shared = self._shared
         if shared is None:
-            parts = self._parts(row)
-            if parts is None:
-                return None
-            if missed:
-                parts += (_K_MISSED, _cbor_head(0, missed))
-            # Every item but op is a key and a value; op, nseq and sub_id are 5 parts.
-            parts[0] = _ONE_BYTE[0xA0 + (len(parts) + 1) // 2]  # a map of < 24 items
-            parts[2] = _ONE_BYTE[nseq] if nseq < 24 else _cbor_head(0, nseq)
+            built = self._tail(row)
         else:
             key = (row[2], row[3], row[7])  # (publisher_uri, msg_id, published_at)
             if key in shared:
                 built = shared[key]
             else:
-                parts = self._parts(row)
-                built = shared[key] = (
-                    None if parts is None else (b"".join(parts[5:]), (len(parts) + 1) // 2)
-                )
-            if built is None:
-                return None
-            tail, items = built
-            parts = [_ONE_BYTE[0xA0 + items], _K_OP_NOTIFY_NSEQ, _cbor_head(0, nseq), _K_SUB_ID,
-                     b"", tail]  # fmt: skip
-            if missed:
-                parts[0] = _ONE_BYTE[0xA1 + items]
-                parts += (_K_MISSED, _cbor_head(0, missed))
+                built = shared[key] = self._tail(row)
+        if built is None:
+            return None
+        tail, items = built
         sub_id = row[1]
         sub = self._sub_ids.get(sub_id)
         if sub is None:
-            sub = self._sub_ids[sub_id] = cbor2.dumps(str(sub_id))
-        parts[4] = sub
+            sub = self._sub_ids[sub_id] = _K_SUB_ID + cbor2.dumps(str(sub_id))
+        # The map's head (fewer than 24 items), op and nseq, sub_id, the rest, missed.
+        # _cbor_head's shortest forms, inline for the common sizes (a call per row else).
+        if nseq < 24:
+            nseq_head = _ONE_BYTE[nseq]
+        elif nseq < 0x10000:
+            nseq_head = _HEAD8(24, nseq) if nseq < 0x100 else _HEAD16(25, nseq)
+        else:
+            nseq_head = _cbor_head(0, nseq)
+        parts: tuple[bytes, ...]
+        if missed:
+            parts = (_ONE_BYTE[0xA1 + items], _K_OP_NOTIFY_NSEQ, nseq_head, sub, tail,
+                     _K_MISSED, _cbor_head(0, missed))  # fmt: skip
+        else:
+            parts = (_ONE_BYTE[0xA0 + items], _K_OP_NOTIFY_NSEQ, nseq_head, sub, tail)
         data = b"".join(parts)
         return data if len(data) <= MAX_FRAME_BYTES else None
 
-    def _parts(self, row: NotifyRow) -> list[bytes] | None:
-        """The frame's parts, each item's key and value from ``subject`` to ``payload``
-        after five places for the map's head, op and nseq's key, nseq, sub_id's key and
-        sub_id (encode fills the three that vary per row); None, see encode."""
+    def _tail(self, row: NotifyRow) -> tuple[bytes, int] | None:
+        """The frame's items from ``subject`` to ``payload``, each key and value, and how
+        many items the frame has without ``missed`` (op, nseq and sub_id included: encode
+        writes those, which vary per row); None, see encode."""
         _, _, _, msg_id, subject, attrs, payload, published_at = row
         if not (
             type(msg_id) is str
@@ -419,32 +418,31 @@ class NotifyEncoder:
             if not isinstance(decoded, dict):
                 return None
             has_attrs = bool(decoded)  # an empty map however written: no attrs item
-        encoded = self._subjects.get(subject)
+        # subject's key and value and msg_id's key, encoded once per subject and batch.
+        around = self._subjects.get(subject)
         try:
-            if encoded is None:
-                encoded = self._subjects[subject] = cbor2.dumps(subject)
+            if around is None:
+                around = self._subjects[subject] = _K_SUBJECT + cbor2.dumps(subject) + _K_MSG_ID
             text = msg_id.encode()
         except UnicodeEncodeError:  # a lone surrogate: encode() refuses it too
             return None
         size = len(text)
         parts = [
-            b"",
-            _K_OP_NOTIFY_NSEQ,
-            b"",
-            _K_SUB_ID,
-            b"",
-            _K_SUBJECT,
-            encoded,
-            _K_MSG_ID,
-            (_ONE_BYTE[_MAJOR_TEXT | size] if size < 24 else _cbor_head(_MAJOR_TEXT, size)) + text,
-            _K_PUBLISHED_AT,
-            _DOUBLE(0xFB, published_at),  # cbor2 writes every finite float as a double
+            around,
+            _ONE_BYTE[_MAJOR_TEXT | size] if size < 24 else _cbor_head(_MAJOR_TEXT, size),
+            text,
+            _PUBLISHED_AT(_K_PUBLISHED_AT, 0xFB, published_at),  # cbor2: a double, always
         ]
+        items = 6  # op, nseq, sub_id, subject, msg_id, published_at
         if has_attrs:
             parts += (_K_ATTRS, attrs)
+            items += 1
         if payload:
-            parts += (_K_PAYLOAD, _cbor_head(_MAJOR_BYTES, len(payload)) + payload)
-        return parts
+            n = len(payload)
+            head = _HEAD8(_MAJOR_BYTES | 24, n) if 24 <= n < 0x100 else _cbor_head(_MAJOR_BYTES, n)
+            parts += (_K_PAYLOAD, head, payload)
+            items += 1
+        return b"".join(parts), items
 
 
 # ---------------------------------------------------------------------------------------

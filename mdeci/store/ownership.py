@@ -139,24 +139,28 @@ class SqlOwnership:
         lost: list[Lost] = []
         with relaxed_transaction(self._engine, "ack") as conn:
             if fenced:
-                held = self._hold_many(conn, fenced, epochs)
+                held = self._hold_many(conn, queues, fenced, epochs)
                 lost = [holder_of(conn, uri) for uri in fenced if uri not in held]
             gone = {x.uri for x in lost}
             kept = [(uri, upto) for uri, upto in acks if uri not in gone]
             counts = iter(queues.ack_in(conn, kept) if kept else ())
         return [0 if uri in gone else next(counts) for uri, _ in acks], lost
 
-    def _hold_many(self, conn: Connection, uris: list[str], epochs: Mapping[str, int]) -> set[str]:
+    def _hold_many(
+        self, conn: Connection, queues: SqlQueueStore, uris: list[str], epochs: Mapping[str, int]
+    ) -> set[str]:
         """Lock the sessions rows of ``uris`` (in order) still at their epoch; those."""
         if self._pg:  # the driver's SQL: one array per column, no statement built per call
             args = (uris, [epochs[uri] for uri in uris])
             return {str(u) for (u,) in conn.exec_driver_sql(self._sql.hold_pg, args)}
         held: set[str] = set()
-        for i in range(0, len(uris), _LITE_PAIRS):
-            part = uris[i : i + _LITE_PAIRS]
-            flat = tuple(x for uri in part for x in (uri, epochs[uri]))
-            rows = conn.exec_driver_sql(self._sql.hold_lite.sql(len(part)), flat)
-            held.update(str(u) for (u,) in rows)
+        # On the driver's cursor: a row per user held, no result object per row.
+        with queues.driver_cursor(conn, "ack") as cursor:
+            for i in range(0, len(uris), _LITE_PAIRS):
+                part = uris[i : i + _LITE_PAIRS]
+                flat = [x for uri in part for x in (uri, epochs[uri])]
+                cursor.execute(self._sql.hold_lite.sql(len(part)), flat)
+                held.update(u for (u,) in cursor.fetchall())
         return held
 
     def lost_of(self, epochs: Mapping[str, int]) -> list[Lost]:

@@ -85,6 +85,8 @@ from mdeci.store.queue_sql import (
 )
 from mdeci.store.wake import NOTIFY_OTHERS
 
+_new_tuple = tuple.__new__
+
 # Publishes recorded per statement (see SqlQueueStore._record_new): 4 parameters each,
 # within SQLite's smallest limit on a statement's parameters (999).
 _RECORD_CHUNK = 200
@@ -93,12 +95,6 @@ _RECORD_CHUNK = 200
 _LOCK_CHUNK = 500
 # Acks one SQLite DELETE applies (see SqlQueueStore._ack_set): 2 parameters each.
 _ACK_CHUNK = 400
-
-
-def _store_error(what: str, exc: Exception) -> StoreError:
-    """The :class:`StoreError` for a driver error ``exc`` (as ``_sql.transaction`` classifies
-    SQLAlchemy's)."""
-    return store_error(what, exc)
 
 
 @dataclass(slots=True)
@@ -331,13 +327,19 @@ class SqlQueueStore:
             # No queue can overflow (each gets at most len(ordered) entries): the walk
             # below without its overflow bookkeeping (the usual case, once per publish
             # and per recipient). Same nseqs, depths, rows and order.
+            # queue_row's rows, and Enqueued without its Python-level constructor, inline.
             queued_fast: list[Enqueued] = []
+            publisher, subject, attrs, payload = m.publisher_uri, m.subject, m.attrs_cbor, m.payload
+            urgent, published_at, qclass = m.urgent, m.published_at, m.qclass
             for uri, sub_id in ordered:
                 counter = counters[uri]
-                counter.last_nseq += 1
-                counter.depth += 1
-                queued_fast.append(Enqueued(uri, counter.last_nseq, sub_id, counter.depth))
-            unwritten.extend([queue_row(m, item, urgent_subs) for item in queued_fast])
+                nseq = counter.last_nseq = counter.last_nseq + 1
+                depth = counter.depth = counter.depth + 1
+                queued_fast.append(_new_tuple(Enqueued, (uri, nseq, sub_id, depth)))
+                unwritten.append(
+                    (uri, nseq, sub_id, publisher, msg_id, subject, attrs, payload,
+                     urgent or sub_id in urgent_subs, published_at, qclass)
+                )  # fmt: skip
             return PublishResult(len(ordered), False, tuple(queued_fast))
         # Pass 1: how many of each user's older entries overflow drops, so that one
         # DELETE per user fetches their nseqs. A queue is the older entries (oldest
@@ -444,7 +446,10 @@ class SqlQueueStore:
             if limit < 1:
                 raise InvalidArgument(f"limit must be at least 1, not {limit}")
         found: list[list[DeliveryRow]] = []
-        with reading(self._engine, "pending") as conn, self._raw_cursor(conn, "pending") as cursor:
+        with (
+            reading(self._engine, "pending") as conn,
+            self.driver_cursor(conn, "pending") as cursor,
+        ):
             for read in reads:
                 epoch = None if epochs is None else epochs.get(read[0])
                 if epoch is None:
@@ -455,7 +460,7 @@ class SqlQueueStore:
         return found
 
     @contextlib.contextmanager
-    def _raw_cursor(self, conn: Connection, what: str) -> Iterator[Any]:
+    def driver_cursor(self, conn: Connection, what: str) -> Iterator[Any]:
         """The driver's own cursor on ``conn``; a driver error comes out as a StoreError
         (see _driver_failed). Closing the cursor of a connection that the error
         invalidated raises in sqlite3: that must not replace the StoreError, which is
@@ -480,7 +485,7 @@ class SqlQueueStore:
         if self._engine.dialect.is_disconnect(cast(Any, exc), dbapi_conn, None):
             conn.invalidate(exc)
             self._engine.dispose()  # checked-out connections finish; idle ones close
-        return _store_error(what, exc)
+        return store_error(what, exc)  # classified as _sql.transaction does
 
     def ack(self, uri: str, upto: int) -> int:
         """Delete ``uri``'s queued notifications with ``nseq <= upto``; how many went.
@@ -515,7 +520,7 @@ class SqlQueueStore:
             return [gone.get(uri, 0) for uri, _ in acks]
         counts: dict[int, int] = {}
         sql = self._sql
-        with self._raw_cursor(conn, "ack") as cursor:
+        with self.driver_cursor(conn, "ack") as cursor:
             for i in sorted(range(len(acks)), key=lambda i: acks[i][0]):
                 uri, upto = acks[i]
                 # _delete's statements, on the driver's cursor (see pending_many).
@@ -546,20 +551,23 @@ class SqlQueueStore:
             }
             return gone
         # SQLite: its write lock is the database's; the first statement is a write (see
-        # _sql.py). The DELETE's terms each use the primary key.
-        counts: collections.Counter[str] = collections.Counter()
-        for start in range(0, len(acks), _ACK_CHUNK):
-            chunk = acks[start : start + _ACK_CHUNK]
-            n = len(chunk)
-            conn.exec_driver_sql(sql.ack_lock.sql(n), tuple(uris[start : start + n]))
-            params: list[object] = []
-            for uri, upto in chunk:
-                params += (uri, upto)
-            deleted = conn.exec_driver_sql(sql.ack_delete.sql(n), tuple(params))
-            counts.update(str(uri) for (uri,) in deleted)
-        if counts:
-            conn.exec_driver_sql(sql.shrink, [(n, uri) for uri, n in counts.items()])
-        return dict(counts)
+        # _sql.py). The DELETE's terms each use the primary key. On the driver's cursor
+        # (see pending_many): the DELETE returns a row per acked notification.
+        counts: dict[str, int] = {}
+        with self.driver_cursor(conn, "ack") as cursor:
+            for start in range(0, len(acks), _ACK_CHUNK):
+                chunk = acks[start : start + _ACK_CHUNK]
+                n = len(chunk)
+                cursor.execute(sql.ack_lock.sql(n), uris[start : start + n])
+                params: list[object] = []
+                for uri, upto in chunk:
+                    params += (uri, upto)
+                cursor.execute(sql.ack_delete.sql(n), params)
+                for (uri,) in cursor.fetchall():
+                    counts[uri] = counts.get(uri, 0) + 1
+            if counts:
+                cursor.executemany(sql.shrink, [(n, uri) for uri, n in counts.items()])
+        return counts
 
     def remove(self, uri: str, nseq: int) -> bool:
         """Delete exactly ``uri``'s queued notification ``nseq`` (one a side channel such

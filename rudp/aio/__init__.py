@@ -9,8 +9,8 @@ Per wake of the event loop the endpoint reads every datagram waiting (up to
 ``rudp.sockets.READ_BATCH``) and only then asks each connection that got one for what to
 send: a burst of DATA costs one ACK per batch and one epoll per batch. Sends made within
 one loop iteration are written together just after it, in as few system calls as UDP GSO
-allows (``rudp.gso``). :meth:`RudpPeer.write` and :meth:`RudpPeer.drain` queue messages
-without a future each, for bulk senders.
+allows (``rudp.gso``; one callback flushes every peer that sent). :meth:`RudpPeer.write`
+and :meth:`RudpPeer.drain` queue messages without a future each, for bulk senders.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
+from collections.abc import Callable
 
 from rudp import packet as wire
 from rudp import sockets
@@ -86,6 +87,9 @@ class RudpEndpoint(EndpointCore[RudpPeer]):
     async def close(self) -> None:
         self._close_peers()
         self._socket.close()
+
+    def _at_turn_end(self, flush: Callable[[], None]) -> None:
+        self._loop.call_soon(flush)
 
     def _read_ready(self, sock: socket.socket) -> None:
         """Read what waits, then let each peer that got some answer once."""

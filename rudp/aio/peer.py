@@ -21,10 +21,11 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
     :attr:`on_message` is set. A broker holds one peer per session: no instance
     ``__dict__``, no inbox queue before :meth:`receive` is first used."""
 
-    __slots__ = ("_inbox", "_loop", "_socket", "_timer")
+    __slots__ = ("_endpoint", "_inbox", "_loop", "_socket", "_timer")
 
     def __init__(self, endpoint: RudpEndpoint, key: bytes, addr: Address, sender_id: int) -> None:
         super().__init__(key, addr, endpoint.config, endpoint.protection, sender_id)
+        self._endpoint = endpoint
         self._loop = endpoint._loop
         self._socket = endpoint._socket
         self._inbox: asyncio.Queue[bytes] | None = None
@@ -91,7 +92,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
     def _flush_later(self) -> None:
         if not self._flush_soon:
             self._flush_soon = True
-            self._loop.call_soon(self._flush)
+            self._endpoint._flush_later(self)
 
     def _transmit(self, datagrams: list[bytes], addr: Address) -> None:
         self._socket.send_many(datagrams, addr)

@@ -36,7 +36,7 @@ class Net:
                 if isinstance(event, MessageReceived):
                     self.received[name].append(event.data)
                 elif isinstance(event, MessageAcked):
-                    self.acked[name].append(event.message_id)
+                    self.acked[name].extend(range(event.message_id, event.last + 1))
                 elif isinstance(event, MessageFailed):
                     self.failed[name].append(event.message_id)
 

@@ -130,19 +130,23 @@ def test_acks_complete_the_waiters_of_what_they_cover() -> None:
 def test_retries_run_out_fail_the_waiters_and_tell_the_owner() -> None:
     _, pa, _, _ = _pair()
     told: list[PeerUnreachable] = []
+    lost: list[PeerUnreachable] = []
     pa.on_disconnected = told.append
+    pa.on_failed = lost.append
     pa._waiters.add(pa._queue(b"lost"), "lost")
+    pa.write_many([b"written", b"without a waiter"])
     pa._flush()
     for _ in range(10):  # nobody answers: the timer fires until the retries run out
         if pa.completed:
             break
         _fire(pa)
     assert pa.completed == [("lost", "no ACK after retries")]
-    assert [str(e) for e in told] == ["1 messages failed"]
+    assert [str(e) for e in told] == ["3 messages failed"]
+    assert [str(e) for e in lost] == ["no ACK after retries"]  # the writer hears of it
     with pytest.raises(PeerUnreachable):
         pa._queue(b"more")  # DISCONNECTED until reset
     pa.reset()
-    assert pa._queue(b"more") == 1
+    assert pa._queue(b"more") == 3  # ids go on after the three that failed
 
 
 def test_a_removed_peer_fails_its_waiters_refuses_sends_and_sends_nothing() -> None:
