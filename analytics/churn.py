@@ -40,6 +40,7 @@ TABLES: dict[str, str] = {
     "per_device": "per user and channel: deliveries, bytes and money",
     "latency_by_network": "end-to-end delivery latency (publish to device) per network type",
     "per_broker": "per broker node: users, sessions, handoffs, failovers",
+    "saved": "per user: the network decisions' money and bytes against always deliver now",
     "summary": "headline numbers (metric, value)",
 }
 
@@ -64,6 +65,7 @@ CACHED_ORDER: tuple[str, ...] = (
     "per_broker",
     "per_device",
     "latency_by_network",
+    "saved",
     "_stats",
 )
 
@@ -208,6 +210,7 @@ def _tables(
     add("recommendations", recommend.recommendations(current, eps, cfg))
     add("per_device", figures.per_device(current, cfg))
     add("latency_by_network", figures.latency_by_network(current))
+    add("saved", figures.saved(current))
     user = hold(jobs.per_user(current, eps), "per_user")
     add("per_user", user)
     return tables, [sparse, starts, eps, user]

@@ -12,6 +12,15 @@
 - End-to-end latency (Walkabout): publish to delivery at the device (the agent's
   ``notify_delivered``: its ``latency_ms``, from ``published`` to ``ts``) per network
   type: the SMS channel, or for IP the subnet of the device's address at that moment.
+- Per user, the network decisions against "always deliver now" (the thesis' selector):
+  from the broker's ``channel_decided`` lines, one notification (``nseq``) at a time,
+  counting those that were delivered (a line whose reason says ``decision=deliver``).
+  ``cost_now`` is what its first line priced (a ``wait`` line: the network the device
+  was on then; a ``deliver`` line: where it went), ``cost_paid`` what its last
+  ``deliver`` line priced; ``saved`` is the difference. ``waited`` counts the ones with
+  a ``wait`` line, ``bytes_moved`` their bytes when the deliver line's ``network=`` is
+  not the first line's (carried off the network they would have gone on). At one
+  millisecond a ``wait`` line comes before a ``deliver`` line. A missing cost counts 0.
 - Per broker (several brokers): sessions started, handoffs (re-INVITEs) and failovers
   (a session started at a broker while the user's last session, at another broker, never
   ended), from the broker's lines and their ``node``; empty for a log without them.
@@ -165,6 +174,53 @@ def latency_by_network(events: DataFrame) -> DataFrame:
         "mean_ms",
     )
     return ordered(conform(out, S.LATENCY_BY_NETWORK_SCHEMA), F.desc("deliveries"), "network")
+
+
+def saved(events: DataFrame) -> DataFrame:
+    """The network decisions per user against "always deliver now"; SAVED_SCHEMA."""
+    reason = F.coalesce(F.col("reason"), F.lit(""))
+    wait = reason.contains("decision=wait")
+    deliver = reason.contains("decision=deliver")
+    net = F.regexp_extract(reason, r"network=(\S*)", 1)
+    cost = F.coalesce(F.col("cost"), F.lit(0.0)).cast("double")
+    lines = (
+        facts(events)
+        .where(is_event("channel_decided") & F.col("nseq").isNotNull() & (wait | deliver))
+        .select(
+            "uri",
+            "nseq",
+            F.struct(
+                F.col("ts_ms"),
+                F.when(wait, 0).otherwise(1).alias("r"),
+                cost.alias("c"),
+                net.alias("n"),
+            ).alias("_at"),
+            wait.alias("_wait"),
+            deliver.alias("_deliver"),
+            F.coalesce(F.col("bytes"), F.lit(0)).cast("long").alias("_bytes"),
+        )
+    )
+    each = (
+        lines.groupBy("uri", "nseq")
+        .agg(
+            F.min("_at").alias("_first"),
+            F.max(F.when(F.col("_deliver"), F.col("_at"))).alias("_last"),
+            F.max(F.col("_wait").cast("int")).alias("_waited"),
+            F.max("_bytes").alias("_bytes"),
+        )
+        .where(F.col("_last").isNotNull())
+    )
+    moved = (F.col("_waited") == 1) & (F.col("_first.n") != F.col("_last.n"))
+    zero = F.lit(0).cast("long")
+    out = each.groupBy("uri").agg(
+        F.count(F.lit(1)).alias("decided"),
+        F.sum("_waited").cast("long").alias("waited"),
+        F.sum(F.when(moved, F.col("_bytes")).otherwise(zero)).alias("bytes_moved"),
+        F.sum("_first.c").alias("cost_now"),
+        F.sum("_last.c").alias("cost_paid"),
+    )
+    out = out.select("*", (F.col("cost_now") - F.col("cost_paid")).alias("saved"))
+    return ordered(conform(out, S.SAVED_SCHEMA), "uri")
 
 
 def per_broker(events: DataFrame) -> DataFrame:

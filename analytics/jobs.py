@@ -128,6 +128,7 @@ JOB_COLUMNS: tuple[str, ...] = (
     "node",
     "bytes",
     "missed",
+    "nseq",
 )
 
 

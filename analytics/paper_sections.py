@@ -31,6 +31,12 @@ DEFINITIONS: dict[str, str] = {
         "the device counted them (its notify_delivered lines), and the money: for SMS what "
         "the broker paid (sms_sent cost), for IP the bytes at the configured price per MB."
     ),
+    "saved": (
+        "The network decisions (the broker's channel_decided lines) against always "
+        "delivering at once: per delivered notification, its first line's cost (on the "
+        "network the device was on when it was first decided) and its last deliver line's "
+        "cost; bytes moved are those of the ones that waited and went on another network."
+    ),
     "latency-by-network": (
         "End-to-end latency: from the publish instant to the delivery at the device (the "
         "agent's notify_delivered latency, published to ts), per network type: the SMS "
@@ -123,7 +129,7 @@ def siena(moves: Rows, section: Section) -> str:
     return section("siena", "Per move, beside Siena's published figures", body)
 
 
-def per_device(devices: Rows, section: Section) -> str:
+def per_device(devices: Rows, section: Section, saved: Rows | None = None) -> str:
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for r in devices:
         t = totals[str(r["channel"])]
@@ -147,8 +153,28 @@ def per_device(devices: Rows, section: Section) -> str:
         + html_table(["channel", "deliveries", "bytes", "money"], total_rows, "no delivery")
         + "<h2 style='margin-top:14px'>Devices (top 20 by bytes)</h2>"
         + html_table(["user", "channel", "deliveries", "bytes", "money"], rows, "no delivery")
+        + "<h2 style='margin-top:14px'>Network decisions against always deliver now</h2>"
+        + _saved(saved or [])
     )
     return section("per-device", "Bytes and money per device and channel", body)
+
+
+def _saved(saved: Rows) -> str:
+    keys = ("decided", "waited", "bytes_moved", "cost_now", "cost_paid", "saved")
+    total = {k: sum(float(r[k] or 0) for r in saved) for k in keys}
+    rows = (
+        [
+            [
+                fmt(len(saved)),
+                *(fmt(total[k]) for k in keys[:3]),
+                *(fmt(total[k], 6) for k in keys[3:]),
+            ]
+        ]
+        if saved
+        else []
+    )
+    headers = ["users", "decided", "waited", "bytes moved", "cost now", "paid", "saved"]
+    return _definition("saved") + html_table(headers, rows, "no network decision in this log")
 
 
 def latency_by_network(latency: Rows, section: Section) -> str:
@@ -191,7 +217,7 @@ def sections(tables: dict[str, Rows], section: Section) -> list[str]:
     return [
         per_move(moves, section),
         siena(moves, section),
-        per_device(tables.get("per_device", []), section),
+        per_device(tables.get("per_device", []), section, tables.get("saved", [])),
         latency_by_network(tables.get("latency_by_network", []), section),
         per_broker(tables.get("per_broker", []), section),
     ]

@@ -32,7 +32,7 @@ from analytics.charts import (
 from analytics.errors import InputError
 
 # The papers' tables: an output of an older churn has none; their sections say so.
-PAPER_TABLES = ("per_move", "per_device", "latency_by_network", "per_broker")
+PAPER_TABLES = ("per_move", "per_device", "latency_by_network", "per_broker", "saved")
 NEEDED = ("summary", "per_user", "per_hour", "episodes", "transitions", "restore_latency")
 
 

@@ -217,6 +217,18 @@ LATENCY_BY_NETWORK_SCHEMA = _schema(
     ("mean_ms", _D),
 )
 
+# Per user: the network decisions (``channel_decided``) against "always deliver now"
+# (analytics/figures.py ``saved``).
+SAVED_SCHEMA = _schema(
+    ("uri", _S),
+    ("decided", _L),
+    ("waited", _L),
+    ("bytes_moved", _L),
+    ("cost_now", _D),
+    ("cost_paid", _D),
+    ("saved", _D),
+)
+
 PER_BROKER_SCHEMA = _schema(
     ("broker", _S),
     ("users", _L),

@@ -5,6 +5,7 @@ the docstring of its namesake there."""
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -304,6 +305,45 @@ def recommendations(current: list[Event], eps: list[Row], cfg: jobs.JobConfig) -
         }
         for setting, enough, value, unit, basis, shortfall in rows
     ]
+
+
+def saved(events: list[Event]) -> list[Row]:
+    """Per user, each delivered notification's first and last ``channel_decided`` line
+    (``analytics.figures.saved``): what "deliver now" cost, what was paid, bytes moved."""
+    per: dict[tuple[str, int], list[tuple[tuple[int, int, float, str], bool, int]]] = defaultdict(
+        list
+    )
+    for e in events:
+        text = e["reason"] or ""
+        wait, deliver = "decision=wait" in text, "decision=deliver" in text
+        if e["event"] != "channel_decided" or e["nseq"] is None or not (wait or deliver):
+            continue
+        if not is_fact(e):
+            continue
+        found = re.search(r"network=(\S*)", text)
+        at = (e["ts_ms"], 0 if wait else 1, float(e["cost"] or 0.0), found[1] if found else "")
+        per[(e["uri"], e["nseq"])].append((at, wait, int(e["bytes"] or 0)))
+    users: dict[str, dict[str, Any]] = {}
+    for (uri, _), lines in per.items():
+        delivered = [at for at, wait, _ in lines if not wait]
+        if not delivered:
+            continue
+        first, last = min(at for at, _, _ in lines), max(delivered)
+        waited = any(wait for _, wait, _ in lines)
+        u = users.setdefault(
+            uri, {"uri": uri, "decided": 0, "waited": 0, "bytes_moved": 0, "_now": [], "_paid": []}
+        )
+        u["decided"] += 1
+        u["waited"] += int(waited)
+        if waited and first[3] != last[3]:
+            u["bytes_moved"] += max(b for _, _, b in lines)
+        u["_now"].append(first[2])
+        u["_paid"].append(last[2])
+    rows = []
+    for u in users.values():
+        now, paid = math.fsum(u.pop("_now")), math.fsum(u.pop("_paid"))
+        rows.append({**u, "cost_now": now, "cost_paid": paid, "saved": now - paid})
+    return ordered(rows, ("uri", False))
 
 
 def stats(current: list[Event]) -> dict[str, Any]:

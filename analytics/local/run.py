@@ -43,6 +43,7 @@ SCHEMAS: dict[str, T.StructType] = {
     "per_device": S.PER_DEVICE_SCHEMA,
     "latency_by_network": S.LATENCY_BY_NETWORK_SCHEMA,
     "per_broker": S.PER_BROKER_SCHEMA,
+    "saved": S.SAVED_SCHEMA,
 }
 _SPARSE = frozenset(jobs.SPARSE_EVENTS)
 
@@ -118,6 +119,7 @@ def compute(
         "per_device": figures.per_device(current, cfg),
         "latency_by_network": figures.latency_by_network(current),
         "per_broker": figures.per_broker(sparse_now),
+        "saved": figures.saved(current),
     }
     assert list(out) == [name for name in TABLES if name != "summary"]
     return out, figures.stats(current)

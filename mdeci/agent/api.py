@@ -150,6 +150,7 @@ class ApiServer:
                     int(ttl) if ttl is not None else None,
                     qclass=str(req.get("qclass") or ""),
                     lease=lease,
+                    in_order=bool(req.get("in_order", False)),
                 )
                 return {
                     "ok": True,

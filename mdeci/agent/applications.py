@@ -198,15 +198,18 @@ class Applications:
         *,
         qclass: str = "",
         lease: bool = True,
+        in_order: bool = False,
     ) -> SubOk:
         """Subscribe (``qclass``: the queue class of its notifications; ``lease``: the
-        agent renews it until it is cancelled, else it ends at its TTL). Raises
+        agent renews it until it is cancelled, else it ends at its TTL; ``in_order``: its
+        notifications keep their order, docs/channels.md "The order"). Raises
         :class:`NotConnected`, :class:`BrokerRefused`, :class:`~mdeci.errors.FrameError`
         (bad subject)."""
         assert self.core is not None
         req = self.core.subscribe(
-            self.monotonic(), subject, filter, ttl, qclass=qclass, fixed=not lease
-        )
+            self.monotonic(), subject, filter, ttl, qclass=qclass, fixed=not lease,
+            in_order=in_order,
+        )  # fmt: skip
         reply = await self._answer(req)
         if not isinstance(reply, SubOk):
             raise AgentError(f"unexpected answer {reply.op!r} to sub")

@@ -34,12 +34,15 @@ class ApplicationInputs:
         *,
         qclass: str = "",
         fixed: bool = False,
+        in_order: bool = False,
     ) -> int:
         """Send ``sub`` (``qclass``: the queue class of its notifications; ``fixed``: it
         ends at its TTL, else it is a lease the agent renews); its ``req``. Raises
         :class:`NotConnected`, :class:`FrameError`."""
         self._need_connection()
-        return self._subs.subscribe(now, subject, filter, ttl, qclass, fixed=fixed)
+        return self._subs.subscribe(
+            now, subject, filter, ttl, qclass, fixed=fixed, in_order=in_order
+        )
 
     def send_calendar(
         self, now: float, rules: Sequence[CalendarRule], utc_offset_minutes: int = 0

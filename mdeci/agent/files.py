@@ -65,6 +65,7 @@ class KnownSub:
     filter: str
     expires_at: float
     qclass: str = ""  # the queue class asked for; the broker's list omits it
+    in_order: bool = False  # its notifications keep their order (the broker's list omits it)
     ttl: int | None = None  # the TTL asked for (None: the broker's default)
     lease: bool = True  # renewed while the application keeps it (False: a fixed lifetime)
 

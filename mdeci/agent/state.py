@@ -390,6 +390,7 @@ class SubsRecord:
                         filter=str(obj.get("filter", "")),
                         expires_at=float(obj["expires_at"]),
                         qclass=str(obj.get("qclass", "")),
+                        in_order=bool(obj.get("in_order", False)),
                         ttl=None if obj.get("ttl") is None else int(obj["ttl"]),
                         lease=bool(obj.get("lease", True)),
                     )
@@ -411,6 +412,7 @@ class SubsRecord:
                 "filter": s.filter,
                 "expires_at": s.expires_at,
                 "qclass": s.qclass,
+                "in_order": s.in_order,
                 "ttl": s.ttl,
                 "lease": s.lease,
             }

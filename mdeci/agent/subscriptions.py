@@ -118,11 +118,21 @@ class SubsBook:
     # ------------------------------------------------------------------ requests
 
     def subscribe(
-        self, now: float, subject: str, filter: str, ttl: int | None, qclass: str, *, fixed: bool
+        self,
+        now: float,
+        subject: str,
+        filter: str,
+        ttl: int | None,
+        qclass: str,
+        *,
+        fixed: bool,
+        in_order: bool = False,
     ) -> int:
         """Send the application's ``sub``; its ``req``. Raises :class:`FrameError`."""
         req = self._requests.next_req()
-        frame = Sub(req=req, subject=subject, filter=filter, ttl=ttl, qclass=qclass)
+        frame = Sub(
+            req=req, subject=subject, filter=filter, ttl=ttl, qclass=qclass, in_order=in_order
+        )
         return self._requests.request(now, frame, fixed=fixed)
 
     def unsubscribe(self, now: float, sub_id: str) -> int:
@@ -151,6 +161,7 @@ class SubsBook:
             filter=known.filter,
             ttl=ttl,
             qclass=known.qclass,
+            in_order=known.in_order,
         )
         self._requests.request(now, frame, restore=known)
         return True
@@ -248,6 +259,7 @@ class SubsBook:
             filter=sent.filter,
             expires_at=ok.expires_at,
             qclass=sent.qclass,
+            in_order=sent.in_order,
             ttl=again.ttl if again is not None else sent.ttl,
             lease=again.lease if again is not None else not pending.fixed,
         )

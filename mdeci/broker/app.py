@@ -285,6 +285,10 @@ def _attach_holds(broker: Broker, config: BrokerConfig, sink: ChurnSink) -> None
         compiled = broker.core.matcher.get(sub_id)
         return None if compiled is None else compiled.sub.qclass or None
 
+    def sub_in_order(sub_id: int) -> bool:
+        compiled = broker.core.matcher.get(sub_id)
+        return compiled is not None and compiled.sub.in_order
+
     broker.core.holds = NetworkHolds(
         channels.networks,
         channels.classes_of(),
@@ -293,6 +297,7 @@ def _attach_holds(broker: Broker, config: BrokerConfig, sink: ChurnSink) -> None
         urgent_class=channels.urgent_class,
         default_class=channels.default_class,
         sub_class=sub_class,
+        sub_in_order=sub_in_order,
     )
 
 

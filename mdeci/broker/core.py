@@ -137,6 +137,7 @@ class AddSubscription(StoreCommand[Subscription]):
     ttl: float
     now: float
     qclass: str | None
+    in_order: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +338,13 @@ class BrokerCore(Delivery):
         ttl = min(ttl, self.config.max_ttl)
         sub = yield from call(
             AddSubscription(
-                uri, frame.subject, frame.filter, ttl, self.clock(), frame.qclass or None
+                uri,
+                frame.subject,
+                frame.filter,
+                ttl,
+                self.clock(),
+                frame.qclass or None,
+                frame.in_order,
             )
         )
         self.matcher.add(CompiledSubscription(sub, pattern, compiled_filter))

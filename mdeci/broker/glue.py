@@ -108,7 +108,7 @@ class Broker:
             PrunePublished: lambda c: self.store.queues.prune_published(c.before, c.limit),
             ActiveSubscriptions: lambda c: self.store.subscriptions.active_subscriptions(c.now),
             AddSubscription: lambda c: self.store.subscriptions.add_subscription(
-                c.uri, c.subject, c.filter, c.ttl, c.now, c.qclass
+                c.uri, c.subject, c.filter, c.ttl, c.now, c.qclass, in_order=c.in_order
             ),
             RemoveSubscription: lambda c: self.store.subscriptions.remove_subscription(
                 c.uri, c.sub_id

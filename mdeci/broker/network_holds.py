@@ -15,8 +15,13 @@ A held notification is decided again when the device reports another network
 (:meth:`NetworkHolds.device`: on one it waited for it goes at once) and at its ``until``
 (:meth:`NetworkHolds.due`: then the current network is the best there is). What this
 gives back are the nseqs to send now; the delivery sends them out of ``nseq`` order
-(:mod:`mdeci.broker.delivery`). Holds are kept in memory: after a broker restart the
-IP path sends what was held (nothing is lost; it may go on the costly network).
+(:mod:`mdeci.broker.delivery`), except within an in-order subscription (docs/channels.md
+"The order"): there a notification that would go while an earlier one of the same
+subscription is held is held too, and the earlier ones are released with it (the next
+take reads from the lowest of them, in ``nseq`` order). A later one thus never overtakes a
+held one, and a deadline or an urgent one is still kept: it pulls the earlier ones along.
+Holds are kept in memory: after a broker restart the IP path sends what was held (nothing
+is lost; it may go on the costly network).
 
 SMS stays the SMS side's (:mod:`mdeci.broker.sms`): here the channels are the networks.
 """
@@ -55,6 +60,7 @@ class Held:
 
     message: Outgoing
     wait: Wait
+    sub_id: int = 0  # its subscription (what the in-order option is per)
 
 
 class NetworkHolds:
@@ -70,11 +76,13 @@ class NetworkHolds:
         urgent_class: str = "urgent",
         default_class: str = "normal",
         sub_class: Callable[[int], str | None] = lambda sub_id: None,
+        sub_in_order: Callable[[int], bool] = lambda sub_id: False,
     ) -> None:
         self.networks = networks
         self.urgent_class = urgent_class
         self.default_class = default_class
         self.sub_class = sub_class
+        self.sub_in_order = sub_in_order
         self.classes = dict(classes)
         self.log = log
         self.clock = clock
@@ -160,17 +168,43 @@ class NetworkHolds:
             or (self.urgent_class if row.urgent else self.default_class)
         )
 
-    def decide(self, uri: str, nseq: int, message: Outgoing) -> bool:
-        """Decide for notification ``nseq``; True when it is held."""
+    def decide(self, uri: str, nseq: int, message: Outgoing, sub_id: int = 0) -> list[int]:
+        """Decide for notification ``nseq`` of subscription ``sub_id``: ``[]`` when it
+        goes now; ``[nseq]`` when it is held; more when it is of an in-order subscription
+        with earlier ones held: they and it, to release together (in ``nseq`` order)."""
         report = self._reports.get(uri)
         network = report.network if report is not None else None
         decision = self._decide(uri, message)
         self._logged(uri, nseq, message, network, decision)
         if isinstance(decision, Wait):
-            self._held.setdefault(uri, {})[nseq] = Held(message, decision)
+            self._held.setdefault(uri, {})[nseq] = Held(message, decision, sub_id)
             self._changed()
-            return True
-        return False
+            return [nseq]
+        if sub_id and self.sub_in_order(sub_id):
+            before = self._pull(uri, network, sub_id, nseq)
+            if before:
+                return [*before, nseq]
+        return []
+
+    def _pull(self, uri: str, network: str | None, sub_id: int, upto: int) -> list[int]:
+        """The held nseqs of ``sub_id`` below ``upto``, which goes now: no longer held,
+        each logged as delivered on the current network (``why=in_order``)."""
+        held = self._held.get(uri)
+        if not held:
+            return []
+        out = sorted(n for n, h in held.items() if h.sub_id == sub_id and n < upto)
+        for n in out:
+            message = held.pop(n).message
+            decision = Deliver(network or "", 0.0, 0.0)
+            reason = describe(decision, network=network, qclass=message.qclass)
+            self.log.emit(
+                "channel_decided", uri, channel="ip", nseq=n, bytes=message.size,
+                cost=self._cost_on(network, message.size), reason=f"{reason} why=in_order",
+            )  # fmt: skip
+        if not held:
+            del self._held[uri]
+        self._changed()
+        return out
 
     def _changed(self) -> None:
         self.earliest = self.next_deadline()
@@ -202,7 +236,7 @@ class NetworkHolds:
             reason = describe(decision, network=network, qclass=message.qclass)
             self.log.emit(
                 "channel_decided", uri, channel="ip", nseq=n, bytes=message.size,
-                reason=f"{reason} why=reorder_window",
+                cost=self._cost_on(network, message.size), reason=f"{reason} why=reorder_window",
             )  # fmt: skip
         if not held:
             del self._held[uri]
@@ -216,18 +250,25 @@ class NetworkHolds:
         report = self._reports.get(uri)
         network = report.network if report is not None else None
         released = []
+        # In an in-order subscription, what goes takes the earlier held ones along.
+        last: dict[int, int] = {}
         for nseq, entry in sorted(held.items()):
             decision = self._decide(uri, entry.message, now)
             if isinstance(decision, Wait):
-                held[nseq] = Held(entry.message, decision)
+                held[nseq] = Held(entry.message, decision, entry.sub_id)
                 continue
             del held[nseq]
             released.append(nseq)
             self._logged(uri, nseq, entry.message, network, decision)
+            if entry.sub_id and self.sub_in_order(entry.sub_id):
+                last[entry.sub_id] = nseq
+        for sub_id, upto in last.items():
+            if uri in self._held:
+                released += self._pull(uri, network, sub_id, upto)
         if not held:
-            del self._held[uri]
+            self._held.pop(uri, None)
         self._changed()
-        return released
+        return sorted(released)
 
     def _decide(self, uri: str, message: Outgoing, now: float | None = None) -> NetworkDecision:
         report = self._reports.get(uri)
@@ -244,6 +285,10 @@ class NetworkHolds:
             calendar=self._calendars.get(uri),
         )
 
+    def _cost_on(self, network: str | None, size: int) -> float | None:
+        """What ``size`` bytes cost on ``network`` (None: not a configured one)."""
+        return next((n.channel().cost(size) for n in self.networks if n.kind == network), None)
+
     def _logged(
         self,
         uri: str,
@@ -257,10 +302,7 @@ class NetworkHolds:
         elif isinstance(decision, Wait):
             # What it would have cost on the network it is on now: the wait saves this
             # less the cost of the line that delivers it.
-            cost = next(
-                (n.channel().cost(message.size) for n in self.networks if n.kind == network),
-                None,
-            )
+            cost = self._cost_on(network, message.size)
         else:
             cost = None
         self.log.emit(
@@ -345,7 +387,10 @@ class Gate:
         if qclass is not None:
             size = NOTIFY_ROW_OVERHEAD + len(row[4]) + len(row[5]) + len(row[6])
             message = Outgoing(user=self.uri, qclass=qclass, size=size, first_seen=row[7])
-            if self.holds.decide(self.uri, nseq, message):
+            kept = self.holds.decide(self.uri, nseq, message, row[1])
+            if len(kept) > 1:  # in order: it goes after the held ones it pulled
+                self.overdue += kept
+            if kept:
                 return True
         self.overdue += self.holds.too_far(self.uri, nseq)
         return False

@@ -118,10 +118,12 @@ class Client:
         ttl: int | None = None,
         qclass: str = "",
         lease: bool = True,
+        in_order: bool = False,
     ) -> Subscription:
         """Subscribe; ``ttl`` in seconds (None: the broker's default). With ``lease`` the
         agent renews it before each expiry until :meth:`unsubscribe`; ``lease=False``: it
-        ends at its TTL. Either way its end is a :class:`SubscriptionEvent`
+        ends at its TTL. ``in_order``: its notifications keep their order (docs/channels.md
+        "The order"). Either way its end is a :class:`SubscriptionEvent`
         (:meth:`subscription_events`). Raises :class:`NotConnected` while the agent is
         disconnected, :class:`Refused`."""
         answer = await self.request(
@@ -132,6 +134,7 @@ class Client:
                 "ttl": ttl,
                 "qclass": qclass,
                 "lease": lease,
+                "in_order": in_order,
             }
         )
         return subscription({"lease": lease, **answer, "subject": subject, "filter": filter})
@@ -151,13 +154,16 @@ class Client:
         ttl: int | None = None,
         qclass: str = "",
         lease: bool = True,
+        in_order: bool = False,
     ) -> Subscription:
         """The live subscription with this subject and filter, made if there is none (an
         application restarting does not subscribe twice, which would notify it twice)."""
         for sub in await self.subscriptions():
             if sub.subject == subject and sub.filter == filter:
                 return sub
-        return await self.subscribe(subject, filter, ttl=ttl, qclass=qclass, lease=lease)
+        return await self.subscribe(
+            subject, filter, ttl=ttl, qclass=qclass, lease=lease, in_order=in_order
+        )
 
     async def subscription_events(self) -> SubscriptionEvents:
         """A stream of :class:`SubscriptionEvent` from now on (``async for``): each end of

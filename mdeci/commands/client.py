@@ -121,6 +121,12 @@ def add_sub_arguments(parser: argparse.ArgumentParser) -> None:
         "urgent, normal, bulk: bulk may wait for a cheaper network; default: the broker's)",
     )
     parser.add_argument(
+        "--in-order",
+        action="store_true",
+        help="its notifications keep their order: a later one never overtakes one held "
+        'for a cheaper network (docs/channels.md "The order")',
+    )
+    parser.add_argument(
         "--no-type-check",
         action="store_true",
         help="subscribe even if the filter compares an attribute with a value of another "
@@ -207,6 +213,7 @@ def run_sub(args: argparse.Namespace) -> int:
         "ttl": args.ttl,
         "lease": not args.fixed,
         "qclass": args.qclass,
+        "in_order": args.in_order,
     }
     deadline = time.monotonic() + max(args.wait, 0.0)
     while True:

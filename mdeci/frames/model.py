@@ -168,6 +168,7 @@ class Sub:
     filter: str = ""
     ttl: int | None = None
     qclass: str = ""  # queue class of its notifications; "": the broker's default
+    in_order: bool = False  # its notifications never overtake one held for a network
 
     def __post_init__(self) -> None:
         _req(self.op, self.req)

@@ -21,6 +21,7 @@ from sqlalchemy import (
     LargeBinary,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -106,6 +107,8 @@ class SubscriptionRow(Base):
     created_at: Mapped[float] = mapped_column(Double)
     expires_at: Mapped[float] = mapped_column(Double, index=True)
     qclass: Mapped[str | None] = mapped_column(Text, nullable=True)  # the queue class asked for
+    # Its notifications are delivered in nseq order (docs/channels.md "The order").
+    in_order: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
 
 
 class PublishedRow(Base):

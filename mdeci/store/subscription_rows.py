@@ -17,3 +17,4 @@ class Subscription:
     created_at: float
     expires_at: float
     qclass: str | None = None  # the queue class it asked for, if any
+    in_order: bool = False  # its notifications never overtake one held for a network

@@ -10,6 +10,8 @@ queued and are delivered: the queue does not refer to this table.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
@@ -28,7 +30,12 @@ _COLUMNS = (
     SubscriptionRow.created_at,
     SubscriptionRow.expires_at,
     SubscriptionRow.qclass,
+    SubscriptionRow.in_order,
 )
+
+
+def _record(row: Sequence[Any]) -> Subscription:
+    return Subscription(*row)
 
 
 class SqlSubscriptionStore:
@@ -45,7 +52,15 @@ class SqlSubscriptionStore:
             conn.exec_driver_sql(NOTIFY_SUBSCRIPTIONS, (self.node,))
 
     def add_subscription(
-        self, uri: str, subject: str, filter: str, ttl: float, now: float, qclass: str | None = None
+        self,
+        uri: str,
+        subject: str,
+        filter: str,
+        ttl: float,
+        now: float,
+        qclass: str | None = None,
+        *,
+        in_order: bool = False,
     ) -> Subscription:
         """Store a subscription of ``uri`` alive until ``now + ttl``; it gets a fresh id.
 
@@ -64,11 +79,12 @@ class SqlSubscriptionStore:
             "created_at": now,
             "expires_at": now + ttl,
             "qclass": qclass,
+            "in_order": in_order,
         }
         with transaction(self._engine, "add_subscription") as conn:
             row = conn.execute(insert(SubscriptionRow).values(values).returning(*_COLUMNS)).one()
             self._tell_others(conn)
-        return Subscription(*row)
+        return _record(row)
 
     def remove_subscription(self, uri: str, sub_id: int) -> bool:
         """Delete subscription ``sub_id`` if it belongs to ``uri``; True if one was deleted.
@@ -115,7 +131,7 @@ class SqlSubscriptionStore:
             ).one_or_none()
             if row is not None:
                 self._tell_others(conn)
-        return None if row is None else Subscription(*row)
+        return None if row is None else _record(row)
 
     def get_subscription(self, sub_id: int, now: float) -> Subscription | None:
         """Subscription ``sub_id`` if it exists and is alive at ``now``, else None.
@@ -129,7 +145,7 @@ class SqlSubscriptionStore:
                     SubscriptionRow.id == sub_id, SubscriptionRow.expires_at > now
                 )
             ).one_or_none()
-        return None if row is None else Subscription(*row)
+        return None if row is None else _record(row)
 
     def list_subscriptions(self, uri: str, now: float) -> list[Subscription]:
         """The alive subscriptions of ``uri`` (``expires_at > now``), by id.
@@ -143,7 +159,7 @@ class SqlSubscriptionStore:
                 .where(SubscriptionRow.uri == uri, SubscriptionRow.expires_at > now)
                 .order_by(SubscriptionRow.id)
             ).all()
-        return [Subscription(*row) for row in rows]
+        return [_record(row) for row in rows]
 
     def active_subscriptions(self, now: float) -> list[Subscription]:
         """Every alive subscription of every user, by id (to fill the matcher's cache).
@@ -157,7 +173,7 @@ class SqlSubscriptionStore:
                 .where(SubscriptionRow.expires_at > now)
                 .order_by(SubscriptionRow.id)
             ).all()
-        return [Subscription(*row) for row in rows]
+        return [_record(row) for row in rows]
 
     def sweep_expired(self, now: float) -> list[Subscription]:
         """Delete the subscriptions with ``expires_at <= now`` and return them, by id.
@@ -171,4 +187,4 @@ class SqlSubscriptionStore:
                 .where(SubscriptionRow.expires_at <= now)
                 .returning(*_COLUMNS)
             ).all()
-        return sorted((Subscription(*row) for row in rows), key=lambda s: s.sub_id)
+        return sorted((_record(row) for row in rows), key=lambda s: s.sub_id)

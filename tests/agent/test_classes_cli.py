@@ -105,6 +105,21 @@ async def test_sub_and_pub_class_on_the_command_line(
     }
 
 
+async def test_sub_in_order_on_the_command_line(
+    running: RunningAgent, store: BrokerStore
+) -> None:
+    sock = str(running.config.api_socket)
+    assert await cli("sub", "news.#", "--in-order", "--socket", sock) == 0
+    assert await cli("sub", "misc.#", "--socket", sock) == 0
+    rows = store.subscriptions.list_subscriptions("sip:alice@localhost", 0.0)
+    assert {r.subject: r.in_order for r in rows} == {"news.#": True, "misc.#": False}
+    # The agent's record keeps it, so a restored subscription asks for it again.
+    core = running.agent.core
+    assert core is not None
+    recorded = {k.subject: k.in_order for k in core.files.subs.items}
+    assert recorded == {"news.#": True, "misc.#": False}
+
+
 async def test_calendar_on_the_command_line(
     running: RunningAgent, store: BrokerStore, capsys: pytest.CaptureFixture[str]
 ) -> None:

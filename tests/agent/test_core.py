@@ -367,12 +367,13 @@ def test_deadlines_follow_now_and_the_brokers_times_follow_wall(tmp_path: Path) 
 
 
 def test_restored_subscriptions_keep_their_queue_class(tmp_path: Path) -> None:
-    """The broker's ``subs`` list has no qclass: a restore on a new store asks for the
-    class recorded by the agent, so that its notifications keep their class."""
+    """The broker's ``subs`` list has no qclass nor in_order: a restore on a new store
+    asks for what the agent recorded, so that its notifications keep their class and
+    order."""
     rig = Rig(tmp_path)
     rig.connect(store="store-1")
     core = rig.core
-    req = core.subscribe(rig.now, "news.#", "price < 10", 3600, qclass="bulk")
+    req = core.subscribe(rig.now, "news.#", "price < 10", 3600, qclass="bulk", in_order=True)
     core.frame_received(rig.now, encode(SubOk(req=req, sub_id="7", expires_at=rig.now + 3600)))
     rig.commands()
     # A reconnection to the same store: the probe's list (without qclass) is remembered.
@@ -382,7 +383,9 @@ def test_restored_subscriptions_keep_their_queue_class(tmp_path: Path) -> None:
     (probe,) = [f for f in rig.frames(after) if isinstance(f, List)]
     listed = SubInfo(sub_id="7", subject="news.#", filter="price < 10", expires_at=rig.now + 3600)
     core.frame_received(rig.now, encode(Subs(req=probe.req, items=(listed,))))
-    assert [s.qclass for s in SubsRecord(tmp_path / SUBS_FILE).items] == ["bulk"]
+    assert [(s.qclass, s.in_order) for s in SubsRecord(tmp_path / SUBS_FILE).items] == [
+        ("bulk", True)
+    ]
     # Then the broker comes back on a new database: the restore asks for the same class.
     rig.now += 10
     core.peer_lost(rig.now, "rudp: 1 messages failed")
@@ -391,8 +394,8 @@ def test_restored_subscriptions_keep_their_queue_class(tmp_path: Path) -> None:
     (probe,) = [f for f in rig.frames(after) if isinstance(f, List)]
     core.frame_received(rig.now, encode(Subs(req=probe.req)))
     restored = [f for f in rig.frames(rig.commands()) if isinstance(f, Sub)]
-    assert [(s.subject, s.filter, s.ttl, s.qclass) for s in restored] == [
-        ("news.#", "price < 10", 3600, "bulk")  # a lease asks its own TTL again
+    assert [(s.subject, s.filter, s.ttl, s.qclass, s.in_order) for s in restored] == [
+        ("news.#", "price < 10", 3600, "bulk", True)  # a lease asks its own TTL again
     ]
     core.frame_received(
         rig.now, encode(SubOk(req=restored[0].req, sub_id="1", expires_at=rig.now + 3590))

@@ -70,6 +70,8 @@ class Event:
     fact: bool = True  # the line of the event's authoritative role (or of no role)
     restore: float | None = None  # latency_ms of an agent's (or role-less) media_connected
     reason: str | None = None
+    nseq: int | None = None
+    bytes: int | None = None
 
 
 @dataclass
@@ -144,6 +146,8 @@ def read(directory: Path) -> Parsed:
                     fact=role is None or role == owner,
                     restore=float(lat) if device and lat is not None else None,
                     reason=r.get("reason"),
+                    nseq=r.get("nseq"),
+                    bytes=r.get("bytes"),
                 )
             )
     return out
@@ -302,4 +306,40 @@ def per_hour(parsed: Parsed, since: int, until: int) -> dict[int, dict[str, Any]
         h["active_users"] = len(h.pop("_users"))
         h["sms_cost"] = round(h["sms_cost"], 4)
         out[k] = h
+    return out
+
+
+def saved(parsed: Parsed) -> dict[str, dict[str, Any]]:
+    """Per user, the network decisions against "always deliver now" (the definition in
+    ``analytics/figures.py``'s docstring): a loop over each notification's lines."""
+    lines: dict[tuple[str, int], list[tuple[int, int, float, str, int]]] = defaultdict(list)
+    for e in parsed.events:
+        if e.event != "channel_decided" or not e.fact or e.nseq is None:
+            continue
+        text = e.reason or ""
+        rank = 0 if "decision=wait" in text else 1 if "decision=deliver" in text else None
+        if rank is None:
+            continue
+        network = next((w[len("network=") :] for w in text.split() if w.startswith("network=")), "")
+        lines[(e.uri, e.nseq)].append((e.ts_ms, rank, e.cost or 0.0, network, e.bytes or 0))
+    out: dict[str, dict[str, Any]] = {}
+    for (uri, _), got in lines.items():
+        delivered = [x for x in got if x[1] == 1]
+        if not delivered:
+            continue
+        # Ties (same millisecond and kind) go by cost, then network, as Spark's struct order.
+        first, last = min(x[:4] for x in got), max(x[:4] for x in delivered)
+        waited = any(x[1] == 0 for x in got)
+        row = out.setdefault(
+            uri,
+            {"decided": 0, "waited": 0, "bytes_moved": 0, "cost_now": 0.0, "cost_paid": 0.0},
+        )
+        row["decided"] += 1
+        row["waited"] += int(waited)
+        if waited and first[3] != last[3]:
+            row["bytes_moved"] += max(x[4] for x in got)
+        row["cost_now"] += first[2]
+        row["cost_paid"] += last[2]
+    for row in out.values():
+        row["saved"] = row["cost_now"] - row["cost_paid"]
     return out

@@ -44,6 +44,7 @@ ORDER: dict[str, tuple[str, ...]] = {
     "per_device": ("uri", "channel"),
     "latency_by_network": ("deliveries", "network"),
     "per_broker": ("broker",),
+    "saved": ("uri",),
     "summary": ("metric",),
 }
 # Values rounded after a sum may differ in their last kept digit when the two sums

@@ -13,6 +13,7 @@ import pytest
 
 from analytics import figures, jobs, parse
 from analytics import schema as S
+from tests.analytics import reference
 from tests.analytics.logs import assert_frames_equal, line, ms
 
 pytestmark = pytest.mark.peer("spark")
@@ -132,3 +133,34 @@ def test_a_failover_is_a_session_at_another_broker_while_the_last_never_ended(
 def test_a_log_without_broker_lines_has_an_empty_broker_table(spark: Any) -> None:
     log = [line(0, "session_started"), agent(1, "session_started")]
     assert figures.per_broker(events(spark, log)).count() == 0
+
+
+def test_saved_against_always_deliver_now_equals_the_reference(spark: Any, tmp_path: Any) -> None:
+    def decided(seconds: float, uri: str, nseq: int, reason: str, cost: float) -> str:
+        return broker(seconds, "channel_decided", uri, channel="ip", nseq=nseq, bytes=1000,
+                      cost=cost, reason=reason)  # fmt: skip
+
+    wait = "network=cellular class=bulk decision=wait for=wifi until=9 p=0.9 deadline=10"
+    log = [
+        decided(1, A, 1, wait, 0.5),  # waited, went on Wi-Fi: 0.5 saved, 1000 bytes moved
+        decided(10, A, 1, "network=wifi class=bulk decision=deliver", 0.0),
+        decided(2, A, 2, "network=cellular class=urgent decision=deliver", 0.2),
+        decided(3, A, 3, wait, 0.3),  # waited, its deadline sent it on cellular
+        decided(50, A, 3, "network=cellular class=bulk decision=deliver", 0.3),
+        decided(4, A, 4, wait, 0.4),  # still held when the log ends: not counted
+        agent(4, "channel_decided", nseq=5, reason="network=wifi decision=deliver", cost=9.0),
+        # Released in the same millisecond (in order): the wait line still comes first.
+        decided(5, B, 1, "network=cellular class=bulk decision=deliver why=in_order", 0.1),
+        decided(5, B, 1, wait, 0.1),
+    ]
+    got = figures.saved(events(spark, list(log)))
+    want = spark.createDataFrame(
+        [(A, 3, 2, 1000, 1.0, 0.5, 0.5), (B, 1, 1, 0, 0.1, 0.1, 0.0)], S.SAVED_SCHEMA
+    )
+    assert_frames_equal(got, want)
+    (tmp_path / "log.jsonl").write_text("\n".join(log) + "\n")
+    oracle = reference.saved(reference.read(tmp_path))
+    rows = {r["uri"]: {k: v for k, v in r.asDict().items() if k != "uri"} for r in got.collect()}
+    assert rows.keys() == oracle.keys()
+    for uri, row in rows.items():
+        assert row == pytest.approx(oracle[uri])

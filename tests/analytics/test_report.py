@@ -221,3 +221,20 @@ def test_the_papers_tables_show_in_a_screenshot_with_their_definitions(
     text = sum(n for c, n in counts.items() if sum(c) < 3 * 140)
     assert white > 200_000, white
     assert text > 3_000, text
+
+
+def test_the_money_saved_shows_beside_the_per_device_money() -> None:
+    from analytics.report import render
+
+    tables = _empty_tables()
+    tables["summary"] = [{"metric": "events", "value": 10.0}]
+    assert "no network decision in this log" in render(tables)
+    row = {"decided": 3, "waited": 2, "bytes_moved": 1000, "cost_now": 1.0, "cost_paid": 0.5}
+    tables["saved"] = [
+        {"uri": "sip:a@x", **row, "saved": 0.5},
+        {"uri": "sip:b@x", **row, "cost_now": 0.25, "cost_paid": 0.25, "saved": 0.0},
+    ]
+    page = render(tables)
+    assert "Network decisions against always deliver now" in page
+    totals = ["2", "6", "4", "2,000", "1.250000", "0.750000", "0.500000"]
+    assert "<td>" + "</td><td>".join(totals) + "</td>" in page

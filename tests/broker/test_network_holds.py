@@ -69,7 +69,9 @@ def decisions(sink: WaitingSink) -> dict[int, list[str]]:
     return out
 
 
-async def agents(tmp: Path, broker: RunningBroker) -> tuple[Agent, Agent]:
+async def agents(
+    tmp: Path, broker: RunningBroker, *, in_order: bool = False
+) -> tuple[Agent, Agent]:
     port = broker.sip_addr[1]
     alice_cfg = dataclasses.replace(
         agent_config(tmp / "alice", "alice", "127.0.0.2", port), network=NETWORK, calendar=CALENDAR
@@ -81,7 +83,7 @@ async def agents(tmp: Path, broker: RunningBroker) -> tuple[Agent, Agent]:
     await asyncio.wait_for(alice.wait_connected(), GUARD)
     await asyncio.wait_for(bob.wait_connected(), GUARD)
     # Handled after alice's device and calendar frames (one ordered stream).
-    await asyncio.wait_for(alice.subscribe("news.#"), GUARD)
+    await asyncio.wait_for(alice.subscribe("news.#", in_order=in_order), GUARD)
     return alice, bob
 
 
@@ -143,3 +145,26 @@ async def test_deadline_sends_on_the_costly_network(
         await alice.close()
         await bob.close()
         await broker.close()
+
+
+async def test_in_order_an_urgent_one_takes_the_held_bulk_along(
+    tmp_path: Path, store: BrokerStore, clock: FakeClock, sink: WaitingSink
+) -> None:
+    broker = await start_broker(tmp_path, store, clock, sink, bulk_delay=3600.0)
+    alice, bob = await agents(tmp_path, broker, in_order=True)
+    try:
+        inbox = alice.listen()
+        await asyncio.wait_for(bob.publish("news.big", qclass="bulk"), GUARD)
+        held = await sink.wait_for("channel_decided", ALICE)
+        assert "decision=wait for=wifi" in str(held.fields["reason"])
+        await asyncio.wait_for(bob.publish("news.now", urgent=True), GUARD)
+        # The urgent one goes at once on cellular, after the held bulk one (in order).
+        got = [await asyncio.wait_for(inbox.get(), GUARD) for _ in range(2)]
+        assert [(g["subject"], g["nseq"]) for g in got] == [("news.big", 1), ("news.now", 2)]
+        assert decisions(sink)[1][1] == "network=cellular class=bulk decision=deliver why=in_order"
+        await sink.wait_for("notify_delivered", ALICE, count=2)
+    finally:
+        await alice.close()
+        await bob.close()
+        await broker.close()
+    assert store.queues.depth(ALICE) == 0

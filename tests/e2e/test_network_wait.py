@@ -5,7 +5,9 @@ The device namespace has two veths, ``wifi`` and ``cell``; the agent (``mdeci ag
 the namespace, netlink mode) maps them to the network kinds ``wifi`` (free) and
 ``cellular`` (costly) by interface, and its calendar says Wi-Fi is likely (p = 0.9). The
 default route goes through ``cell``: bulk notifications published for the device are
-held by the broker (an IP-only broker: no SMS configured), an urgent one arrives at once.
+held by the broker, an urgent one arrives at once: on an IP-only broker (no SMS
+configured), and on a broker with SMS and the device's MSISDN (SMS is a channel there, and
+the decision is the same: the device is reachable over IP).
 When the default route moves to ``wifi`` the agent re-INVITEs from there, tells the
 broker its new network, and the bulk ones arrive. Nothing is lost or duplicated, and
 the broker's churn log has a ``channel_decided`` line for each decision. The device's
@@ -18,9 +20,20 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from mdeci.agent.api import ApiClient
 from mdeci.agent.daemon import RunningAgent, run_agent
-from mdeci.broker.app import RunningBroker
+from mdeci.broker.app import RunningBroker, run_broker
+from mdeci.config import (
+    AuthConfig,
+    BrokerConfig,
+    BrokerMediaConfig,
+    BrokerSmsConfig,
+    SipConfig,
+    UserConfig,
+)
+from mdeci.sms.gateway import SimulatedNetwork
 from mdeci.store.repo import BrokerStore
 from tests.agent.farend import lo_only
 from tests.broker.conftest import WaitingSink
@@ -38,6 +51,7 @@ from tests.e2e.harness_a import (
     start_agent,
     wait_status,
 )
+from tests.e2e.harness_b import RUDP
 from tests.e2e.test_handover import _broker, add_veth, agent_config, close_netns_run
 from tests.peers import require_netns
 from tests.store.conftest import sqlite_path as sqlite_path
@@ -63,10 +77,35 @@ channel = "wifi"
 p = 0.9
 """
 BULK = 3
+BROKER_NO, ALICE_NO = "+15550000001", "+15550000002"
 
 
+async def _sms_broker(tmp: Path, store: BrokerStore, sink: WaitingSink, host: str) -> RunningBroker:
+    """As ``_broker``, with SMS on a simulated network and alice's MSISDN."""
+    config = BrokerConfig(
+        domain="localhost",
+        data_dir=tmp / "broker",
+        sip=SipConfig(host=host, port=0, t1=0.02, t2=0.16, t4=0.2),
+        media=BrokerMediaConfig(host=host),
+        rudp=RUDP,
+        auth=AuthConfig(
+            users=(
+                UserConfig(user="alice", password="alice-secret", msisdn=ALICE_NO),
+                UserConfig(user="bob", password="bob-secret"),
+            )
+        ),
+        sms=BrokerSmsConfig(enabled=True, number=BROKER_NO),
+    )
+    gateway = SimulatedNetwork().gateway(BROKER_NO)
+    return await run_broker(
+        config, sip_listen=(host, 0), media_listen=(host, 0), store=store, log=sink,
+        sms_gateway=gateway,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("sms", [False, True], ids=["ip-only", "with-sms"])
 async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
-    tmp_path: Path, store: BrokerStore
+    tmp_path: Path, store: BrokerStore, sms: bool
 ) -> None:
     require_netns()
     tag = os.getpid() % 10000
@@ -86,8 +125,12 @@ async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
         run_ip("-n", ns, "route", "add", "default", "via", f"10.82.{n}.1", "dev", "cell")
 
         sink = WaitingSink()
-        broker = await _broker(tmp_path, store, sink, host=broker_ip)
-        assert not broker.config.sms.enabled  # an IP-only broker
+        if sms:
+            broker = await _sms_broker(tmp_path, store, sink, broker_ip)
+            assert broker.config.sms.enabled
+        else:
+            broker = await _broker(tmp_path, store, sink, host=broker_ip)
+            assert not broker.config.sms.enabled  # an IP-only broker
         sip = broker.sip_addr
         toml = agent_toml(
             tmp_path / "alice",
@@ -133,7 +176,12 @@ async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
         first = await asyncio.wait_for(tail.wait_count(1), GUARD)
         assert first[0]["text"] == "urgent" and first[0]["nseq"] == BULK + 1
         await asyncio.wait_for(sink.wait_for("channel_decided", ALICE, count=BULK + 1), GUARD)
-        held = [e for e in sink.named("channel_decided") if e.uri == ALICE]
+        # The IP path's network decisions (with SMS, the SMS side logs its own too).
+        held = [
+            e
+            for e in sink.named("channel_decided")
+            if e.uri == ALICE and str(e.fields["reason"]).startswith("network=")
+        ]
         reasons = {int(e.fields["nseq"]): str(e.fields["reason"]) for e in held}  # type: ignore[arg-type]
         for nseq in range(1, BULK + 1):
             assert reasons[nseq].startswith("network=cellular class=bulk decision=wait for=wifi")
@@ -161,6 +209,7 @@ async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
         assert released == ["network=wifi class=bulk decision=deliver"] * BULK
         await asyncio.wait_for(sink.wait_for("notify_delivered", ALICE, count=BULK + 1), GUARD)
         assert uploads.empty()  # the upload once
+        assert not [e for e in sink.named("sms_sent") if e.uri == ALICE]  # IP carried all
         print(
             f"\nnetwork wait: {BULK} bulk held on cellular, delivered after the route moved "
             f"to wifi; urgent at once; 0 lost, 0 dup; the device's bulk upload waited too"

@@ -66,6 +66,7 @@ frames: st.SearchStrategy[Frame] = st.one_of(
         subject=patterns,
         filter=filters,
         ttl=st.none() | st.integers(1, 10**9),
+        in_order=st.booleans(),
     ),
     st.builds(SubOk, req=reqs, sub_id=ids, expires_at=times, ttl=st.none() | times),
     st.builds(Unsub, req=reqs, sub_id=ids),
@@ -241,6 +242,9 @@ def test_defaults_are_omitted_and_restored() -> None:
         "filter": "a == 1",
         "ttl": 60,
     }
+    ordered = Sub(req=3, subject="x", in_order=True)
+    assert cbor2.loads(encode(ordered))["in_order"] is True
+    assert decode(encode(ordered)) == ordered
 
 
 def test_notify_missed_only_on_the_wire_when_nonzero() -> None:
