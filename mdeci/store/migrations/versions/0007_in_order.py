@@ -1,7 +1,7 @@
 """subscriptions.in_order: a subscription whose notifications keep their order
 
 Revision ID: 0007o
-Revises: 0006
+Revises: 0007q
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007o"
-down_revision: str | None = "0006"
+down_revision: str | None = "0007q"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
