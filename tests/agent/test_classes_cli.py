@@ -105,9 +105,7 @@ async def test_sub_and_pub_class_on_the_command_line(
     }
 
 
-async def test_sub_in_order_on_the_command_line(
-    running: RunningAgent, store: BrokerStore
-) -> None:
+async def test_sub_in_order_on_the_command_line(running: RunningAgent, store: BrokerStore) -> None:
     sock = str(running.config.api_socket)
     assert await cli("sub", "news.#", "--in-order", "--socket", sock) == 0
     assert await cli("sub", "misc.#", "--socket", sock) == 0
