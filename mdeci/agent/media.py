@@ -26,6 +26,37 @@ from rudp.errors import PeerUnreachable
 Address = tuple[str, int]
 
 
+class Bursts:
+    """The messages a data channel reads in one loop turn, handed to ``on_burst`` together
+    once the turn's reading is done (one ``fsync`` per burst, not per message); nothing
+    is handed over once ``is_closed()``."""
+
+    __slots__ = ("_is_closed", "_on_burst", "_pending", "_soon")
+
+    def __init__(
+        self, on_burst: Callable[[list[bytes]], None], is_closed: Callable[[], bool]
+    ) -> None:
+        self._on_burst = on_burst
+        self._is_closed = is_closed
+        self._pending: list[bytes] = []
+        self._soon = False
+
+    def add(self, data: bytes) -> None:
+        self._pending.append(data)
+        if not self._soon:
+            self._soon = True
+            asyncio.get_running_loop().call_soon(self._take)
+
+    def clear(self) -> None:
+        self._pending.clear()
+
+    def _take(self) -> None:
+        self._soon = False
+        burst, self._pending = self._pending, []
+        if burst and not self._is_closed():
+            self._on_burst(burst)
+
+
 class DataLink(Protocol):
     """The broker's peer on one data channel. ``on_burst`` gets the messages read in one
     loop turn together, ``on_lost`` the reason the channel gave the broker up; nothing is
@@ -60,14 +91,12 @@ class MediaLink:
         on_restarted: Callable[[], None] = lambda: None,
     ) -> None:
         self.endpoint = endpoint
-        self._on_burst = on_burst
         self._on_lost = on_lost
         self._on_restarted = on_restarted
         self.closed = False
         self._peer: RudpPeer | None = None
         self._peer_key: bytes | None = None
-        self._burst: list[bytes] = []  # messages read in this loop turn
-        self._burst_soon = False
+        self._burst = Bursts(on_burst, lambda: self.closed)
 
     def send(self, data: bytes) -> None:
         # No task per frame (a task and its steps cost the device more than the frame's
@@ -152,12 +181,8 @@ class MediaLink:
     def _on_message(self, peer: RudpPeer, data: bytes) -> None:
         # Called by RUDP for each message as it reads a datagram: collected, and handed
         # over as one burst once the loop turn's reading is done.
-        if peer is not self._peer:
-            return
-        self._burst.append(data)
-        if not self._burst_soon:
-            self._burst_soon = True
-            asyncio.get_running_loop().call_soon(self._take_burst)
+        if peer is self._peer:
+            self._burst.add(data)
 
     @property
     def srtt_ms(self) -> float | None:
@@ -165,10 +190,3 @@ class MediaLink:
         peer = self._peer
         srtt = peer.connection.rto.srtt if peer is not None else None
         return None if srtt is None else srtt * 1000.0
-
-    def _take_burst(self) -> None:
-        self._burst_soon = False
-        burst, self._burst = self._burst, []
-        if not burst or self.closed:
-            return
-        self._on_burst(burst)

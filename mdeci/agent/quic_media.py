@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 
 from mdeci.agent.events import AttachMedia
+from mdeci.agent.media import Bursts
 from mdeci.tasks import spawn
 from quicdata.aio import QuicDataClient, QuicDataPeer, connect
 from quicdata.connection import DEFAULT_CONFIG, QuicDataClosed, QuicDataConfig
@@ -39,7 +40,6 @@ class QuicMediaLink:
         config: QuicDataConfig = DEFAULT_CONFIG,
     ) -> None:
         self.host = host  # where the connection's socket is bound
-        self._on_burst = on_burst
         self._on_lost = on_lost
         self.config = config
         self.closed = False
@@ -47,8 +47,7 @@ class QuicMediaLink:
         self._target: _Target | None = None
         self._opening: asyncio.Task[None] | None = None
         self._waiting: list[bytes] = []  # frames sent while the connection is opening
-        self._burst: list[bytes] = []
-        self._burst_soon = False
+        self._burst = Bursts(on_burst, lambda: self.closed)
 
     @property
     def peer(self) -> QuicDataPeer | None:
@@ -128,18 +127,8 @@ class QuicMediaLink:
         self.detach()
 
     def _on_message(self, peer: QuicDataPeer, data: bytes) -> None:
-        if peer is not self.peer:
-            return
-        self._burst.append(data)
-        if not self._burst_soon:
-            self._burst_soon = True
-            asyncio.get_running_loop().call_soon(self._take_burst)
-
-    def _take_burst(self) -> None:
-        self._burst_soon = False
-        burst, self._burst = self._burst, []
-        if burst and not self.closed:
-            self._on_burst(burst)
+        if peer is self.peer:
+            self._burst.add(data)
 
     def _ended(self, peer: QuicDataPeer, reason: str) -> None:
         if peer is self.peer:

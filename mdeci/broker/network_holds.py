@@ -193,18 +193,7 @@ class NetworkHolds:
         if not held:
             return []
         out = sorted(n for n, h in held.items() if h.sub_id == sub_id and n < upto)
-        for n in out:
-            message = held.pop(n).message
-            decision = Deliver(network or "", 0.0, 0.0)
-            reason = describe(decision, network=network, qclass=message.qclass)
-            self.log.emit(
-                "channel_decided", uri, channel="ip", nseq=n, bytes=message.size,
-                cost=self._cost_on(network, message.size), reason=f"{reason} why=in_order",
-            )  # fmt: skip
-        if not held:
-            del self._held[uri]
-        self._changed()
-        return out
+        return self._let_go(uri, held, out, network, "in_order")
 
     def _changed(self) -> None:
         self.earliest = self.next_deadline()
@@ -230,18 +219,25 @@ class NetworkHolds:
         out = sorted(n for n in held if n < nseq - MAX_HOLD_SPAN)
         report = self._reports.get(uri)
         network = report.network if report is not None else None
-        for n in out:
+        return self._let_go(uri, held, out, network, "reorder_window")
+
+    def _let_go(
+        self, uri: str, held: dict[int, Held], nseqs: list[int], network: str | None, why: str
+    ) -> list[int]:
+        """``nseqs`` of ``uri``'s ``held`` go now on the current network: no longer held,
+        each logged as delivered there with ``why``."""
+        for n in nseqs:
             message = held.pop(n).message
             decision = Deliver(network or "", 0.0, 0.0)
             reason = describe(decision, network=network, qclass=message.qclass)
             self.log.emit(
                 "channel_decided", uri, channel="ip", nseq=n, bytes=message.size,
-                cost=self._cost_on(network, message.size), reason=f"{reason} why=reorder_window",
+                cost=self._cost_on(network, message.size), reason=f"{reason} why={why}",
             )  # fmt: skip
         if not held:
             del self._held[uri]
         self._changed()
-        return out
+        return nseqs
 
     def _again(self, uri: str, now: float) -> list[int]:
         held = self._held.get(uri)
