@@ -88,6 +88,14 @@ def _text(i: int) -> str:
     return f"{_subject(i).rpartition('.')[2]}-{i}"
 
 
+def _set_offset(offset_file: Path, offset: str) -> None:
+    # libfaketime reads the file at every clock read and takes an empty file for the real
+    # clock: write_text's truncate-then-write would let a read in between step back an hour.
+    staged = offset_file.with_suffix(".new")
+    staged.write_text(f"{offset}\n")
+    staged.replace(offset_file)
+
+
 def _faketime_prefix(offset_file: Path) -> list[str]:
     return [
         "env",
@@ -130,7 +138,7 @@ async def _until_logged(path: Path, event: str, count: int) -> None:
 
 async def _run(tmp: Path) -> JumpRun:
     offset_file = tmp / "faketime"
-    offset_file.write_text("+0\n")
+    _set_offset(offset_file, "+0")
     async with Run(tmp) as run:
         broker, sip = await run.child(_start_faked_broker(tmp, offset_file))
         (_, a_sock), (_, b_sock) = await run.agents(
@@ -162,7 +170,7 @@ async def _run(tmp: Path) -> JumpRun:
         churn = tmp / "broker" / "broker-churn.log"
         for i in range(4 * PER_PHASE + AFTER_EXPIRY):
             if i == 2 * PER_PHASE:
-                offset_file.write_text(f"+{JUMP:.0f}\n")  # mid-stream: NTP steps the clock
+                _set_offset(offset_file, f"+{JUMP:.0f}")  # mid-stream: NTP steps the clock
             if i == 4 * PER_PHASE:
                 # The bindings (600 s) are past their expiry on the broker's clock: its
                 # sweep (every 5 s) removes them; the sessions must not mind.
