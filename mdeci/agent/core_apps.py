@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from mdeci.agent.device import DeviceSide
 from mdeci.agent.errors import NotConnected
 from mdeci.agent.requests import Requests
 from mdeci.agent.subscriptions import SubsBook
@@ -19,6 +20,7 @@ class ApplicationInputs:
     _requests: Requests
     _subs: SubsBook
     _wall_offset: float  # wall clock minus the core's monotonic one, as last seen
+    device: DeviceSide
     random_bytes: Callable[[int], bytes]
 
     def _need_connection(self) -> None:
@@ -47,11 +49,13 @@ class ApplicationInputs:
     def send_calendar(
         self, now: float, rules: Sequence[CalendarRule], utc_offset_minutes: int = 0
     ) -> int:
-        """Send this device's weekly channel calendar; its ``req``. Raises
-        :class:`NotConnected`, :class:`FrameError` (bad rules)."""
+        """Send this device's channel calendar; its ``req``. It is also the agent's own
+        from now on (:meth:`DeviceSide.use_calendar`). Raises :class:`NotConnected`,
+        :class:`FrameError` (bad rules)."""
         self._need_connection()
         req = self._requests.next_req()
         frame = Calendar(req=req, rules=tuple(rules), utc_offset_minutes=utc_offset_minutes)
+        self.device.use_calendar(frame)
         return self._requests.request(now, frame)
 
     def unsubscribe(self, now: float, sub_id: str) -> int:

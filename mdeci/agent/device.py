@@ -6,8 +6,9 @@ of the MH". :class:`DeviceSide` is the mobility layer's half. It maps the addres
 reaches the broker (and the interface carrying it, when the glue knows it) to a network
 kind of ``[network]`` in agent.toml, keeps each kind's best figures (the configured ones,
 the latency lowered by RUDP's measured round trips), and builds the ``device`` frame the
-core sends at every session start and after each move (with the ``[calendar]`` as a
-``calendar`` frame). For the agent's own publishes it asks
+core sends at every session start and after each move (with the calendar as a
+``calendar`` frame: the ``[calendar]``, or the one an application sent since, which
+then stands for the agent's life). For the agent's own publishes it asks
 :func:`mdeci.channels.networks.decide` with the classes of
 :func:`mdeci.channels.default_classes` (``urgent`` and ``normal`` never wait, ``bulk``
 may wait up to an hour): a delay-tolerant publish made on a costly network waits for the
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mdeci.channels import MemoryUsage, Outgoing, default_classes
+from mdeci.channels.calendar import WeeklyCalendar
 from mdeci.channels.networks import (
     Best,
     DeviceReport,
@@ -59,8 +61,19 @@ class DeviceSide:
 
     def __init__(self, config: AgentConfig) -> None:
         self._net = config.network
-        self._cal = config.calendar
-        self.calendar = config.calendar.calendar()
+        cal = config.calendar
+        self._rules = tuple(
+            CalendarRule(
+                channel=r.channel,
+                p=r.p,
+                weekdays=r.weekday_bits,
+                start_hour=r.start_hour,
+                end_hour=r.end_hour,
+            )
+            for r in cal.rules
+        )
+        self._utc_offset = cal.utc_offset_minutes
+        self.calendar = cal.calendar()
         self.networks = tuple(k.network() for k in config.network.kinds)
         self.best = {
             k.kind: Best(latency_ms=k.latency_ms, coverage=k.coverage) for k in config.network.kinds
@@ -107,20 +120,22 @@ class DeviceSide:
         )
 
     def calendar_frame(self, req: int) -> Calendar | None:
-        """The ``[calendar]`` as a ``calendar`` frame; None without rules."""
-        if not self._cal.rules:
+        """The calendar as a ``calendar`` frame; None without rules."""
+        if not self._rules:
             return None
-        rules = tuple(
-            CalendarRule(
-                channel=r.channel,
-                p=r.p,
-                weekdays=r.weekday_bits,
-                start_hour=r.start_hour,
-                end_hour=r.end_hour,
+        return Calendar(req=req, rules=self._rules, utc_offset_minutes=self._utc_offset)
+
+    def use_calendar(self, frame: Calendar) -> None:
+        """An application's calendar, sent as ``frame``: it replaces the ``[calendar]``
+        for the agent's own decisions and for every session start after."""
+        self._rules, self._utc_offset = frame.rules, frame.utc_offset_minutes
+        self.calendar = (
+            WeeklyCalendar.from_rules(
+                (r.rule() for r in frame.rules), utc_offset_minutes=frame.utc_offset_minutes
             )
-            for r in self._cal.rules
+            if frame.rules
+            else None
         )
-        return Calendar(req=req, rules=rules, utc_offset_minutes=self._cal.utc_offset_minutes)
 
     def decide_publish(
         self, qclass: str, *, urgent: bool, size: int, first_seen: float, wall: float

@@ -370,16 +370,7 @@ class BrokerCore(Delivery):
 
     def _calendar(self, uri: str, frame: Calendar) -> Step[Frame]:
         """Keep the device's calendar (the channel selector reads it)."""
-        rules = tuple(
-            Rule(
-                channel=r.channel,
-                p=r.p,
-                weekdays=frozenset(d for d in range(7) if r.weekdays >> d & 1),
-                start_hour=r.start_hour,
-                end_hour=r.end_hour,
-            )
-            for r in frame.rules
-        )
+        rules = tuple(r.rule() for r in frame.rules)
         yield from call(PutCalendar(uri, rules, frame.utc_offset_minutes, self.clock()))
         if self.holds is not None:
             week = WeeklyCalendar.from_rules(rules, utc_offset_minutes=frame.utc_offset_minutes)

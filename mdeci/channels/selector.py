@@ -11,8 +11,10 @@ set of channels available now, the usage counters and the clock:
    :func:`~mdeci.channels.cost.score`); ties keep the policy's channel order;
 4. if the class tolerates delay and channels better than the best available one are
    absent now, the message may wait until ``first_seen + P * Dmax``, where ``P`` is the
-   calendar's probability, at ``first_seen``, that at least one of them appears. The
-   deadline depends only on ``first_seen``, so asking again gives the same deadline;
+   calendar's highest probability, over ``[first_seen, first_seen + Dmax)``, that at
+   least one of them is there (a Wi-Fi the calendar expects in ten minutes counts for a
+   bulk message that may wait an hour). The deadline depends only on ``first_seen``, so
+   asking again gives the same deadline;
 5. otherwise it goes on the best available channel, or nowhere (:class:`NoChannel`:
    the broker keeps it queued).
 
@@ -282,10 +284,9 @@ def select(
             if r[0] < best[0] and r[2].channel.name not in available
         )
         if better:
-            p = calendar.any_of(better, message.first_seen)
-            until = message.first_seen + p * cls.max_delay
-            if p > 0 and now < until:
-                return Hold(until, better, p)
+            held = _wait(calendar, better, message.first_seen, cls.max_delay, now)
+            if held is not None:
+                return held
     if best is None:
         return ranking.none
     return best[2]
@@ -394,11 +395,26 @@ def _select_fresh(
             waits.sort(key=_fresh_key)
         better = tuple([e[2].channel.name for e in waits])
         if better and calendar is not None:
-            p = calendar.any_of(better, message.first_seen)
-            until = message.first_seen + p * cls.max_delay
-            if p > 0 and now < until:
-                return Hold(until, better, p)
+            held = _wait(calendar, better, message.first_seen, cls.max_delay, now)
+            if held is not None:
+                return held
     return SendNow(best[2].channel, best[0], best[3])
+
+
+def _wait(
+    calendar: WeeklyCalendar,
+    better: tuple[str, ...],
+    first_seen: float,
+    max_delay: float,
+    now: float,
+) -> Hold | None:
+    """Step 4: hold until ``first_seen + P * Dmax`` while that is ahead, ``P`` the
+    calendar's highest chance of one of ``better`` within ``Dmax`` of ``first_seen``."""
+    p = calendar.likeliest(better, first_seen, first_seen + max_delay)
+    until = first_seen + p * max_delay
+    if p > 0 and now < until:
+        return Hold(until, better, p)
+    return None
 
 
 def _fresh_key(entry: tuple[float, int, _Candidate, float]) -> tuple[float, int]:

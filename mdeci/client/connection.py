@@ -203,10 +203,11 @@ class Client:
     async def send_calendar(
         self, rules: Sequence[Mapping[str, object]], utc_offset_minutes: int = 0
     ) -> int:
-        """Send the device's weekly calendar of networks (maps of ``channel``, ``p``,
-        ``weekdays`` bits, ``start_hour``, ``end_hour``; docs/channels.md "Networks as
-        channels"); how many rules the broker kept. A bad rule raises
-        :class:`BadRequest` and nothing is sent."""
+        """Send the device's calendar of networks (maps of ``channel``, ``p``,
+        ``weekdays`` bits, ``start_hour``, ``end_hour``, or for a dated rule ``start_at``
+        and ``end_at`` in Unix seconds; docs/channels.md "Networks as channels"); how many
+        rules the broker kept. It replaces agent.toml's ``[calendar]`` for the agent's
+        life. A bad rule raises :class:`BadRequest` and nothing is sent."""
         answer = await self.request(
             {
                 "op": "calendar",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from mdeci.channels.calendar import Rule
 from mdeci.errors import FrameError, SubjectError
 from mdeci.filters import MAX_FILTER_LENGTH, validate_pattern, validate_subject
 
@@ -411,13 +412,17 @@ MAX_CALENDAR_RULES = 64
 class CalendarRule:
     """One entry of ``calendar.rules``: ``channel`` is available with probability ``p`` on
     the ``weekdays`` (bit 0 Monday .. bit 6 Sunday) from ``start_hour`` (inclusive) to
-    ``end_hour`` (exclusive), device local time. Later rules override earlier ones."""
+    ``end_hour`` (exclusive), device local time; or, a dated rule, from ``start_at`` to
+    ``end_at`` (Unix seconds, both or neither) only. Later rules override earlier ones,
+    dated ones the weekly ones."""
 
     channel: str
     p: float
     weekdays: int = 0x7F
     start_hour: int = 0
     end_hour: int = 24
+    start_at: float | None = None
+    end_at: float | None = None
 
     def __post_init__(self) -> None:
         _text("calendar", "rules.channel", self.channel, 1, 64)
@@ -429,6 +434,26 @@ class CalendarRule:
         _int("calendar", "rules.weekdays", self.weekdays, 1, 0x7F)
         _int("calendar", "rules.start_hour", self.start_hour, 0, 24)
         _int("calendar", "rules.end_hour", self.end_hour, self.start_hour, 24)
+        if self.start_at is None and self.end_at is None:
+            return
+        if self.start_at is None or self.end_at is None:
+            raise FrameError("calendar: a dated rule needs both rules.start_at and rules.end_at")
+        _time(self, "calendar", "start_at")
+        _time(self, "calendar", "end_at")
+        if not self.start_at < self.end_at:
+            raise FrameError("calendar: rules.end_at must be after rules.start_at")
+
+    def rule(self) -> Rule:
+        """This rule as the channel selector reads it."""
+        return Rule(
+            channel=self.channel,
+            p=self.p,
+            weekdays=frozenset(d for d in range(7) if self.weekdays >> d & 1),
+            start_hour=self.start_hour,
+            end_hour=self.end_hour,
+            start_at=self.start_at,
+            end_at=self.end_at,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

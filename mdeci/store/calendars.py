@@ -1,7 +1,8 @@
 """Each device's weekly calendar of channel availability, as it sent it.
 
 One row per user: the rules of its last ``calendar`` frame, CBOR-encoded (a list of
-``{channel, p, weekdays, start_hour, end_hour}`` maps, docs/frames.md), its UTC offset
+``{channel, p, weekdays, start_hour, end_hour}`` maps, with ``start_at`` and ``end_at``
+for a dated rule; docs/frames.md), its UTC offset
 and when it arrived. The broker's selector reads it once per user and keeps it; a new
 frame replaces the row. Migration: ``migrations/versions/0005c.py``.
 """
@@ -43,18 +44,19 @@ class StoredCalendar:
 
 
 def _rules_cbor(rules: tuple[Rule, ...]) -> bytes:
-    return cbor2.dumps(
-        [
-            {
-                "channel": r.channel,
-                "p": r.p,
-                "weekdays": sorted(r.weekdays),
-                "start_hour": r.start_hour,
-                "end_hour": r.end_hour,
-            }
-            for r in rules
-        ]
-    )
+    maps: list[dict[str, object]] = []
+    for r in rules:
+        m: dict[str, object] = {
+            "channel": r.channel,
+            "p": r.p,
+            "weekdays": sorted(r.weekdays),
+            "start_hour": r.start_hour,
+            "end_hour": r.end_hour,
+        }
+        if r.start_at is not None:  # a dated rule
+            m["start_at"], m["end_at"] = r.start_at, r.end_at
+        maps.append(m)
+    return cbor2.dumps(maps)
 
 
 class SqlCalendars:
@@ -103,6 +105,8 @@ class SqlCalendars:
                         weekdays=frozenset(r["weekdays"]),
                         start_hour=r["start_hour"],
                         end_hour=r["end_hour"],
+                        start_at=r.get("start_at"),
+                        end_at=r.get("end_at"),
                     )
                     for r in raw
                 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -139,6 +140,36 @@ async def test_calendar_on_the_command_line(
     assert "expected CHANNEL:P" in capsys.readouterr().err
     assert await cli("calendar", "--rule", "wifi:2", "--socket", sock) == 2
     assert "p must be within 0..1" in capsys.readouterr().err
+
+
+async def test_expect_on_the_command_line_is_dated_and_the_agents_own(
+    running: RunningAgent, store: BrokerStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mdeci.store.calendars import SqlCalendars
+
+    sock = str(running.config.api_socket)
+    before = time.time()
+    assert await cli("calendar", "--expect", "wifi:1:10m:2h", "--socket", sock) == 0
+    assert capsys.readouterr().out.strip() == "calendar kept: 1 rules"
+    stored = SqlCalendars(store.engine).get("sip:alice@localhost")
+    assert stored is not None
+    (rule,) = stored.rules
+    assert rule.start_at is not None and rule.end_at is not None
+    assert before + 600 <= rule.start_at <= time.time() + 600
+    assert rule.end_at - rule.start_at == 7200
+    # The agent decides its own publishes with it, and sends it, not the [calendar], at
+    # every session start after.
+    core = running.agent.core
+    assert core is not None and core.device.calendar is not None
+    assert core.device.calendar.probability("wifi", rule.start_at) == 1.0
+    assert core.device.calendar.probability("wifi", before) == 0.0
+    again = core.device.calendar_frame(1)
+    assert again is not None and [r.rule() for r in again.rules] == [rule]
+    with pytest.raises(SystemExit):
+        main(["calendar", "--expect", "wifi:1:soon", "--socket", sock])
+    assert "'soon' is not a duration" in capsys.readouterr().err
+    assert await cli("calendar", "--socket", sock) == 2
+    assert "give at least one --rule or --expect" in capsys.readouterr().err
 
 
 async def test_calendar_through_the_client_library(

@@ -19,6 +19,7 @@ from mdeci.channels import (
     Outgoing,
     Period,
     PolicyError,
+    Rule,
     SendNow,
     Tariff,
     Usage,
@@ -236,6 +237,25 @@ def _limits(draw: st.DrawFn, channels: tuple[str, ...]) -> tuple[Limit, ...]:
     return tuple(out)
 
 
+@st.composite
+def _calendars(draw: st.DrawFn) -> WeeklyCalendar:
+    """Constant, hourly or dated (a network coming within the test's hours, or not)."""
+    if draw(st.booleans()):
+        return WeeklyCalendar.constant({k: draw(_prob) for k in _KINDS})
+    rules: list[Rule] = []
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        kind, p = draw(st.sampled_from(_KINDS)), draw(_prob)
+        if draw(st.booleans()):
+            start = T0 + draw(st.floats(min_value=-3600, max_value=10_000))
+            rules.append(
+                Rule(channel=kind, p=p, start_at=start, end_at=start + draw(st.floats(1, 9000)))
+            )
+        else:
+            first = draw(st.integers(min_value=0, max_value=23))
+            rules.append(Rule(channel=kind, p=p, start_hour=first, end_hour=first + 1))
+    return WeeklyCalendar.from_rules(rules)
+
+
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_decisions_keep_deadline_and_limits(data: st.DataObject) -> None:
@@ -263,7 +283,7 @@ def test_decisions_keep_deadline_and_limits(data: st.DataObject) -> None:
     policy = network_policy(
         networks, classes, report=report, sms=SMS_CHANNEL if with_sms else None, limits=limits
     )
-    calendar = WeeklyCalendar.constant({k: data.draw(_prob) for k in _KINDS})
+    calendar = data.draw(_calendars())
     usage = MemoryUsage()
     for _ in range(data.draw(st.integers(min_value=0, max_value=4))):  # earlier sends
         channel = data.draw(st.sampled_from(names))

@@ -3,7 +3,9 @@ as channels").
 
 The device namespace has two veths, ``wifi`` and ``cell``; the agent (``mdeci agent`` in
 the namespace, netlink mode) maps them to the network kinds ``wifi`` (free) and
-``cellular`` (costly) by interface, and its calendar says Wi-Fi is likely (p = 0.9). The
+``cellular`` (costly) by interface. Its calendar, sent with ``mdeci calendar --expect``,
+says Wi-Fi comes in ``WIFI_IN`` seconds (and nothing before: P is 0 when the
+notifications are published, 1 within the bulk class's hour). The
 default route goes through ``cell``: bulk notifications published for the device are
 held by the broker, an urgent one arrives at once: on an IP-only broker (no SMS
 configured), and on a broker with SMS and the device's MSISDN (SMS is a channel there, and
@@ -47,6 +49,7 @@ from tests.e2e.harness_a import (
     agent_toml,
     check_exactly,
     is_connected,
+    run_cli,
     run_ip,
     start_agent,
     wait_status,
@@ -71,12 +74,9 @@ price_per_mb = 0.0048828125
 energy_mw = 1500.0
 latency_ms = 250.0
 interfaces = ["cell"]
-[calendar]
-[[calendar.rules]]
-channel = "wifi"
-p = 0.9
 """
 BULK = 3
+WIFI_IN = 20  # seconds: the calendar's Wi-Fi, well within the bulk class's hour
 BROKER_NO, ALICE_NO = "+15550000001", "+15550000002"
 
 
@@ -148,8 +148,12 @@ async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
         )
         await wait_status(a_sock, is_connected)
         await asyncio.wait_for(b.wait_connected(), GUARD)
+        # The device's calendar: Wi-Fi at the destination, reached in WIFI_IN seconds.
+        kept = await run_cli(
+            "calendar", "--expect", f"wifi:1:{WIFI_IN}s:1h", "--socket", str(a_sock)
+        )
+        assert kept.strip() == "calendar kept: 1 rules"
         async with ApiClient(a_sock) as client:
-            # Handled after the agent's device and calendar frames (one ordered stream).
             await client.call({"op": "sub", "subject": "trip.#", "ttl": 600})
         tail = await Tail(a_sock).start()
         await asyncio.wait_for(b.agent.subscribe("home.#"), GUARD)
@@ -185,6 +189,7 @@ async def test_bulk_waits_for_the_wifi_route_urgent_goes_at_once(
         reasons = {int(e.fields["nseq"]): str(e.fields["reason"]) for e in held}  # type: ignore[arg-type]
         for nseq in range(1, BULK + 1):
             assert reasons[nseq].startswith("network=cellular class=bulk decision=wait for=wifi")
+            assert " p=1 " in reasons[nseq]  # the Wi-Fi to come, not any there now
         assert reasons[BULK + 1] == "network=cellular class=urgent decision=deliver"
         assert len(tail.records) == 1  # the bulk ones wait
 

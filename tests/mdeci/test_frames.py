@@ -15,6 +15,8 @@ from mdeci.frames import (
     FRAME_TYPES,
     MAX_FRAME_BYTES,
     Ack,
+    Calendar,
+    CalendarRule,
     Device,
     Error,
     Frame,
@@ -115,6 +117,33 @@ frames: st.SearchStrategy[Frame] = st.one_of(
             max_size=3,
         ).map(tuple),
         battery=st.sampled_from([-1.0, 0.0, 0.5, 1.0]),
+    ),
+    st.builds(
+        Calendar,
+        req=reqs,
+        rules=st.lists(
+            st.one_of(
+                st.builds(
+                    CalendarRule,
+                    channel=st.sampled_from(["wifi", "cellular", "sms"]),
+                    p=st.floats(0.0, 1.0),
+                    weekdays=st.integers(1, 0x7F),
+                    start_hour=st.integers(0, 12),
+                    end_hour=st.integers(12, 24),
+                ),
+                st.builds(
+                    lambda ch, p, at, span: CalendarRule(
+                        channel=ch, p=p, start_at=at, end_at=at + span
+                    ),
+                    st.sampled_from(["wifi", "cellular"]),
+                    st.floats(0.0, 1.0),
+                    times,
+                    st.floats(1.0, 1e6),
+                ),
+            ),
+            max_size=4,
+        ).map(tuple),
+        utc_offset_minutes=st.integers(-840, 840),
     ),
     st.builds(
         Error,
@@ -469,6 +498,30 @@ def test_items_must_be_maps() -> None:
 def test_device_frame_refuses_bad_fields(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(FrameError, match=message):
         decode(cbor2.dumps({"op": "device", **fields}))
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        ({"channel": "wifi", "p": 1, "start_at": 10.0}, "needs both"),
+        ({"channel": "wifi", "p": 1, "start_at": 10.0, "end_at": 10.0}, "after rules.start_at"),
+        ({"channel": "wifi", "p": 1, "start_at": "now", "end_at": 20.0}, "number of seconds"),
+        ({"channel": "wifi", "p": 1, "start_at": -5.0, "end_at": 20.0}, "finite time >= 0"),
+    ],
+)
+def test_calendar_frame_refuses_bad_dated_rules(rule: dict[str, Any], message: str) -> None:
+    with pytest.raises(FrameError, match=message):
+        decode(cbor2.dumps({"op": "calendar", "req": 1, "rules": [rule]}))
+
+
+def test_a_dated_calendar_rule_on_the_wire() -> None:
+    frame = Calendar(req=3, rules=(CalendarRule(channel="wifi", p=1.0, start_at=10, end_at=20),))
+    assert cbor2.loads(encode(frame))["rules"] == [
+        {"channel": "wifi", "p": 1.0, "start_at": 10.0, "end_at": 20.0}
+    ]
+    assert decode(encode(frame)) == frame
+    rule = frame.rules[0].rule()
+    assert (rule.start_at, rule.end_at, rule.weekdays) == (10.0, 20.0, frozenset(range(7)))
 
 
 def test_device_frame_on_the_wire() -> None:
