@@ -104,7 +104,7 @@ class QuicDataPeer:
         self._stop()
 
     def migrated(self) -> None:
-        self.connection.migrate()
+        self.connection.migrate(self._loop.time())
         self._flush()
 
     def _feed(self, data: bytes, source: Address) -> None:

@@ -53,6 +53,7 @@ from quicdata.events import (
     PeerDisconnected,
     QuicDataEvent,
 )
+from quicdata.migration import MigrationWatch
 
 log = logging.getLogger("quicdata")
 
@@ -74,6 +75,10 @@ class QuicDataConfig:
     max_message_size: int = framing.MAX_MESSAGE_BYTES
     # QUIC flow-control windows (per connection and per stream).
     window: int = 4 << 20
+    # After a client's move: a PING whenever the server is silent this long, for at most
+    # migration_watch seconds (quicdata/migration.py).
+    migration_probe: float = 0.1
+    migration_watch: float = 3.0
 
 
 DEFAULT_CONFIG = QuicDataConfig()
@@ -162,6 +167,7 @@ class QuicDataConnection:
         self._next_ping: float | None = None
         self._ping_uid = 0
         self._path: Address | None = None
+        self._watch = MigrationWatch(config.migration_probe, config.migration_watch)
         #: Connection ids issued (True) and retired (False), for a server's routing.
         self.cid_changes: list[tuple[bool, bytes]] = []
 
@@ -198,6 +204,8 @@ class QuicDataConnection:
     # ------------------------------------------------------------------ inputs
 
     def receive_datagram(self, data: bytes, addr: Address, now: float) -> None:
+        if self._watch.active:
+            self._watch.heard(len(data), now)
         self._quic.receive_datagram(data, addr, now)
         self._process(now)
 
@@ -205,6 +213,9 @@ class QuicDataConnection:
         due = self._quic.get_timer()
         if due is not None and now >= due:
             self._quic.handle_timer(now)
+        if self._watch.active and self._watch.fire(now) and not self._closed:
+            self._ping_uid += 1
+            self._quic.send_ping(self._ping_uid)
         if not self._closed:
             if self._open and self._next_ping is not None and now >= self._next_ping:
                 self._ping_uid += 1
@@ -224,12 +235,14 @@ class QuicDataConnection:
         else:
             self._outbox.append(frame)
 
-    def migrate(self) -> None:
+    def migrate(self, now: float) -> None:
         """Our address changed (client): a new connection id and a PING from there, so the
-        server sees the new path at once and validates it."""
+        server sees the new path at once and validates it; more while it stays silent
+        (:class:`~quicdata.migration.MigrationWatch`)."""
         self._quic.change_connection_id()
         self._ping_uid += 1
         self._quic.send_ping(self._ping_uid)
+        self._watch.start(now)
 
     def close(self, reason: str = "closed") -> None:
         """Close now (CONNECTION_CLOSE goes out with the next datagrams); no event."""
@@ -240,10 +253,14 @@ class QuicDataConnection:
     # ------------------------------------------------------------------ outputs
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, Address]]:
-        return [(d, (str(a[0]), int(a[1]))) for d, a in self._quic.datagrams_to_send(now)]
+        out = [(d, (str(a[0]), int(a[1]))) for d, a in self._quic.datagrams_to_send(now)]
+        if self._watch.active:
+            for data, _ in out:
+                self._watch.sent(len(data))
+        return out
 
     def get_timer(self) -> float | None:
-        times = [self._quic.get_timer()]
+        times = [self._quic.get_timer(), self._watch.due]
         if not self._closed:
             times.append(self._next_ping if self._open else self._proof_deadline)
         due = [t for t in times if t is not None]

@@ -40,6 +40,7 @@ class Net:
     server_events: list[QuicDataEvent] = field(default_factory=list)
     accepted: list[QuicDataConnection] = field(default_factory=list)
     wire: list[bytes] = field(default_factory=list)  # every datagram, both ways
+    delivered_up: int = 0  # client -> server datagrams that arrived
 
     @property
     def peer(self) -> QuicDataConnection:
@@ -55,6 +56,7 @@ class Net:
                 moved = True
                 self.wire.append(data)
                 if not self.cut_up:
+                    self.delivered_up += 1
                     conn, new = self.server.receive(data, self.client_addr, self.now)
                     if new and conn is not None:
                         self.accepted.append(conn)

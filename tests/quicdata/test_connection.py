@@ -8,14 +8,14 @@ from collections.abc import Sequence
 import pytest
 
 from quicdata.binding import ProofKeys
-from quicdata.connection import QuicDataClosed, QuicDataConfig
+from quicdata.connection import DEFAULT_CONFIG, QuicDataClosed, QuicDataConfig
 from quicdata.events import Connected, MessageReceived, PathValidated, PeerDisconnected
 from quicdata.framing import StreamFramingError
 from tests.quicdata.net import CLIENT, SECRET, Net, pair
 
 
-def connected() -> Net:
-    net = pair()
+def connected(config: QuicDataConfig = DEFAULT_CONFIG) -> Net:
+    net = pair(config=config)
     net.pump()
     assert net.client.connected and net.peer.connected
     return net
@@ -87,7 +87,7 @@ def test_a_silent_peer_is_disconnected_by_the_idle_timeout() -> None:
 def test_a_client_that_moves_keeps_its_connection_and_the_server_validates_the_path() -> None:
     net = connected()
     net.client_addr = ("203.0.113.9", 40000)
-    net.client.migrate()
+    net.client.migrate(net.now)
     net.client.send_message(b"from the new address")
     net.advance(1.0)
     paths = [e for e in net.server_events if isinstance(e, PathValidated)]
@@ -98,6 +98,42 @@ def test_a_client_that_moves_keeps_its_connection_and_the_server_validates_the_p
     net.advance(1.0)
     assert received(net.client_events) == [b"to the new address"]
     assert len(net.server.connections) == 1
+
+
+def test_a_moved_client_pings_while_the_server_is_silent_within_the_watch() -> None:
+    # After a move the server may have given the new path up (a lost PATH_CHALLENGE or
+    # PATH_RESPONSE on an amplification-limited path) and be sending to the old address:
+    # the client, with nothing in flight, would be silent until its keepalive.
+    config = QuicDataConfig(migration_probe=0.1, migration_watch=1.0)
+    net = connected(config)
+    net.client_addr = ("203.0.113.9", 40000)
+    net.client.migrate(net.now)
+    net.advance(0.05)  # validated
+    assert [e for e in net.server_events if isinstance(e, PathValidated)]
+    net.cut_down = True  # the server is heard no more
+    sent = net.delivered_up
+    net.advance(0.5, step=0.01)
+    assert net.delivered_up - sent >= 4  # a PING per quiet 0.1 s
+    net.advance(1.0, step=0.01)  # the watch is over: only QUIC's own probes of those PINGs
+    quiet = net.delivered_up
+    net.cut_down = False
+    net.advance(0.3, step=0.01)
+    net.advance(2.0, step=0.05)
+    assert net.delivered_up - quiet <= 3  # acks of what the server sent, no PINGs
+
+
+def test_the_watch_stops_once_the_server_sends_what_only_a_validated_path_allows() -> None:
+    net = connected()
+    net.client_addr = ("203.0.113.9", 40000)
+    net.client.migrate(net.now)
+    net.advance(0.05)
+    for i in range(20):  # 20 KB: far more than three times the client's PING and acks
+        net.peer.send_message(bytes([i]) * 1000)
+    net.advance(0.2, step=0.01)
+    assert len(received(net.client_events)) == 20
+    sent = net.delivered_up
+    net.advance(1.0, step=0.01)  # idle, the server still heard: no PING per 0.1 s
+    assert net.delivered_up - sent <= 2
 
 
 def test_a_wrong_key_proof_closes_the_connection_with_one_log_line(
