@@ -45,6 +45,7 @@ from quicdata.binding import (
     fingerprint,
     format_fingerprint,
 )
+from quicdata.congestion import FLOORED_RENO
 from quicdata.events import (
     Address,
     Connected,
@@ -79,6 +80,9 @@ class QuicDataConfig:
     # migration_watch seconds (quicdata/migration.py).
     migration_probe: float = 0.1
     migration_watch: float = 3.0
+    # aioquic's congestion-control algorithm: FLOORED_RENO (quicdata/congestion.py),
+    # "reno" or "cubic".
+    congestion: str = FLOORED_RENO
 
 
 DEFAULT_CONFIG = QuicDataConfig()
@@ -126,6 +130,7 @@ def _configuration(config: QuicDataConfig, is_client: bool, key_log: _KeyLog) ->
         alpn_protocols=[ALPN],
         is_client=is_client,
         idle_timeout=config.idle_timeout,
+        congestion_control_algorithm=config.congestion,
         max_data=config.window,
         max_stream_data=config.window,
         # Only write() and flush() are called on it.
