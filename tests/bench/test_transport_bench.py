@@ -1,5 +1,6 @@
 """Benchmark: the broker's delivery to one agent over RUDP and over QUIC, through the
-impairment proxy, without loss and at 5 % loss both ways.
+impairment proxy, without loss and at 1 % and 5 % loss both ways; ``test_report`` prints
+QUIC's broker CPU per notification and goodput against RUDP's (the reference) per loss.
 
 Run: ``.venv/bin/pytest -m bench -s tests/bench/test_transport_bench.py``
 (``MDECI_TRANSPORT_BENCH_EVENTS`` overrides the 2,000 notifications).
@@ -99,6 +100,10 @@ async def _broker(
     return await run_broker(config, sip_listen=("127.0.0.1", 0), store=store, log=sink)
 
 
+# (transport, loss) -> (broker CPU seconds per notification, goodput in bytes/s)
+RESULTS: dict[tuple[str, float], tuple[float, float]] = {}
+
+
 @pytest.mark.bench
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("loss", [0.0, 0.01, 0.05], ids=["loss0", "loss1", "loss5"])
@@ -145,6 +150,7 @@ async def test_delivery_over_each_transport_through_the_impairment_proxy(
         # Through the proxy: the broker's peer is the proxy's upstream socket, not alice's.
         peer_addr = broker.service._users["sip:alice@localhost"].peer.addr
         assert peer_addr is not None and peer_addr[0] == BROKER_MEDIA_HOST, peer_addr
+        RESULTS[(transport, loss)] = (cpu / EVENTS, EVENTS * PAYLOAD / wall)
         print(
             f"\ntransport bench, {transport}, loss {loss:.0%} both ways (proxy, 5 ms one-way): "
             f"{EVENTS} x {PAYLOAD} B in {wall:.2f} s: goodput "
@@ -159,6 +165,19 @@ async def test_delivery_over_each_transport_through_the_impairment_proxy(
         await stop(a)
         await broker.close()
         proxy.stop()
+
+
+@pytest.mark.bench
+def test_report() -> None:
+    """QUIC against RUDP (the reference), measured in this run: broker CPU per
+    notification and goodput, per loss rate (goal: CPU at most 2x RUDP's)."""
+    print("\n\n| loss | broker CPU per notification, QUIC / RUDP | goodput, QUIC / RUDP |")
+    print("|---|---|---|")
+    for loss in (0.0, 0.01, 0.05):
+        quic, rudp = RESULTS.get(("quic", loss)), RESULTS.get(("rudp", loss))
+        if quic is None or rudp is None:
+            continue
+        print(f"| {loss:.0%} | {quic[0] / rudp[0]:.2f}x | {quic[1] / rudp[1]:.2f}x |")
 
 
 def process_cpu(pid: int) -> float:
