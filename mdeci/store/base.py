@@ -35,6 +35,11 @@ class Base(DeclarativeBase):
 SQLITE_BUSY_TIMEOUT = 5.0  # seconds
 PG_CONNECT_TIMEOUT = 5  # seconds (libpq connect_timeout)
 PG_STATEMENT_TIMEOUT_MS = 5000
+# A broker stopped (SIGSTOP, a stalled VM) inside a transaction keeps its row locks: the
+# server ends such a session after this long idle in its transaction, so another broker's
+# takeover of the same users is not held up by the frozen one (which finds its
+# connection gone when it runs again: a StoreError, as for any server-side kill).
+PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 5000
 
 
 def secure_sqlite_file(database: str) -> None:
@@ -66,7 +71,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             "connect_args",
             {
                 "connect_timeout": PG_CONNECT_TIMEOUT,
-                "options": f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS} {theirs}".strip(),
+                "options": (
+                    f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS} "
+                    f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS} "
+                    f"{theirs}"
+                ).strip(),
             },
         )
     engine = create_engine(url, **kwargs)

@@ -8,7 +8,7 @@ import os
 import pytest
 from sqlalchemy.engine import Engine
 
-from mdeci.store.base import make_engine
+from mdeci.store.base import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS, make_engine
 from mdeci.store.errors import DuplicateUser, InvalidArgument, StoreError, UnsupportedAlgorithm
 from mdeci.store.users import SqlUserStore, User, ha1, username_of
 from tests.peers import missing
@@ -118,5 +118,7 @@ def test_a_postgresql_url_keeps_its_own_options() -> None:
         with engine.connect() as conn:
             assert conn.exec_driver_sql("SHOW search_path").scalar() == "mdeci_opts_probe,public"
             assert conn.exec_driver_sql("SHOW statement_timeout").scalar() != "0"
+            idle = conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar()
+            assert idle == f"{PG_IDLE_IN_TRANSACTION_TIMEOUT_MS // 1000}s"
     finally:
         engine.dispose()
