@@ -22,9 +22,15 @@ def register(user: str, n: int, contact_port: int) -> bytes:
     ).encode()
 
 
+# A UDP client's retransmission schedule (RFC 3261 Timer E: T1 doubling), within 10 s.
+RETRANSMIT = (0.5, 1.0, 2.0, 4.0, 2.5)
+
+
 async def send_register(dest: tuple[str, int], user: str, n: int, copies: int = 1) -> list[bytes]:
     """One REGISTER (sent ``copies`` times, as retransmissions) from a socket of its own,
-    so from a source port of its own; the answer to each copy."""
+    so from a source port of its own; the answer to each copy. Unanswered, a copy is sent
+    again on Timer E's schedule, as a SIP client over UDP does (the same bytes: the same
+    transaction, whose answer is the same)."""
     loop = asyncio.get_running_loop()
     replies = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -32,10 +38,24 @@ async def send_register(dest: tuple[str, int], user: str, n: int, copies: int = 
         sock.setblocking(False)
         data = register(user, n, sock.getsockname()[1])
         for _ in range(copies):
-            await loop.sock_sendto(sock, data, dest)
-            reply, _ = await asyncio.wait_for(loop.sock_recvfrom(sock, 65535), 10)
-            replies.append(reply)
+            replies.append(await _exchange(loop, sock, data, dest))
     return replies
+
+
+async def _exchange(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes, dest: tuple[str, int]
+) -> bytes:
+    receiving = asyncio.ensure_future(loop.sock_recvfrom(sock, 65535))
+    try:
+        for wait in RETRANSMIT:
+            await loop.sock_sendto(sock, data, dest)
+            done, _ = await asyncio.wait({receiving}, timeout=wait)
+            if done:
+                reply, _ = receiving.result()
+                return reply
+        raise TimeoutError(f"no answer to a REGISTER sent {len(RETRANSMIT)} times")
+    finally:
+        receiving.cancel()
 
 
 def children(pid: int) -> list[int]:
