@@ -62,7 +62,7 @@ class DeviceSide:
     def __init__(self, config: AgentConfig) -> None:
         self._net = config.network
         cal = config.calendar
-        self._rules = tuple(
+        rules = tuple(
             CalendarRule(
                 channel=r.channel,
                 p=r.p,
@@ -72,8 +72,7 @@ class DeviceSide:
             )
             for r in cal.rules
         )
-        self._utc_offset = cal.utc_offset_minutes
-        self.calendar = cal.calendar()
+        self._use(rules, cal.utc_offset_minutes)
         self.networks = tuple(k.network() for k in config.network.kinds)
         self.best = {
             k.kind: Best(latency_ms=k.latency_ms, coverage=k.coverage) for k in config.network.kinds
@@ -128,12 +127,16 @@ class DeviceSide:
     def use_calendar(self, frame: Calendar) -> None:
         """An application's calendar, sent as ``frame``: it replaces the ``[calendar]``
         for the agent's own decisions and for every session start after."""
-        self._rules, self._utc_offset = frame.rules, frame.utc_offset_minutes
-        self.calendar = (
+        self._use(frame.rules, frame.utc_offset_minutes)
+
+    def _use(self, rules: tuple[CalendarRule, ...], utc_offset_minutes: int) -> None:
+        # The frame's rules are what is sent; the calendar the decisions read is theirs.
+        self._rules, self._utc_offset = rules, utc_offset_minutes
+        self.calendar: WeeklyCalendar | None = (
             WeeklyCalendar.from_rules(
-                (r.rule() for r in frame.rules), utc_offset_minutes=frame.utc_offset_minutes
+                (r.rule() for r in rules), utc_offset_minutes=utc_offset_minutes
             )
-            if frame.rules
+            if rules
             else None
         )
 
