@@ -26,10 +26,13 @@ from sip.errors import SipParseError
 from sip.headers import Headers
 from sip.message import Request, Response, parse_message
 from sip.sdp import build_offer, parse_session
+from sip.ua import UaConfig
+from sip.uac import PADDING
 from tests.keyx import OfferKeys
 
 Address = tuple[str, int]
 T1 = 0.5  # RFC 3261 T1: first retransmission interval (s)
+PAD_TO = UaConfig(aor="sip:swarm@invalid").pad_to
 TRIES = 7  # sends of one request before the agent gives up (0.5 + 1 + ... + 32 s)
 
 
@@ -145,9 +148,14 @@ class Swarm:
             f"Contact: <sip:{user}@{self.host}:{self._port}>\r\n"
             f"{extra}"
             + ("Content-Type: application/sdp\r\n" if body else "")
-            + f"Content-Length: {len(body)}\r\n\r\n"
         )
-        return head.encode() + body
+        tail = f"Content-Length: {len(body)}\r\n\r\n"
+        # Padded as the agent's UA pads (UaConfig.pad_to): the broker answers a request
+        # without credentials over UDP with at most its own size.
+        short = PAD_TO - len(head) - len(tail) - len(body) - len(PADDING + ": \r\n")
+        if method not in ("ACK", "CANCEL") and "Authorization:" not in extra and short > 0:
+            head += f"{PADDING}: {'x' * short}\r\n"
+        return (head + tail).encode() + body
 
     async def _exchange(self, data: bytes, branch: str, dest: Address) -> Response:
         """Send, resend at T1, 2·T1, ... until a final response; raise SwarmError at last."""

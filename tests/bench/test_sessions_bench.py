@@ -88,10 +88,12 @@ async def test_rss_with_10000_sessions(tmp_path: Path) -> None:
             if TRACEMALLOC:
                 await _memtrace(broker, signal.SIGUSR1)
         rss0 = broker.rss_kb()
+        await broker.spy("setup")
         cpu0, t0 = broker.cpu_s(), time.perf_counter()
         await set_up(
             swarm, users, {u: password(u) for u in users}, broker.sip, CONCURRENCY, RUN_LIMIT
         )
+        await broker.unspy()
         elapsed = time.perf_counter() - t0
         cpu = broker.cpu_s() - cpu0
         rss1 = broker.rss_kb()
