@@ -11,10 +11,11 @@ row locks that serialise concurrent callers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
@@ -145,7 +146,34 @@ def insert_on_conflict(conn: Connection, model: Any) -> Any:
     Raises:
         StoreError: the dialect is neither SQLite nor PostgreSQL.
     """
-    name = conn.dialect.name
+    return _insert(conn.dialect.name, model)
+
+
+def upsert_statement(
+    engine: Engine,
+    table: Table,
+    keys: Sequence[str],
+    update: Sequence[str],
+    expressions: Mapping[str, Any] | None = None,
+) -> Any:
+    """``INSERT INTO table ... ON CONFLICT (keys) DO UPDATE`` setting each column of
+    ``update`` to the value the insert gave it, and each of ``expressions`` to its
+    expression; the values are bound when it runs (``conn.execute(stmt, {column:
+    value})``). A repository builds it once: a statement built per call costs more than
+    SQLite takes to run it (SQLAlchemy coerces and keys every literal value).
+
+    Raises:
+        StoreError: the dialect is neither SQLite nor PostgreSQL.
+    """
+    stmt = _insert(engine.dialect.name, table)
+    values = {name: stmt.excluded[name] for name in update}
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c[name] for name in keys],
+        set_={**values, **(expressions or {})},
+    )
+
+
+def _insert(name: str, model: Any) -> Any:
     if name == "postgresql":
         return postgresql.insert(model)
     if name == "sqlite":

@@ -7,11 +7,12 @@ as a registration with ``Expires: 0`` is gone at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
-from sqlalchemy import delete, select
+from sqlalchemy import Table, bindparam, delete, select
 from sqlalchemy.engine import Engine
 
-from mdeci.store._sql import insert_on_conflict, reading, transaction
+from mdeci.store._sql import reading, transaction, upsert_statement
 from mdeci.store.models import BindingRow
 
 
@@ -37,6 +38,13 @@ _COLUMNS = (
     BindingRow.q,
     BindingRow.source,
 )
+_TABLE = cast(Table, BindingRow.__table__)
+# Built once: the registrar runs these for every REGISTER.
+_ALIVE = (
+    select(*_COLUMNS)
+    .where(BindingRow.aor == bindparam("aor"), BindingRow.expires_at > bindparam("now"))
+    .order_by(BindingRow.q.desc(), BindingRow.contact)
+)
 
 
 class SqlBindingStore:
@@ -44,6 +52,9 @@ class SqlBindingStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._put = upsert_statement(
+            engine, _TABLE, ("aor", "contact"), ("expires_at", "call_id", "cseq", "q", "source")
+        )
 
     def bindings(self, aor: str, now: float) -> list[Binding]:
         """The unexpired bindings of ``aor`` (``expires_at > now``), highest q first.
@@ -52,11 +63,7 @@ class SqlBindingStore:
             StoreError: the database failed.
         """
         with reading(self._engine, "bindings") as conn:
-            rows = conn.execute(
-                select(*_COLUMNS)
-                .where(BindingRow.aor == aor, BindingRow.expires_at > now)
-                .order_by(BindingRow.q.desc(), BindingRow.contact)
-            ).all()
+            rows = conn.execute(_ALIVE, {"aor": aor, "now": now}).all()
         return [Binding(*row) for row in rows]
 
     def put(self, binding: Binding) -> None:
@@ -75,13 +82,7 @@ class SqlBindingStore:
             "source": binding.source,
         }
         with transaction(self._engine, "put binding") as conn:
-            stmt = insert_on_conflict(conn, BindingRow).values(values)
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[BindingRow.aor, BindingRow.contact],
-                    set_={k: v for k, v in values.items() if k not in ("aor", "contact")},
-                )
-            )
+            conn.execute(self._put, values)
 
     def remove(self, aor: str, contact: str) -> None:
         """Delete one binding; nothing happens if it does not exist.

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.engine import Engine, Row
 
-from mdeci.store._sql import forget_old_pages, insert_on_conflict, reading, transaction
+from mdeci.store._sql import forget_old_pages, reading, transaction, upsert_statement
 from mdeci.store.models import SessionRow
 from mdeci.store.ownership import Held, Lost, holder_of
 
@@ -60,6 +60,11 @@ class SessionRecord:
 
 _NAMES = tuple(f.name for f in fields(SessionRecord))
 _COLUMNS = tuple(getattr(SessionRow, name) for name in _NAMES)
+# The columns a new session writes, the key aside.
+_CHANGED = (*(name for name in _NAMES if name != "uri"), "owner")
+# The row's owner before a claim (the churn log's handoff): the row is locked until the
+# claim commits (PostgreSQL; SQLite has one writer).
+_PREV_OWNER = select(SessionRow.owner).where(SessionRow.uri == bindparam("uri")).with_for_update()
 
 
 def _record(row: Row[Any]) -> SessionRecord:
@@ -73,6 +78,22 @@ class SqlSessionStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        # A new session replaces the row whole and raises the epoch (built once: every
+        # INVITE runs it).
+        self._claim = upsert_statement(
+            engine,
+            cast(Table, SessionRow.__table__),
+            ("uri",),
+            _CHANGED,
+            {"epoch": SessionRow.epoch + 1},
+        ).returning(SessionRow.epoch)
+        # A refresh rewrites the row only at the epoch its caller holds.
+        self._refresh = (
+            update(SessionRow)
+            .where(SessionRow.uri == bindparam("w_uri"), SessionRow.epoch == bindparam("w_epoch"))
+            .values({name: bindparam(name) for name in _CHANGED})
+            .returning(SessionRow.epoch)
+        )
 
     def upsert_session(
         self, session: SessionRecord, owner: str = "", held: int | None = None
@@ -91,28 +112,15 @@ class SqlSessionStore:
         values: dict[str, Any] = {name: getattr(session, name) for name in _NAMES}
         values["status"] = str(session.status)
         values["owner"] = owner
-        changed = {k: v for k, v in values.items() if k != "uri"}
         with transaction(self._engine, "upsert_session") as conn:
             if held is not None:
+                changed = {k: v for k, v in values.items() if k != "uri"}
                 epoch = conn.execute(
-                    update(SessionRow)
-                    .where(SessionRow.uri == session.uri, SessionRow.epoch == held)
-                    .values(changed)
-                    .returning(SessionRow.epoch)
+                    self._refresh, {**changed, "w_uri": session.uri, "w_epoch": held}
                 ).scalar_one_or_none()
                 return holder_of(conn, session.uri) if epoch is None else Held(int(epoch))
-            # The row's owner before this claim (the churn log's handoff): the row is
-            # locked until the claim commits (PostgreSQL; SQLite has one writer).
-            prev = conn.execute(
-                select(SessionRow.owner).where(SessionRow.uri == session.uri).with_for_update()
-            ).scalar_one_or_none()
-            stmt = insert_on_conflict(conn, SessionRow).values({**values, "epoch": 1})
-            epoch = conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[SessionRow.uri],
-                    set_={**changed, "epoch": SessionRow.epoch + 1},
-                ).returning(SessionRow.epoch)
-            ).scalar_one()
+            prev = conn.execute(_PREV_OWNER, {"uri": session.uri}).scalar_one_or_none()
+            epoch = conn.execute(self._claim, {**values, "epoch": 1}).scalar_one()
         return Held(int(epoch), prev or "")
 
     def get_session(self, uri: str) -> SessionRecord | None:

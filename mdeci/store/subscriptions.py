@@ -34,6 +34,10 @@ _COLUMNS = (
 )
 
 
+# Built once: every sub runs it.
+_ADD = insert(SubscriptionRow).returning(*_COLUMNS)
+
+
 def _record(row: Sequence[Any]) -> Subscription:
     return Subscription(*row)
 
@@ -82,7 +86,7 @@ class SqlSubscriptionStore:
             "in_order": in_order,
         }
         with transaction(self._engine, "add_subscription") as conn:
-            row = conn.execute(insert(SubscriptionRow).values(values).returning(*_COLUMNS)).one()
+            row = conn.execute(_ADD, values).one()
             self._tell_others(conn)
         return _record(row)
 

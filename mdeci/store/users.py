@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -51,6 +51,15 @@ def username_of(uri: str) -> str:
     if not at or not user:
         raise InvalidArgument(f"URI {uri!r} has no user part; pass username= explicitly")
     return user.split(";", 1)[0]
+
+
+# The HA1 of one user by algorithm family, built once: every Digest check reads one.
+_HA1 = {
+    family: select(column).where(
+        UserRow.username == bindparam("username"), UserRow.realm == bindparam("realm")
+    )
+    for family, column in (("md5", UserRow.ha1_md5), ("sha256", UserRow.ha1_sha256))
+}
 
 
 def _column(algorithm: str) -> str:
@@ -185,11 +194,9 @@ class SqlUserStore:
             UnsupportedAlgorithm: an algorithm other than those.
             StoreError: the database failed.
         """
-        column = UserRow.ha1_md5 if _column(algorithm) == "md5" else UserRow.ha1_sha256
+        stmt = _HA1[_column(algorithm)]
         with reading(self._engine, "get_credentials") as conn:
-            value = conn.execute(
-                select(column).where(UserRow.username == username, UserRow.realm == realm)
-            ).scalar_one_or_none()
+            value = conn.execute(stmt, {"username": username, "realm": realm}).scalar_one_or_none()
         return value or None  # "" = not kept
 
     def list_users(self) -> list[User]:

@@ -146,8 +146,7 @@ class Swarm:
             f"Call-ID: {call_id}\r\n"
             f"CSeq: {cseq} {method}\r\n"
             f"Contact: <sip:{user}@{self.host}:{self._port}>\r\n"
-            f"{extra}"
-            + ("Content-Type: application/sdp\r\n" if body else "")
+            f"{extra}" + ("Content-Type: application/sdp\r\n" if body else "")
         )
         tail = f"Content-Length: {len(body)}\r\n\r\n"
         # Padded as the agent's UA pads (UaConfig.pad_to): the broker answers a request
