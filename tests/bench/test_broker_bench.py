@@ -95,8 +95,8 @@ def _proc_rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def _proc_cpu_s(pid: int, stat: str = "stat") -> float:
+    fields = Path(f"/proc/{pid}/{stat}").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -184,6 +184,11 @@ class BrokerProc:
 
     def cpu_s(self) -> float:
         return _proc_cpu_s(self.pid)
+
+    def loop_cpu_s(self) -> float:
+        """CPU of the broker's event-loop thread alone (its main thread: tid = pid);
+        the rest of :meth:`cpu_s` is the database thread's and the executors'."""
+        return _proc_cpu_s(self.pid, f"task/{self.pid}/stat")
 
     async def stop(self) -> None:
         await self.unspy()
