@@ -369,7 +369,9 @@ class BrokerSipEndpoint:
     async def _register(self, req: IncomingRequest, attempt: LoginAttempt) -> Reply:
         if self._registrar is None:
             return _refuse(405, "this broker is not a registrar")
-        return await self._registrar.handle(req, self.digest.bound(attempt))
+        return await self._registrar.handle(
+            req, self.digest.bound(attempt), credentials=attempt.user is not None
+        )
 
     def _invite(self, req: IncomingRequest, attempt: LoginAttempt) -> Reply:
         """Answer an INVITE or re-INVITE to the broker's user: who sends it, Digest, the

@@ -6,9 +6,13 @@ SQL bindings, run from the event loop without calling the database there.
 loop over the rows of one AOR read beforehand: its writes are recorded, then applied on
 the database thread before the answer goes out (a failure answers 500 and logs no
 event). :class:`BrokerRegistrar` handles REGISTERs so, one at a time (no two stage the
-same rows), logs the registrar's events as the churn events ``registered`` /
-``unregistered`` / ``registration_expired``, and runs the expiry sweep. Binding expiries
-are wall-clock epoch seconds: they are stored, and outlive the process.
+same rows), except one without credentials for our realm: the registrar authenticates
+before it reads a binding (RFC 3261 §10.3 steps 3-4 before 7-8), so such a REGISTER is
+refused (challenged, or 400 for unreadable credentials) at once, with no store read and
+no wait behind other REGISTERs' commits; a binding read there would raise StoreError,
+never answer from no rows. It logs the registrar's events as the churn events
+``registered`` / ``unregistered`` / ``registration_expired``, and runs the expiry sweep.
+Binding expiries are wall-clock epoch seconds: they are stored, and outlive the process.
 """
 
 from __future__ import annotations
@@ -152,9 +156,12 @@ class BrokerRegistrar:
         self._clock = clock
         self._lock = asyncio.Lock()
 
-    async def handle(self, req: IncomingRequest, auth: Verifier) -> Reply:
+    async def handle(self, req: IncomingRequest, auth: Verifier, *, credentials: bool) -> Reply:
         """The answer to a REGISTER, its Digest checked by ``auth`` (bound to this
-        request). Raises StoreError (nothing stored, nothing logged)."""
+        request); ``credentials``: whether it carries credentials for our realm. Raises
+        StoreError (nothing stored, nothing logged)."""
+        if not credentials:
+            return self._refused(req, auth)
         try:
             to = req.request.to.uri
             aor = to.aor if isinstance(to, SipUri) and to.user is not None else None
@@ -178,6 +185,18 @@ class BrokerRegistrar:
                 raise
         while (event := self.registrar.next_event()) is not None:
             self._emit(event)
+        return Reply.from_response(response)
+
+    def _refused(self, req: IncomingRequest, auth: Verifier) -> Reply:
+        """The answer to a REGISTER that cannot authenticate: staged with no AOR, so a
+        binding read or write (none is due) raises StoreError."""
+        self._staged.begin(None, [])
+        try:
+            response = self.registrar.handle(
+                req.request, self._clock(), source=addr_text(req.source), auth=auth
+            )
+        finally:
+            self._staged.end()
         return Reply.from_response(response)
 
     def _emit(self, event: RegistrarEvent) -> None:
