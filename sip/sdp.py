@@ -59,11 +59,13 @@ __all__ = [
     "MDECI_VERSION",
     "TRANSPORTS",
     "MdeciMedia",
+    "SessionDescription",
     "build_answer",
     "build_offer",
     "decode_key",
     "encode_key",
     "parse_session",
+    "read_description",
 ]
 
 MDECI_PROTO = "UDP/MDECI-RUDP"
@@ -302,7 +304,7 @@ def _fingerprint(session: dict[str, Any], media: dict[str, Any]) -> bytes | None
 
 def _mdeci(
     session: dict[str, Any],
-    mlines: list[_MLine],
+    mlines: Sequence[_MLine],
     origin: _Origin,
     *,
     require_key: bool,
@@ -347,8 +349,33 @@ def _mdeci(
 # ------------------------------------------------------------------ public
 
 
+@dataclass(frozen=True, slots=True)
+class SessionDescription:
+    """A session description read once (:func:`read_description`), so that reading its
+    mdeci line (:func:`parse_session`) and answering it (:func:`build_answer`) do not
+    parse the text twice: parsing is most of what either costs."""
+
+    session: dict[str, Any]
+    mlines: tuple[_MLine, ...]
+    origin: _Origin
+
+
+def read_description(sdp_text: str | bytes) -> SessionDescription:
+    """Parse a session description. Raises :class:`SdpError` (488) when it is not one we
+    can work with."""
+    session, mlines, origin = _read(_as_text(sdp_text))
+    return SessionDescription(session, tuple(mlines), origin)
+
+
+def _described(sdp: str | bytes | SessionDescription) -> SessionDescription:
+    return sdp if isinstance(sdp, SessionDescription) else read_description(sdp)
+
+
 def parse_session(
-    sdp_text: str | bytes, *, require_key: bool = False, transports: Sequence[str] = ("rudp",)
+    sdp_text: str | bytes | SessionDescription,
+    *,
+    require_key: bool = False,
+    transports: Sequence[str] = ("rudp",),
 ) -> MdeciMedia:
     """Read the first usable mdeci line of one of ``transports`` in an offer or answer.
 
@@ -358,8 +385,10 @@ def parse_session(
     address or MSISDN.
     """
     _check_transports(transports)
-    session, mlines, origin = _read(_as_text(sdp_text))
-    return _mdeci(session, mlines, origin, require_key=require_key, transports=transports)
+    sdp = _described(sdp_text)
+    return _mdeci(
+        sdp.session, sdp.mlines, sdp.origin, require_key=require_key, transports=transports
+    )
 
 
 def _session_dict(user: str, sess_id: int | str, version: int, addr: str) -> dict[str, Any]:
@@ -469,7 +498,7 @@ def build_offer(
 
 
 def build_answer(
-    offer_text: str | bytes,
+    offer_text: str | bytes | SessionDescription,
     user: str,
     sess_id: int | str,
     version: int,
@@ -504,8 +533,9 @@ def build_answer(
             raise ValueError("accepting QUIC needs quic_port and fingerprint")
         _check_port(quic_port)
     answer = _session_dict(user, sess_id, version, addr)
-    offer, mlines, origin = _read(_as_text(offer_text))
-    chosen = _mdeci(offer, mlines, origin, require_key=True, transports=accept)
+    described = _described(offer_text)
+    offer, mlines = described.session, described.mlines
+    chosen = _mdeci(offer, mlines, described.origin, require_key=True, transports=accept)
     timing = offer.get("timing")
     if isinstance(timing, dict) and isinstance(timing.get("start"), int):
         # RFC 3264 §6: "The t= line in the answer MUST equal that of the offer."

@@ -97,7 +97,7 @@ from sip.dialog import Dialog, DialogState
 from sip.errors import AuthHeaderError, SdpError, SipError, SipParseError
 from sip.message import Request
 from sip.registrar import Registrar, RegistrarConfig
-from sip.sdp import MdeciMedia, parse_session
+from sip.sdp import MdeciMedia, SessionDescription, parse_session, read_description
 from sip.uri import SipUri, parse_uri
 
 WARN_AGENT = "mdeci"
@@ -390,7 +390,8 @@ class BrokerSipEndpoint:
         fresh = self._new_sess_id()
         sess_id, version = self.sessions.origin(request.call_id, from_tag) or (fresh, 0)
         try:
-            media = read_offer(request.body, self.service.channels)
+            offer = read_description(request.body)  # read once: the answer reuses it
+            media = read_offer(offer, self.service.channels)
         except SdpError as exc:
             return _refuse(488, exc.reason)
         assert media.key is not None  # require_key
@@ -408,7 +409,7 @@ class BrokerSipEndpoint:
                     holder,
                 )
                 return _refuse(488, "key-exchange value already in use; draw a new one")
-        return self._answer(req, uri, user, from_tag, media, (sess_id, version + 1), keep)
+        return self._answer(req, uri, user, from_tag, offer, media, (sess_id, version + 1), keep)
 
     def _inviter(self, req: IncomingRequest) -> tuple[str, str, str] | Reply:
         """(AOR, user, From tag) of an INVITE's sender, or the refusal: 404 for another
@@ -440,6 +441,7 @@ class BrokerSipEndpoint:
         uri: str,
         user: str,
         from_tag: str,
+        offer: SessionDescription,
         media: MdeciMedia,
         origin: tuple[int, int],
         keep: bool,
@@ -460,7 +462,7 @@ class BrokerSipEndpoint:
             public = None if kx is None else kx.public
             channels = self.service.channels
             answer = answer_offer(
-                request.body, self.config.user, origin, channels, public, self._store_id
+                offer, self.config.user, origin, channels, public, self._store_id
             ).encode()
             if kx is None:
                 kept = self.sessions.get(uri)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sip.sdp import MdeciMedia, build_answer, parse_session
+from sip.sdp import MdeciMedia, SessionDescription, build_answer, parse_session
 
 Address = tuple[str, int]
 
@@ -42,7 +42,7 @@ def with_store_id(answer: str, store_id: str) -> str:
     return f"{head}a=mdeci-store:{store_id}\r\n{sep}{rest}"
 
 
-def read_offer(body: bytes | str, channels: DataChannels) -> MdeciMedia:
+def read_offer(body: bytes | str | SessionDescription, channels: DataChannels) -> MdeciMedia:
     """The offer's line the broker accepts (``transport`` names it). Raises
     :class:`~sip.errors.SdpError` (488) when no line of an accepted transport is usable,
     or the offer is unreadable or has no key-exchange value."""
@@ -50,7 +50,7 @@ def read_offer(body: bytes | str, channels: DataChannels) -> MdeciMedia:
 
 
 def answer_offer(
-    body: bytes | str,
+    body: bytes | str | SessionDescription,
     user: str,
     origin: tuple[int, int],
     channels: DataChannels,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+from collections.abc import Callable
 
 import pytest
 import sdp_transform
@@ -14,11 +15,13 @@ from sip.errors import SdpError
 from sip.sdp import (
     MDECI_PROTO,
     MdeciMedia,
+    SessionDescription,
     build_answer,
     build_offer,
     decode_key,
     encode_key,
     parse_session,
+    read_description,
 )
 
 KEY = bytes(range(32))
@@ -435,6 +438,33 @@ def test_any_text_parses_or_raises_sdp_error(text: str) -> None:
     except SdpError:
         return
     assert parse_session(answer).port == 9000
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except SdpError as exc:
+        return ("SdpError", exc.reason)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_SDP_PIECES, max_size=14).map("".join))
+def test_a_description_read_once_answers_as_its_text_does(text: str) -> None:
+    """The broker reads an offer once and answers from what it read."""
+    read = _outcome(lambda: read_description(text))
+    if not isinstance(read, SessionDescription):
+        assert read == _outcome(lambda: parse_session(text))
+        assert read == _outcome(lambda: build_answer(text, "broker", 1, 1, "127.0.0.1", 9000))
+        return
+    assert _outcome(lambda: parse_session(read, require_key=True)) == _outcome(
+        lambda: parse_session(text, require_key=True)
+    )
+    answer = _outcome(lambda: build_answer(read, "broker", 1, 1, "127.0.0.1", 9000, key=KEY))
+    assert answer == _outcome(
+        lambda: build_answer(text, "broker", 1, 1, "127.0.0.1", 9000, key=KEY)
+    )
+    # Answering leaves the description as it was read, for a second use.
+    assert read == read_description(text)
 
 
 def test_a_session_key_in_clear_is_refused() -> None:
