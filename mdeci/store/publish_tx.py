@@ -32,6 +32,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, cast
 
+from psycopg import Pipeline
 from psycopg.pq import TransactionStatus
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -88,9 +89,10 @@ def _counters(rows: Iterator[Any] | list[Any], into: dict[str, CounterRow]) -> N
 class SqlPublishTx:
     """:class:`PublishTx` over a SQLAlchemy connection in a transaction (SQLite's)."""
 
-    def __init__(self, conn: Connection, sql: QueueSql) -> None:
+    def __init__(self, conn: Connection, sql: QueueSql, node: str = "") -> None:
         self._conn = conn
         self._sql = sql
+        self._node = node if conn.dialect.name == "postgresql" else ""
 
     def record_and_lock(
         self, requests: Sequence[PublishRequest], uris: list[str]
@@ -128,17 +130,21 @@ class SqlPublishTx:
         self._conn.exec_driver_sql(
             self._sql.set_counter, updates[0] if len(updates) == 1 else updates
         )
+        if self._node:
+            # Other brokers' users hear of it at commit (mdeci/store/wake.py).
+            self._conn.exec_driver_sql(NOTIFY_OTHERS, (uris, self._node))
 
 
 @contextlib.contextmanager
-def sql_publish_tx(engine: Engine, sql: QueueSql) -> Iterator[PublishTx]:
-    """A :class:`SqlPublishTx` in one transaction, committed on exit (durable then).
+def sql_publish_tx(engine: Engine, sql: QueueSql, node: str = "") -> Iterator[PublishTx]:
+    """A :class:`SqlPublishTx` in one transaction, committed on exit (durable then):
+    SQLite's, and PostgreSQL's where the driver's libpq has no pipeline mode (before 14).
 
     Raises:
         StoreError: the database failed; the transaction was rolled back.
     """
     with transaction(engine, "publish") as conn:
-        yield SqlPublishTx(conn, sql)
+        yield SqlPublishTx(conn, sql, node)
 
 
 class PgPublishTx:
@@ -198,6 +204,11 @@ class PgPublishTx:
         if self._node:
             # Other brokers' users hear of it at commit (mdeci/store/wake.py).
             self._send(NOTIFY_OTHERS, (uris, self._node))
+
+
+def can_pipeline(engine: Engine) -> bool:
+    """Whether ``engine``'s publishes can use :func:`pg_publish_tx`."""
+    return engine.dialect.name == "postgresql" and Pipeline.is_supported()
 
 
 @contextlib.contextmanager

@@ -62,7 +62,13 @@ from mdeci.config import OVERFLOW_POLICIES as OVERFLOW_POLICIES
 from mdeci.store._sql import reading, relaxed_transaction, store_error, transaction
 from mdeci.store.errors import InvalidArgument, StoreError
 from mdeci.store.models import PublishedRow, QueueCounterRow
-from mdeci.store.publish_tx import LOCK_CHUNK, PublishTx, pg_publish_tx, sql_publish_tx
+from mdeci.store.publish_tx import (
+    LOCK_CHUNK,
+    PublishTx,
+    can_pipeline,
+    pg_publish_tx,
+    sql_publish_tx,
+)
 from mdeci.store.queue_rows import (
     DeliveryRow,
     Dropped,
@@ -114,6 +120,7 @@ class SqlQueueStore:
         # dialect.
         self._sql = queue_sql(engine.dialect)
         self._pg = engine.dialect.name == "postgresql"
+        self._pipelined = can_pipeline(engine)
         # What the driver raises (pending_many and ack_many run its cursor directly, below
         # SQLAlchemy, which translates only what passes through it).
         self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
@@ -236,9 +243,9 @@ class SqlQueueStore:
     def _publish_tx(self) -> contextlib.AbstractContextManager[PublishTx]:
         """One publish transaction (mdeci/store/publish_tx.py): on PostgreSQL, its
         statements pipelined, two round trips in all."""
-        if self._pg:
+        if self._pipelined:
             return pg_publish_tx(self._engine, self._sql, self.node)
-        return sql_publish_tx(self._engine, self._sql)
+        return sql_publish_tx(self._engine, self._sql, self.node)
 
     @staticmethod
     def _write_rows(tx: PublishTx, rows: list[StoredRow], written: list[StoredRow] | None) -> None:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from sqlalchemy.engine import Engine, make_url
 
@@ -159,3 +160,21 @@ def test_a_postgresql_pipelined_commit_that_fails_hands_back_nothing(engine: Eng
     assert written == [] and q.depth(ALICE) == 0
     results = q.publish_many(_requests("m", 3), max_depth=10, policy="drop-oldest", written=written)
     assert not any(r.duplicate for r in results) and len(written) == 3
+
+
+def test_a_postgresql_libpq_without_pipeline_mode_publishes_statement_by_statement(
+    delayed: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A libpq before 14 has no pipeline mode: the same transaction goes one statement
+    a round trip (BEGIN, record, lock, insert, counters, wake-up, COMMIT), with the same
+    results."""
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", staticmethod(lambda: False))
+    q = SqlQueueStore(delayed)
+    q.node = "here"
+    _timed_publish(q, _requests("warm", 1))
+    elapsed = _timed_publish(q, _requests("many", 3))
+    assert elapsed >= 7 * DELAY
+    assert [n.nseq for n in q.pending(ALICE)] == [1, 2, 3, 4]
+    assert [
+        r.duplicate for r in q.publish_many(_requests("many", 1), max_depth=9, policy="drop-oldest")
+    ] == [True]
