@@ -20,10 +20,10 @@ a batch is half a dozen of them. The driver's pipeline mode sends the statements
 without waiting for each one's answer: step 1 is one round trip (``BEGIN``, the record
 and the locks together), step 3 and the ``COMMIT`` another. The server still runs them
 one after the other, in the order sent, in one transaction, so the locks are taken in
-the same order as before (pairs, then counter rows in URI order) and the commit is
-durable when the call returns: nothing changes but the waits. An error of any statement
-aborts the rest and comes out of the commit at the latest, as a :class:`StoreError`;
-the transaction is rolled back and nothing was recorded.
+the order the statements give (pairs, then counter rows in URI order) and the commit is
+durable when the call returns; only the waits are fewer. An error of any statement
+aborts the rest and comes out at the latest with the COMMIT's answer, as a
+:class:`StoreError`; the transaction is rolled back and nothing was recorded.
 """
 
 from __future__ import annotations

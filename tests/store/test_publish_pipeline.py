@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine, make_url
 from mdeci.store.base import make_engine
 from mdeci.store.errors import StoreError
 from mdeci.store.queues import PublishRequest, SqlQueueStore, StoredRow
-from tests.store.test_queue_failures import failing_commits
+from tests.store.test_queue_failures import _kill, _pooled_pids, failing_commits
 from tests.store.test_queues import ALICE, PUB
 
 # Added to every answer of the server: large against the rest of a publish on a loaded
@@ -178,3 +178,24 @@ def test_a_postgresql_libpq_without_pipeline_mode_publishes_statement_by_stateme
     assert [
         r.duplicate for r in q.publish_many(_requests("many", 1), max_depth=9, policy="drop-oldest")
     ] == [True]
+
+
+def test_a_postgresql_connection_killed_under_the_pipeline_costs_one_error(
+    engine: Engine,
+) -> None:
+    """The pipeline runs on the driver's connection, outside SQLAlchemy's handling: a
+    server that ends its connections (a restart, a failover) costs one StoreError, the
+    pool's dead connections are not handed out again, and the next publish works."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("a server-side kill of pooled connections: PostgreSQL only")
+    q = SqlQueueStore(engine)
+    q.publish_many(_requests("a", 1), max_depth=10, policy="drop-oldest")
+    _kill(engine, _pooled_pids(engine, 3))
+    failures = 0
+    for i in range(4):
+        try:
+            q.publish_many(_requests(f"b{i}", 1), max_depth=10, policy="drop-oldest")
+        except StoreError:
+            failures += 1
+    assert failures == 1
+    assert [n.msg_id for n in q.pending(ALICE)] == ["a0", "b10", "b20", "b30"]
