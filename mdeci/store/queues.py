@@ -10,13 +10,16 @@ Theory of operation
 2. creates or locks every recipient's row in ``queue_counters`` with one statement, in
    URI order (so concurrent publishes lock the users' counter rows in one order and
    cannot deadlock), reading ``last_nseq`` and ``depth`` (the queue's length, kept by
-   every write to the queue, so no ``COUNT(*)``);
+   every write to the queue, so no ``COUNT(*)``); a duplicate's recipients are locked
+   too, as the statement goes before the answer of step 1 is read;
 3. plans each target ``(uri, sub_id)`` in memory, in URI order: applies the overflow
    policy if the queue holds ``max_depth`` entries already, and gives the notification
    ``nseq = last_nseq + 1``;
 4. writes the plan set-based: one ``DELETE`` per user that overflows ``drop-oldest``,
-   one executemany ``INSERT`` of the queued rows, one executemany ``UPDATE`` of the
-   counters (a fan-out to 100 users is a handful of statements, not ~400).
+   one ``INSERT`` of the queued rows, one executemany ``UPDATE`` of the counters (a
+   fan-out to 100 users is a handful of statements, not ~400). On PostgreSQL the
+   statements are pipelined: two round trips, commit included
+   (:mod:`mdeci.store.publish_tx`).
 
 ``ack`` and ``remove`` lock the counter row before deleting (the order ``publish`` takes
 its locks in) and lower ``depth`` by what they deleted.
@@ -59,6 +62,13 @@ from mdeci.config import OVERFLOW_POLICIES as OVERFLOW_POLICIES
 from mdeci.store._sql import reading, relaxed_transaction, store_error, transaction
 from mdeci.store.errors import InvalidArgument, StoreError
 from mdeci.store.models import PublishedRow, QueueCounterRow
+from mdeci.store.publish_tx import (
+    LOCK_CHUNK,
+    PublishTx,
+    can_pipeline,
+    pg_publish_tx,
+    sql_publish_tx,
+)
 from mdeci.store.queue_rows import (
     DeliveryRow,
     Dropped,
@@ -70,29 +80,19 @@ from mdeci.store.queue_rows import (
     StoredRow,
     as_delivery,
     as_queued,
-    by_column,
     queue_row,
 )
 from mdeci.store.queue_sql import (
-    DROP_OLDEST,
     LOCK_ONE,
-    MATCHED,
     PENDING,
     PENDING_URGENT,
     REMOVE,
     SHRINK,
     queue_sql,
 )
-from mdeci.store.wake import NOTIFY_OTHERS
 
 _new_tuple = tuple.__new__
 
-# Publishes recorded per statement (see SqlQueueStore._record_new): 4 parameters each,
-# within SQLite's smallest limit on a statement's parameters (999).
-_RECORD_CHUNK = 200
-# Users whose counter rows one statement locks (see SqlQueueStore._lock): 1 parameter
-# each, within the same limit.
-_LOCK_CHUNK = 500
 # Acks one SQLite DELETE applies (see SqlQueueStore._ack_set): 2 parameters each.
 _ACK_CHUNK = 400
 
@@ -120,6 +120,7 @@ class SqlQueueStore:
         # dialect.
         self._sql = queue_sql(engine.dialect)
         self._pg = engine.dialect.name == "postgresql"
+        self._pipelined = can_pipeline(engine)
         # What the driver raises (pending_many and ack_many run its cursor directly, below
         # SQLAlchemy, which translates only what passes through it).
         self._driver_error: type[Exception] = engine.dialect.loaded_dbapi.Error
@@ -191,8 +192,12 @@ class SqlQueueStore:
         # The rows go to ``written`` only after the commit: a caller that kept them on a
         # StoreError would hand on rows the store may not have.
         inserted: list[StoredRow] | None = None if written is None else []
-        with transaction(self._engine, "publish") as conn:
-            recorded = self._record_new(conn, requests)
+        # Every recipient of the batch, sorted (so concurrent transactions lock the
+        # counter rows in one order and cannot deadlock); locked with the record, in
+        # the same round trip on PostgreSQL, before knowing which pairs are new.
+        every = sorted({uri for req in requests for uri, _ in req.targets})
+        with self._publish_tx() as tx:
+            recorded, locked = tx.record_and_lock(requests, every)
             # The first request of a new pair is the publish; any later one in the batch,
             # like every request of a pair recorded before, is a duplicate of it.
             counts: dict[tuple[str, str], int] = {}
@@ -204,22 +209,18 @@ class SqlQueueStore:
                     fresh.append(req)
                     continue
                 if key not in counts:
-                    counts[key] = conn.execute(
-                        MATCHED, {"publisher_uri": key[0], "msg_id": key[1]}
-                    ).scalar_one()
+                    counts[key] = tx.matched(*key)
                 results.append(PublishResult(matched=counts[key], duplicate=True))
             uris = sorted({uri for req in fresh for uri, _ in req.targets})
             if not uris:
                 return [r or PublishResult(matched=0, duplicate=False) for r in results]
-            # One statement for every recipient of every request, in URI order (so
-            # concurrent transactions lock the counter rows in one order and cannot
-            # deadlock); the rows stay locked until commit.
-            counters = self._lock(conn, uris)
+            # In URI order, as the rows were locked (the counters are written in this order).
+            counters = {uri: _Counter(*locked[uri]) for uri in uris}
             unwritten: list[StoredRow] = []
             done = iter(
                 [
                     self._queue(
-                        conn,
+                        tx,
                         unwritten,
                         inserted,
                         counters,
@@ -233,76 +234,30 @@ class SqlQueueStore:
                 ]
             )
             if unwritten:
-                self._write_rows(conn, unwritten, inserted)
-            updates = [(c.last_nseq, c.depth, c.missed, uri) for uri, c in counters.items()]
-            conn.exec_driver_sql(
-                self._sql.set_counter, updates[0] if len(updates) == 1 else updates
-            )
-            if self.node and self._pg:
-                # Other brokers' users hear of it at commit (mdeci/store/wake.py).
-                conn.exec_driver_sql(NOTIFY_OTHERS, (uris, self.node))
+                self._write_rows(tx, unwritten, inserted)
+            tx.finish([(c.last_nseq, c.depth, c.missed, uri) for uri, c in counters.items()], uris)
         if written is not None and inserted:
             written += inserted
         return [r if r is not None else next(done) for r in results]
 
-    def _record_new(
-        self, conn: Connection, requests: Sequence[PublishRequest]
-    ) -> set[tuple[str, str]]:
-        """Record the requests' (publisher, msg_id) pairs; the pairs that were new.
+    def _publish_tx(self) -> contextlib.AbstractContextManager[PublishTx]:
+        """One publish transaction (mdeci/store/publish_tx.py): on PostgreSQL, its
+        statements pipelined, two round trips in all."""
+        if self._pipelined:
+            return pg_publish_tx(self._engine, self._sql, self.node)
+        return sql_publish_tx(self._engine, self._sql, self.node)
 
-        The driver's own multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, a
-        statement per ``_RECORD_CHUNK`` requests (SQLAlchemy's per-row parameter
-        processing of this one statement is a visible share of a publish)."""
-        recorded: set[tuple[str, str]] = set()
-        if self._pg:
-            columns = (
-                [r.publisher_uri for r in requests],
-                [r.msg_id for r in requests],
-                [len(r.targets) for r in requests],
-                [r.published_at for r in requests],
-            )
-            for uri, msg_id in conn.exec_driver_sql(self._sql.record_unnest, columns):
-                recorded.add((str(uri), str(msg_id)))
-            return recorded
-        for start in range(0, len(requests), _RECORD_CHUNK):
-            chunk = requests[start : start + _RECORD_CHUNK]
-            sql = self._sql.record.sql(len(chunk))
-            params: list[object] = []
-            for req in chunk:
-                params += (req.publisher_uri, req.msg_id, len(req.targets), req.published_at)
-            for uri, msg_id in conn.exec_driver_sql(sql, tuple(params)):
-                recorded.add((str(uri), str(msg_id)))
-        return recorded
-
-    def _lock(self, conn: Connection, uris: list[str]) -> dict[str, _Counter]:
-        """Create or lock the counter rows of ``uris`` (sorted), in that order; each one's
-        counter as it stands. A statement per ``_LOCK_CHUNK`` users (see __init__)."""
-        counters: dict[str, _Counter] = {}
-        for start in range(0, len(uris), _LOCK_CHUNK):
-            chunk = uris[start : start + _LOCK_CHUNK]
-            sql = self._sql.lock.sql(len(chunk))
-            for uri, last, depth in conn.exec_driver_sql(sql, tuple(chunk)):
-                counters[str(uri)] = _Counter(int(last), int(depth))
-        # In URI order, as the rows were locked (the counters are written in this order).
-        return {uri: counters[uri] for uri in uris}
-
-    def _write_rows(
-        self, conn: Connection, rows: list[StoredRow], written: list[StoredRow] | None
-    ) -> None:
-        """Insert queued rows (tuples in QUEUE_COLUMNS order) with one driver executemany
-        (measured: a multi-row INSERT was no faster on SQLite and twice as slow on
-        PostgreSQL, whose psycopg runs an executemany as one pipeline); ``written``
-        (if any) gets them too."""
-        if self._pg and len(rows) > 1:
-            conn.exec_driver_sql(self._sql.insert_unnest, by_column(rows))
-        else:
-            conn.exec_driver_sql(self._sql.insert_row, rows)
+    @staticmethod
+    def _write_rows(tx: PublishTx, rows: list[StoredRow], written: list[StoredRow] | None) -> None:
+        """Insert queued rows (tuples in QUEUE_COLUMNS order); ``written`` (if any) gets
+        them too."""
+        tx.write_rows(rows)
         if written is not None:
             written += rows
 
     def _queue(
         self,
-        conn: Connection,
+        tx: PublishTx,
         unwritten: list[StoredRow],
         written: list[StoredRow] | None,
         counters: dict[str, _Counter],
@@ -361,12 +316,9 @@ class SqlQueueStore:
         for uri, counter in counters.items():
             if counter.drop_existing:
                 if unwritten:
-                    self._write_rows(conn, unwritten, written)
+                    self._write_rows(tx, unwritten, written)
                     unwritten.clear()
-                deleted = conn.execute(
-                    DROP_OLDEST, {"uri": uri, "count": counter.drop_existing}
-                ).all()
-                olders[uri] = sorted((int(n), int(s), str(m)) for n, s, m in deleted)
+                olders[uri] = sorted(tx.drop_oldest(uri, counter.drop_existing))
                 counter.drop_existing = 0
         # Pass 2: the same walk, now with nseqs.
         queued: list[Enqueued] = []
@@ -615,7 +567,7 @@ class SqlQueueStore:
 
     def missed_many(self, uris: Sequence[str]) -> dict[str, int]:
         """Those of ``uris`` with overflow drops not yet taken, and how many; reads only
-        (``take_missed`` takes them). One statement per ``_LOCK_CHUNK`` users: the
+        (``take_missed`` takes them). One statement per ``LOCK_CHUNK`` users: the
         broker asks once for every user it starts sending to (a ``take_missed`` per
         user, a connection checkout and a read each, costs 100 µs of CPU on SQLite and
         275 µs on PostgreSQL).
@@ -625,8 +577,8 @@ class SqlQueueStore:
         """
         found: dict[str, int] = {}
         with reading(self._engine, "missed") as conn:
-            for start in range(0, len(uris), _LOCK_CHUNK):
-                chunk = uris[start : start + _LOCK_CHUNK]
+            for start in range(0, len(uris), LOCK_CHUNK):
+                chunk = uris[start : start + LOCK_CHUNK]
                 sql = self._sql.missed.sql(len(chunk))
                 for uri, missed in conn.exec_driver_sql(sql, tuple(chunk)):
                     found[str(uri)] = int(missed)

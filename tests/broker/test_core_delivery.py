@@ -38,6 +38,7 @@ from tests.broker.core_helpers import (
     queued,
     subscribe,
 )
+from tests.store.test_queue_failures import failing_commits
 
 # ---------------------------------------------------------------------------- delivery core
 
@@ -286,6 +287,31 @@ def test_a_failed_group_commit_answers_each_publish_with_503(
     replies = broker.handle_frames([(PUBLISHER, p) for p in pubs])
     assert [(r[0].req, r[0].code) for r in replies] == [(1, 503), (2, 503)]  # type: ignore[union-attr]
     assert queued(store, ALICE) == []
+
+
+def test_a_group_whose_commit_the_database_refuses_gets_no_pub_ok(
+    any_store: BrokerStore, clock: FakeClock
+) -> None:
+    """The commit itself fails (on PostgreSQL the server refuses the COMMIT that the
+    pipeline sent with the group's last statements): every publish of the group is
+    answered 503, none pub-ok, nothing is queued or handed on; sent again, each is
+    published once."""
+    store = any_store
+    sink = MemorySink()
+    broker = make_broker(store, clock, sink)
+    add_session(store, ALICE)
+    subscribe(broker, ALICE, "a")
+    broker.mark_connected(ALICE)
+    pubs = [encode(Pub(req=n, msg_id=f"m{n}", subject="a")) for n in (1, 2)]
+    with failing_commits(store.engine):
+        replies = broker.handle_frames([(PUBLISHER, p) for p in pubs])
+    assert [(type(r[0]).__name__, r[0].code) for r in replies] == [("Error", 503)] * 2  # type: ignore[union-attr]
+    assert queued(store, ALICE) == [] and sink.named("notify_queued") == []
+    assert notifies(broker, ALICE) == []
+    replies = broker.handle_frames([(PUBLISHER, p) for p in pubs])
+    assert [type(r[0]).__name__ for r in replies] == ["PubOk", "PubOk"]
+    assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2]
+    assert [q[1] for q in queued(store, ALICE)] == ["m1", "m2"]
 
 
 def test_a_backlog_is_refilled_by_half_windows(store: BrokerStore, clock: FakeClock) -> None:

@@ -4,7 +4,8 @@ that fails."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -131,22 +132,53 @@ def test_a_closed_sqlite_connection_under_the_driver_cursor_is_a_store_error(
     assert [[row[0] for row in rows] for rows in q.pending_many([(ALICE, 0, 5)])] == [[1]]
 
 
-def test_a_publish_whose_commit_fails_gives_no_written_rows(engine: Engine) -> None:
-    """``written`` is filled after the commit: the rows of a batch whose COMMIT failed
-    (rolled back here) are not handed to the caller, who would serve them from memory."""
-    q = SqlQueueStore(engine)
+@contextlib.contextmanager
+def failing_commits(engine: Engine) -> Iterator[None]:
+    """Every COMMIT that holds a new queued row fails, until the block ends: on
+    PostgreSQL the server itself refuses it (a deferred constraint trigger, checked at
+    COMMIT, whichever way the driver sent it); on SQLite SQLAlchemy's commit raises as
+    a lost connection would."""
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "CREATE FUNCTION refuse_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$"
+            )
+            conn.exec_driver_sql(
+                "CREATE CONSTRAINT TRIGGER refuse_commit AFTER INSERT ON queued_notifications "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commit()"
+            )
+        try:
+            yield
+        finally:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("DROP TRIGGER refuse_commit ON queued_notifications")
+                conn.exec_driver_sql("DROP FUNCTION refuse_commit()")
+        return
 
     def refuse(_conn: Connection) -> None:
         raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
 
-    request = PublishRequest(PUB, "m1", "z", b"\xa0", b"one", False, 1.0, [(ALICE, 1)])
-    written: list[StoredRow] = []
     event.listen(engine, "commit", refuse)
     try:
-        with pytest.raises(StoreError, match=r"^publish failed: "):
-            q.publish_many([request], max_depth=10, policy="drop-oldest", written=written)
+        yield
     finally:
         event.remove(engine, "commit", refuse)
-    assert written == [] and q.depth(ALICE) == 0
-    q.publish_many([request], max_depth=10, policy="drop-oldest", written=written)
+
+
+def test_a_publish_whose_commit_fails_gives_no_written_rows(engine: Engine) -> None:
+    """``written`` is filled after the commit: the rows of a batch whose COMMIT failed
+    (rolled back here) are not handed to the caller, who would serve them from memory;
+    the publish, sent again, is recorded (not taken for a duplicate)."""
+    q = SqlQueueStore(engine)
+    requests = [
+        PublishRequest(PUB, f"m{n}", "z", b"\xa0", b"one", False, 1.0, [(ALICE, 1)]) for n in (1, 2)
+    ]
+    written: list[StoredRow] = []
+    with failing_commits(engine), pytest.raises(StoreError, match=r"^publish failed: "):
+        q.publish_many(requests, max_depth=10, policy="drop-oldest", written=written)
+    assert written == [] and q.depth(ALICE) == 0 and q.last_nseq(ALICE) == 0
+    results = q.publish_many(requests, max_depth=10, policy="drop-oldest", written=written)
+    assert [r.duplicate for r in results] == [False, False]
     assert [as_queued(row) for row in written] == q.pending(ALICE)
+    assert [n.nseq for n in q.pending(ALICE)] == [1, 2]

@@ -85,6 +85,7 @@ def check_sqlite_acks(conn: Connection, sql: QueueSql) -> None:
 def check_postgresql_arrays(conn: Connection, sql: QueueSql) -> None:
     new = run(conn, sql.record_unnest, (["sip:p@x", "sip:p@x"], ["u1", "u2"], [1, 2], [1.0, 2.0]))
     assert sorted(new) == [("sip:p@x", "u1"), ("sip:p@x", "u2")]
+    assert run(conn, sql.matched, ("sip:p@x", "u2")) == [(2,)]
     run(conn, sql.lock.sql(2), ("sip:a@x", "sip:b@x"))
     # Two rows of publication 1, one of publication 2, as by_column lays them out.
     run(
@@ -117,6 +118,7 @@ def check_postgresql_arrays(conn: Connection, sql: QueueSql) -> None:
     gone = run(conn, sql.ack_delete_pg, (["sip:a@x", "sip:b@x"], [2, 0]))
     assert gone == [("sip:a@x", 2)]
     assert counters(conn)["sip:a@x"][1] == 0 and counters(conn)["sip:b@x"][1] == 1
+    assert run(conn, sql.drop_oldest, ("sip:b@x", "sip:b@x", 1)) == [(1, 8, "u1")]
     _session(conn, "sip:a@x", 3)
     _session(conn, "sip:b@x", 5)
     held = run(conn, sql.hold_pg, (["sip:a@x", "sip:b@x"], [3, 4]))
@@ -135,7 +137,17 @@ CHECKS: dict[str, tuple[Callable[[Connection, QueueSql], None], frozenset[str]]]
     "sqlite": (check_sqlite_acks, frozenset({"ack_lock", "ack_delete", "hold_lite"})),
     "postgresql": (
         check_postgresql_arrays,
-        frozenset({"record_unnest", "insert_unnest", "ack_lock_pg", "ack_delete_pg", "hold_pg"}),
+        frozenset(
+            {
+                "record_unnest",
+                "insert_unnest",
+                "ack_lock_pg",
+                "ack_delete_pg",
+                "hold_pg",
+                "matched",
+                "drop_oldest",
+            }
+        ),
     ),
 }
 
