@@ -258,6 +258,7 @@ async def _serve_on(
         store,
         secrets.token_bytes,
         auth=auth,
+        events=not args.quiet,
     )
     service = RegistrarService(registrar, args.quiet, store=sql)
     config = UaConfig(aor=f"sip:registrar@{args.domain}", methods=frozenset({"REGISTER"}))
