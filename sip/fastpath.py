@@ -70,10 +70,11 @@ _NAME_ADDR_RE = re.compile(
 _VIA_RE = re.compile(
     rf"SIP/2\.0/UDP ({_HOST})(?::({_PORT}))?((?:;branch=z9hG4bK{_TOKEN}|;rport(?![^;]))+)"
 )
-# The request line, and header lines of printable ASCII only, in one pass: a control
-# character, a TAB, a bare CR or LF leaves the datagram to the full parser, which
-# decides what they mean (and which 400 to answer).
-_HEAD_RE = re.compile(rf"REGISTER (sip:{_HOST}(?::{_PORT})?{_PARAMS}) SIP/2\.0((?:\r\n[ -~]*)*)")
+_REQUEST_LINE_RE = re.compile(rf"REGISTER (sip:{_HOST}(?::{_PORT})?{_PARAMS}) SIP/2\.0")
+# Printable ASCII: what is left of a head once these are deleted must be the CRLFs
+# between its lines, else (a control character, a TAB, a bare CR or LF) the full parser
+# decides what the datagram means and which 400 to answer.
+_PRINTABLE = bytes(range(0x20, 0x7F))
 _CONTACT_PARAMS_RE = re.compile(r";expires=([0-9]{1,10})")
 _TAG_RE = re.compile(r";tag(?:[=;]|$)")
 
@@ -156,12 +157,16 @@ def scan_register(data: bytes) -> FastRegister | None:
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return None
-    head = _HEAD_RE.fullmatch(data[:end].decode("ascii"))
-    if head is None:
+    head = data[:end]
+    lines = head.decode("ascii").split("\r\n")
+    if head.translate(None, _PRINTABLE) != b"\r\n" * (len(lines) - 1):
+        return None
+    request_line = _REQUEST_LINE_RE.fullmatch(lines[0])
+    if request_line is None:
         return None
     seen: dict[str, str] = {}
     keys = _NAME_KEYS
-    for line in head.group(2)[2:].split("\r\n"):
+    for line in lines[1:]:
         name, colon, value = line.partition(":")
         if not colon:
             return None
@@ -230,7 +235,7 @@ def scan_register(data: bytes) -> FastRegister | None:
     via_port = via.group(2)
     to_host = to.group(3).lower()
     return FastRegister(
-        head.group(1),
+        request_line.group(1),
         via.group(1),
         int(via_port) if via_port else None,
         via_params,
@@ -349,7 +354,11 @@ class FastRegistrar:
     def handle(self, data: bytes, source: Address, now: float) -> tuple[bytes, Address] | None:
         """The response to send and where, or None: the full path must take it."""
         reg = scan_register(data)
-        if reg is None or reg.to_host not in self._domains or not self._our_uri(reg.uri):
+        if (
+            reg is None
+            or reg.to_host not in self._domains
+            or not (self._uris.get(reg.uri) or self._our_uri(reg.uri))
+        ):
             self.declined += 1
             return None
         via_host, via_port, rport = reg.via_host, reg.via_port, reg.rport
