@@ -123,15 +123,21 @@ class MemoryBindingStore:
 
     def bindings(self, aor: str, now: float) -> list[Binding]:
         """Unexpired bindings of ``aor``, in insertion order."""
-        return [b for b in self._data.get(aor, {}).values() if b.expires_at > now]
+        contacts = self._data.get(aor)
+        if contacts is None:
+            return []
+        return [b for b in contacts.values() if b.expires_at > now]
 
     def put(self, binding: Binding) -> None:
         """Insert or replace by (aor, contact)."""
-        contacts = self._data.setdefault(binding.aor, {})
-        if binding.contact not in contacts:
+        aor, contact = binding.aor, binding.contact
+        contacts = self._data.get(aor)
+        if contacts is None:
+            contacts = self._data[aor] = {}
+        if contact not in contacts:
             self._count += 1
-        contacts[binding.contact] = binding
-        heapq.heappush(self._deadlines, (binding.expires_at, binding.aor, binding.contact))
+        contacts[contact] = binding
+        heapq.heappush(self._deadlines, (binding.expires_at, aor, contact))
         if len(self._deadlines) > 2 * self._count + 1024:
             # Mostly stale entries (frequent refreshes): rebuild from the live bindings.
             self._deadlines = [
@@ -463,7 +469,8 @@ class Registrar:
         now: float,
         source: str | None,
     ) -> Outcome:
-        current = {b.contact: b for b in self._store.bindings(aor, now)}
+        found = self._store.bindings(aor, now)
+        current = {b.contact: b for b in found} if found else {}
         if contacts:
             current = self._update(
                 now, aor, current, self._contacts(contacts, expires_header), call_id, cseq,
@@ -567,7 +574,7 @@ class Registrar:
                 continue
             binding = Binding(aor, uri, now + expires, call_id, cseq, q, source)
             puts.append((binding, existing is not None))
-        after = dict(current)
+        after = dict(current) if current else {}
         for uri in removes:
             del after[uri]
         for binding, _ in puts:
