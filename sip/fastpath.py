@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sip.errors import SipParseError
 from sip.message import REASONS
@@ -57,21 +57,25 @@ _TOKEN = r"[A-Za-z0-9.!%*_+`'~\-]+"
 _PARAMS = rf"(?:;[a-z0-9.!%*_+`'~\-]+(?:={_TOKEN})?)*"
 _TOKEN_RE = re.compile(_TOKEN)
 _HOST = r"[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9.])?"
-_PORT = r"[1-9][0-9]{0,4}"
+# 1..65535 in the regex itself: a port out of range is no match, and no match is the
+# full path's turn.
+_PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
 # The user characters that SipUri prints back unescaped (so the text is its own str()).
 _USER = r"[A-Za-z0-9\-_.!~*'()&=+$,/]+"
 _NAME_ADDR_RE = re.compile(
     rf"(?:\"[^\"\\\x00-\x1f]*\"[ \t]*|(?:{_TOKEN}[ \t]+)*)?"
-    rf"<(sip:({_USER})@({_HOST})(?::({_PORT}))?({_PARAMS}))>({_PARAMS})"
+    rf"<(sip:({_USER})@({_HOST})(?::{_PORT})?({_PARAMS}))>({_PARAMS})"
 )
 # Only a branch (RFC 3261's, with the magic cookie) and a bare rport, in either order.
 _VIA_RE = re.compile(
     rf"SIP/2\.0/UDP ({_HOST})(?::({_PORT}))?((?:;branch=z9hG4bK{_TOKEN}|;rport(?![^;]))+)"
 )
-_REQUEST_URI_RE = re.compile(rf"sip:{_HOST}(?::({_PORT}))?{_PARAMS}")
-_CSEQ_RE = re.compile(r"([0-9]{1,10}) REGISTER")
-_CONTACT_PARAMS_RE = re.compile(r"(?:;expires=([0-9]{1,10}))?")
-_DIGITS = re.compile(r"[0-9]{1,10}")
+_REQUEST_LINE_RE = re.compile(rf"REGISTER (sip:{_HOST}(?::{_PORT})?{_PARAMS}) SIP/2\.0")
+# Printable ASCII: what is left of a head once these are deleted must be the CRLFs
+# between its lines, else (a control character, a TAB, a bare CR or LF) the full parser
+# decides what the datagram means and which 400 to answer.
+_PRINTABLE = bytes(range(0x20, 0x7F))
+_CONTACT_PARAMS_RE = re.compile(r";expires=([0-9]{1,10})")
 _TAG_RE = re.compile(r";tag(?:[=;]|$)")
 
 # Lower-cased header names (and compact forms, §7.3.3) the fast path reads.
@@ -91,19 +95,37 @@ _NAMES = {
     "content-length": "content-length",
     "l": "content-length",
     "max-forwards": "max-forwards",
-    # Present: the full rules must run (420, digest, the Min-Expires check).
-    "require": "",
-    "authorization": "",
-    "proxy-authorization": "",
-    "min-expires": "",
 }
+# Present: the full rules must run (420, digest, the Min-Expires check).
+_FULL_RULES = ("require", "authorization", "proxy-authorization", "min-expires")
+# To tags drawn per call of the random source.
+TAGS_PER_DRAW = 64
 _MANDATORY = frozenset(("via", "from", "to", "call-id", "cseq"))
-MAX_PORT = 65535
+# What a header name as received stands for: one of _NAMES' values, "" for a header the
+# registrar never reads (User-Agent, Allow, ...), "!" when the full path must take the
+# request (a header of _FULL_RULES, a name that is no token). Filled as names are seen,
+# at most _NAME_CACHE_LIMIT of them (the rest are worked out each time).
+_NAME_KEYS: dict[str, str] = {}
+_NAME_CACHE_LIMIT = 512
 
 
-@dataclass(slots=True)
-class FastRegister:
-    """What the fast path needs of a REGISTER (the texts as received, stripped)."""
+def _name_key(name: str) -> str:
+    """The _NAME_KEYS entry for a header name as received."""
+    key = _NAME_KEYS.get(name)
+    if key is not None:
+        return key
+    lower = name.rstrip(" ").lower()
+    key = _NAMES.get(lower)
+    if key is None:
+        key = "!" if lower in _FULL_RULES or _TOKEN_RE.fullmatch(lower) is None else ""
+    if len(_NAME_KEYS) < _NAME_CACHE_LIMIT:
+        _NAME_KEYS[name] = key
+    return key
+
+
+class FastRegister(NamedTuple):
+    """What the fast path needs of a REGISTER (the texts as received, stripped). A
+    tuple: built once per request, it costs less than a class's attribute stores."""
 
     uri: str
     via_host: str
@@ -123,14 +145,6 @@ class FastRegister:
     expires: int | None
 
 
-def _port(text: str | None) -> int | None:
-    """A port matched by _PORT, or -1 when out of range."""
-    if text is None:
-        return None
-    port = int(text)
-    return port if port <= MAX_PORT else -1
-
-
 def _unique_params(text: str) -> bool:
     names = [item.partition("=")[0] for item in text[1:].split(";")] if text else []
     return len(names) == len(set(names))
@@ -143,54 +157,56 @@ def scan_register(data: bytes) -> FastRegister | None:
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return None
-    body = data[end + 4 :]
-    head = data[:end].decode("ascii")
-    lines = head.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or parts[2] != "SIP/2.0":
+    head = data[:end]
+    lines = head.decode("ascii").split("\r\n")
+    if head.translate(None, _PRINTABLE) != b"\r\n" * (len(lines) - 1):
         return None
-    request_uri = _REQUEST_URI_RE.fullmatch(parts[1])
-    if request_uri is None or _port(request_uri.group(1)) == -1:
+    request_line = _REQUEST_LINE_RE.fullmatch(lines[0])
+    if request_line is None:
         return None
     seen: dict[str, str] = {}
+    keys = _NAME_KEYS
     for line in lines[1:]:
-        # A control character, a TAB, a bare CR or LF, a folded line: the full parser
-        # decides what they mean (and which 400 to answer).
-        if not line.isprintable():
-            return None
         name, colon, value = line.partition(":")
-        name = name.rstrip(" ")
-        key = _NAMES.get(name.lower())
-        if key is None:
-            if not colon or _TOKEN_RE.fullmatch(name) is None:
-                return None
-            continue  # a header the registrar never reads (User-Agent, Allow, ...)
-        if not key or key in seen:
+        if not colon:
             return None
-        seen[key] = value.strip(" ")
-    if len(seen) < len(_MANDATORY) or not _MANDATORY.issubset(seen):
+        key = keys.get(name)
+        if key is None:
+            key = _name_key(name)
+        if key:
+            if key in seen:
+                return None
+            seen[key] = value.strip(" ")
+    if "!" in seen or len(seen) < len(_MANDATORY) or not _MANDATORY.issubset(seen):
         return None
+    # Numbers are 1 to 10 digits (isdigit() takes only 0-9 here: the datagram is ASCII).
     length = seen.get("content-length")
     if length is None:
-        if body:
+        if end + 4 < len(data):
             return None
-    elif not (_DIGITS.fullmatch(length) and len(length) <= 9 and int(length) == 0):
+    elif length != "0" and not (length.isdigit() and len(length) <= 9 and int(length) == 0):
         return None
-    for name in ("max-forwards", "expires"):
-        number = seen.get(name)
-        if number is not None and _DIGITS.fullmatch(number) is None:
-            return None
+    number = seen.get("max-forwards")
+    if number is not None and not (number.isdigit() and len(number) <= 10):
+        return None
+    expires_header = seen.get("expires")
+    if expires_header is not None and not (expires_header.isdigit() and len(expires_header) <= 10):
+        return None
     call_id = seen["call-id"]
-    cseq = _CSEQ_RE.fullmatch(seen["cseq"])
+    cseq = seen["cseq"]
+    seq_text, _, method = cseq.partition(" ")
+    if method != "REGISTER" or not seq_text.isdigit() or len(seq_text) > 10:
+        return None
     via = _VIA_RE.fullmatch(seen["via"])
     from_ = _NAME_ADDR_RE.fullmatch(seen["from"])
     to = _NAME_ADDR_RE.fullmatch(seen["to"])
-    if not call_id or cseq is None or via is None or from_ is None or to is None:
+    if not call_id or via is None or from_ is None or to is None:
         return None
-    seq = int(cseq.group(1))
-    if seq >= 2**31 or _port(from_.group(4)) == -1 or _port(to.group(4)) == -1:
+    seq = int(seq_text)
+    if seq >= 2**31:
         return None
-    if _TAG_RE.search(to.group(6)):
+    to_params = to.group(5)
+    if to_params and _TAG_RE.search(to_params):
         return None  # a tagged To is a request inside a dialog: the full path answers it
     via_params = via.group(3)
     branch_at = via_params.find(";branch=")
@@ -198,40 +214,43 @@ def scan_register(data: bytes) -> FastRegister | None:
         branch_at < 0
         or via_params.find(";branch=", branch_at + 1) >= 0
         or via_params.count(";rport") > 1
-        or _port(via.group(2)) == -1
     ):
         return None
     contact_uri: str | None = None
     contact_expires: int | None = None
-    if "contact" in seen:
-        contact = _NAME_ADDR_RE.fullmatch(seen["contact"])
-        if contact is None or _port(contact.group(4)) == -1:
+    contact_text = seen.get("contact")
+    if contact_text is not None:
+        contact = _NAME_ADDR_RE.fullmatch(contact_text)
+        if contact is None:
             return None
-        if contact.group(5) and not _unique_params(contact.group(5)):
-            return None
-        expires = _CONTACT_PARAMS_RE.fullmatch(contact.group(6))
-        if expires is None:
+        if contact.group(4) and not _unique_params(contact.group(4)):
             return None
         contact_uri = contact.group(1)
-        contact_expires = int(expires.group(1)) if expires.group(1) else None
-    expires_header = seen.get("expires")
+        contact_params = contact.group(5)
+        if contact_params:
+            expires = _CONTACT_PARAMS_RE.fullmatch(contact_params)
+            if expires is None:
+                return None
+            contact_expires = int(expires.group(1))
+    via_port = via.group(2)
+    to_host = to.group(3).lower()
     return FastRegister(
-        uri=parts[1],
-        via_host=via.group(1),
-        via_port=_port(via.group(2)),
-        via_params=via_params,
-        branch=via_params[branch_at + 8 :].partition(";")[0],
-        rport=";rport" in via_params,
-        from_=seen["from"],
-        to=seen["to"],
-        call_id=call_id,
-        cseq=seen["cseq"],
-        seq=seq,
-        aor=f"sip:{to.group(2)}@{to.group(3).lower()}",
-        to_host=to.group(3).lower(),
-        contact=contact_uri,
-        contact_expires=contact_expires,
-        expires=int(expires_header) if expires_header is not None else None,
+        request_line.group(1),
+        via.group(1),
+        int(via_port) if via_port else None,
+        via_params,
+        via_params[branch_at + 8 :].partition(";")[0],
+        ";rport" in via_params,
+        seen["from"],
+        seen["to"],
+        call_id,
+        cseq,
+        seq,
+        f"sip:{to.group(2)}@{to_host}",
+        to_host,
+        contact_uri,
+        contact_expires,
+        int(expires_header) if expires_header is not None else None,
     )
 
 
@@ -292,6 +311,8 @@ class FastRegistrar:
         self.retransmissions = 0
         self.declined = 0
         self._batch: list[tuple[str, str]] | None = None
+        self._tags: list[str] = []
+        self._server_line = f"Server: {server}\r\n"
 
     def begin(self) -> None:
         """Start a batch whose answers :meth:`abort` can take back (the store failed)."""
@@ -320,13 +341,28 @@ class FastRegistrar:
                 self._uris[text] = known
         return known
 
+    def _tag(self) -> str:
+        """A fresh To tag, from random bytes drawn :data:`TAGS_PER_DRAW` tags at a time
+        (one system call for many answers)."""
+        tags = self._tags
+        if not tags:
+            draw = self._random or self.registrar.random
+            text = draw(8 * TAGS_PER_DRAW).hex()
+            tags.extend(text[i : i + 16] for i in range(0, len(text), 16))
+        return tags.pop()
+
     def handle(self, data: bytes, source: Address, now: float) -> tuple[bytes, Address] | None:
         """The response to send and where, or None: the full path must take it."""
         reg = scan_register(data)
-        if reg is None or reg.to_host not in self._domains or not self._our_uri(reg.uri):
+        if (
+            reg is None
+            or reg.to_host not in self._domains
+            or not (self._uris.get(reg.uri) or self._our_uri(reg.uri))
+        ):
             self.declined += 1
             return None
-        key = (reg.branch, f"{reg.via_host}:{reg.via_port or ''}".lower())
+        via_host, via_port, rport = reg.via_host, reg.via_port, reg.rport
+        key = (reg.branch, f"{via_host}:{via_port or ''}".lower())
         cached = self.cache.get(key, now)
         if cached is not None:
             self.retransmissions += 1
@@ -339,30 +375,22 @@ class FastRegistrar:
         )  # fmt: skip
         # §18.2.1 and RFC 3581, as the transaction layer stamps the Via: received when the
         # packet came from elsewhere than sent-by (or rport asks), rport filled in.
-        via = (
-            f"SIP/2.0/UDP {reg.via_host}" if reg.via_port is None
-            else f"SIP/2.0/UDP {reg.via_host}:{reg.via_port}"
-        )  # fmt: skip
-        via += (
-            reg.via_params.replace(";rport", f";rport={src_port}") if reg.rport else reg.via_params
-        )
-        if reg.via_host != src_host or reg.rport:
-            via += f";received={src_host}"
-        tag = self._random(8).hex() if self._random is not None else self.registrar.new_tag()
-        lines = [
-            f"SIP/2.0 {outcome.status} {REASONS.get(outcome.status, '')}",
-            f"Via: {via}",
-            f"From: {reg.from_}",
-            f"To: {reg.to};tag={tag}",
-            f"Call-ID: {reg.call_id}",
-            f"CSeq: {reg.cseq}",
-        ]
-        lines.extend(f"{name}: {value}" for name, value in outcome.headers)
-        if outcome.status < 300:  # as the full path: lean refusals (sip.ua.is_unproven)
-            lines.append(f"Server: {self.server}")
-        lines.append("Content-Length: 0\r\n\r\n")
-        response = "\r\n".join(lines).encode("utf-8", errors="surrogateescape")
-        dest = (src_host, src_port if reg.rport else (reg.via_port or 5060))
+        via = f"{via_host}:{via_port}" if via_port is not None else via_host
+        params = reg.via_params
+        if rport:
+            params = params.replace(";rport", f";rport={src_port}") + f";received={src_host}"
+        elif via_host != src_host:
+            params += f";received={src_host}"
+        status = outcome.status
+        extra = "".join([f"{name}: {value}\r\n" for name, value in outcome.headers])
+        if status < 300:  # as the full path: lean refusals (sip.ua.is_unproven)
+            extra += self._server_line
+        response = (
+            f"SIP/2.0 {status} {REASONS.get(status, '')}\r\nVia: SIP/2.0/UDP {via}{params}\r\n"
+            f"From: {reg.from_}\r\nTo: {reg.to};tag={self._tag()}\r\n"
+            f"Call-ID: {reg.call_id}\r\nCSeq: {reg.cseq}\r\n{extra}Content-Length: 0\r\n\r\n"
+        ).encode("utf-8", errors="surrogateescape")
+        dest = (src_host, src_port if rport else (via_port or 5060))
         self.cache.put(key, response, dest, now)
         if self._batch is not None:
             self._batch.append(key)

@@ -123,15 +123,21 @@ class MemoryBindingStore:
 
     def bindings(self, aor: str, now: float) -> list[Binding]:
         """Unexpired bindings of ``aor``, in insertion order."""
-        return [b for b in self._data.get(aor, {}).values() if b.expires_at > now]
+        contacts = self._data.get(aor)
+        if contacts is None:
+            return []
+        return [b for b in contacts.values() if b.expires_at > now]
 
     def put(self, binding: Binding) -> None:
         """Insert or replace by (aor, contact)."""
-        contacts = self._data.setdefault(binding.aor, {})
-        if binding.contact not in contacts:
+        aor, contact = binding.aor, binding.contact
+        contacts = self._data.get(aor)
+        if contacts is None:
+            contacts = self._data[aor] = {}
+        if contact not in contacts:
             self._count += 1
-        contacts[binding.contact] = binding
-        heapq.heappush(self._deadlines, (binding.expires_at, binding.aor, binding.contact))
+        contacts[contact] = binding
+        heapq.heappush(self._deadlines, (binding.expires_at, aor, contact))
         if len(self._deadlines) > 2 * self._count + 1024:
             # Mostly stale entries (frequent refreshes): rebuild from the live bindings.
             self._deadlines = [
@@ -239,6 +245,11 @@ class RegistrarConfig:
             raise ValueError("warn_agent must be a token")
 
 
+def _listing_order(b: Binding) -> tuple[float, float]:
+    """Highest ``q`` first; among equals, the binding that expires last."""
+    return (-b.q, -b.expires_at)
+
+
 def normalize_aor(uri: str) -> str:
     """``sip:user@host`` (host lower-cased, no port or params) of a SIP URI text.
 
@@ -269,11 +280,8 @@ class _Reject(Exception):
         self.outcome = outcome
 
 
-@dataclass(frozen=True, slots=True)
-class _Contact:
-    uri: str
-    expires: int
-    q: float
+# One contact to apply: (URI text, expiry in seconds, q).
+_Contact = tuple[str, int, float]
 
 
 class Registrar:
@@ -282,7 +290,8 @@ class Registrar:
     ``random`` gives To tags (§8.2.6.2); ``auth``, when given, makes every
     REGISTER prove its user with Digest (§22) and lets a user touch only its
     own AOR. :meth:`handle` may be given a verifier for that one request (one bound
-    to the request's source, say) in place of ``auth``.
+    to the request's source, say) in place of ``auth``. With ``events`` False,
+    :meth:`next_event` has nothing to give: for an embedder that reads none.
     """
 
     def __init__(
@@ -292,6 +301,7 @@ class Registrar:
         random: Callable[[int], bytes],
         *,
         auth: Verifier | None = None,
+        events: bool = True,
     ) -> None:
         self.config = config
         self._store = store
@@ -299,6 +309,13 @@ class Registrar:
         self._auth = auth
         self._domains = {d.lower() for d in config.domains}
         self._events: deque[RegistrarEvent] = deque()
+        # Without a reader of the events (a quiet registrar) none is made at all.
+        self._record = events
+
+    @property
+    def random(self) -> Callable[[int], bytes]:
+        """The source of random bytes the To tags come from."""
+        return self._random
 
     # ------------------------------------------------------------ outputs
 
@@ -317,13 +334,14 @@ class Registrar:
             key = normalize_aor(aor)
         except SipParseError:
             key = aor
-        return sorted(self._store.bindings(key, now), key=lambda b: (-b.q, -b.expires_at))
+        return sorted(self._store.bindings(key, now), key=_listing_order)
 
     def expire(self, now: float) -> list[Binding]:
         """Remove bindings whose time is up; one :class:`RegistrationExpired` each."""
         gone = self._store.expire(now)
-        for b in gone:
-            self._events.append(RegistrationExpired(b.aor, b.contact, b.source))
+        if self._record:
+            for b in gone:
+                self._events.append(RegistrationExpired(b.aor, b.contact, b.source))
         return gone
 
     # ------------------------------------------------------------ input
@@ -451,7 +469,8 @@ class Registrar:
         now: float,
         source: str | None,
     ) -> Outcome:
-        current = {b.contact: b for b in self._store.bindings(aor, now)}
+        found = self._store.bindings(aor, now)
+        current = {b.contact: b for b in found} if found else {}
         if contacts:
             current = self._update(
                 now, aor, current, self._contacts(contacts, expires_header), call_id, cseq,
@@ -462,8 +481,11 @@ class Registrar:
     @staticmethod
     def _listing(current: dict[str, Binding], now: float) -> Outcome:
         # Step 8: 200 listing every current binding with its remaining time.
+        bindings = list(current.values())
+        if len(bindings) > 1:
+            bindings.sort(key=_listing_order)
         lines: list[tuple[str, str]] = []
-        for b in sorted(current.values(), key=lambda b: (-b.q, -b.expires_at)):
+        for b in bindings:
             # Round up, but not for float noise (now + 600 - now may be 600.0000001).
             remaining = max(1, math.ceil(b.expires_at - now - 1e-6))
             q = "" if b.q == 1.0 else f";q={b.q:g}"
@@ -491,19 +513,19 @@ class Registrar:
         return format_hostport(host, port)
 
     def _contacts(self, contacts: list[ContactSpec], expires_header: int | None) -> list[_Contact]:
+        config = self.config
         out: dict[str, _Contact] = {}
         for uri, param, q in contacts:
             expires = param if param is not None else expires_header
             if expires is None:
-                expires = self.config.default_expires
+                expires = config.default_expires
             expires = min(expires, MAX_DELTA_SECONDS)
             # Step 6: refuse too-short intervals (423) rather than lengthen
             # them silently; the client retries with Min-Expires.
-            if 0 < expires < self.config.min_expires:
-                raise self._reject(423, headers=(("Min-Expires", str(self.config.min_expires)),))
-            expires = min(expires, self.config.max_expires)
+            if 0 < expires < config.min_expires:
+                raise self._reject(423, headers=(("Min-Expires", str(config.min_expires)),))
             # The same contact twice in one request: the last one wins.
-            out[uri] = _Contact(uri, expires, q)
+            out[uri] = (uri, min(expires, config.max_expires), q)
         return list(out.values())
 
     def _unbind_all(
@@ -522,8 +544,9 @@ class Registrar:
         if any(b.call_id == call_id and cseq <= b.cseq for b in current):
             raise self._reject(500, "CSeq not higher than that of a binding")
         self._store.remove_all(aor)
-        for b in current:
-            self._events.append(Unregistered(aor, b.contact, call_id))
+        if self._record:
+            for b in current:
+                self._events.append(Unregistered(aor, b.contact, call_id))
         return Outcome(200)
 
     def _update(
@@ -537,38 +560,35 @@ class Registrar:
         source: str | None,
     ) -> dict[str, Binding]:
         """Apply the contacts (all or nothing, step 7); the bindings after the change."""
-
-        def out_of_order(binding: Binding) -> bool:
-            # Step 7: same Call-ID needs a higher CSeq, else the update fails.
-            return binding.call_id == call_id and cseq <= binding.cseq
-
         # Plan every change first: §10.3 step 7 commits all or nothing.
         puts: list[tuple[Binding, bool]] = []
         removes: list[str] = []
-        for c in contacts:
-            existing = current.get(c.uri)
-            if existing is not None and out_of_order(existing):
-                raise self._reject(500, f"CSeq not higher than that of binding {c.uri}")
-            if c.expires == 0:
+        for uri, expires, q in contacts:
+            existing = current.get(uri)
+            # Step 7: same Call-ID needs a higher CSeq, else the update fails.
+            if existing is not None and existing.call_id == call_id and cseq <= existing.cseq:
+                raise self._reject(500, f"CSeq not higher than that of binding {uri}")
+            if expires == 0:
                 if existing is not None:
-                    removes.append(c.uri)
+                    removes.append(uri)
                 continue
-            binding = Binding(aor, c.uri, now + c.expires, call_id, cseq, c.q, source)
+            binding = Binding(aor, uri, now + expires, call_id, cseq, q, source)
             puts.append((binding, existing is not None))
-        after = dict(current)
+        after = dict(current) if current else {}
         for uri in removes:
             del after[uri]
         for binding, _ in puts:
             after[binding.contact] = binding
         if len(after) > self.config.max_bindings:
             raise self._reject(403, f"more than {self.config.max_bindings} contacts")
+        store, events, record = self._store, self._events, self._record
         for uri in removes:
-            self._store.remove(aor, uri)
-            self._events.append(Unregistered(aor, uri, call_id))
+            store.remove(aor, uri)
+            if record:
+                events.append(Unregistered(aor, uri, call_id))
         for binding, refreshed in puts:
-            self._store.put(binding)
-            expires = round(binding.expires_at - now)
-            self._events.append(
-                Registered(aor, binding.contact, expires, source, call_id, refreshed)
-            )
+            store.put(binding)
+            if record:
+                expires = round(binding.expires_at - now)
+                events.append(Registered(aor, binding.contact, expires, source, call_id, refreshed))
         return after

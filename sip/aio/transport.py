@@ -131,7 +131,8 @@ class _BatchUdp:
             except OSError:
                 self.owner.errors += 1  # ICMP unreachable etc.
                 continue
-            batch.append((data, (addr[0], addr[1])))
+            # An IPv6 address comes with flow info and scope: (host, port) is the peer.
+            batch.append((data, addr if len(addr) == 2 else (addr[0], addr[1])))
         if batch and self.owner.on_datagrams is not None:
             self.owner.on_datagrams(batch)
 
@@ -140,6 +141,15 @@ class _BatchUdp:
             self.sock.sendto(data, addr)
         except OSError:
             self.owner.errors += 1
+
+    def send_all(self, datagrams: Sequence[tuple[bytes, Address]]) -> None:
+        """:meth:`sendto` for each (data, address), in order."""
+        sendto = self.sock.sendto
+        for data, addr in datagrams:
+            try:
+                sendto(data, addr)
+            except OSError:
+                self.owner.errors += 1
 
     def close(self) -> None:
         if self.sock.fileno() >= 0:
@@ -464,6 +474,15 @@ class Transports:
                 transport.write(b"\r\n\r\n")
                 sent += 1
         return sent
+
+    def send_udp(self, datagrams: Sequence[tuple[bytes, Address]]) -> None:
+        """Send datagrams at once, in order (as :meth:`send_soon` each over UDP)."""
+        udp = self.udp
+        if isinstance(udp, _BatchUdp):
+            udp.send_all(datagrams)
+            return
+        for data, dest in datagrams:
+            self.send_soon(data, dest, "udp")
 
     def send_soon(self, data: bytes, dest: Address, transport: str) -> None:
         """Send without awaiting (UDP at once; streams on a task)."""

@@ -120,9 +120,10 @@ class RegistrarService:
         if store is not None:
             store.begin()
         fast.begin()
+        handle = fast.handle
         try:
             for data, source in batch:
-                answer = fast.handle(data, source, now)
+                answer = handle(data, source, now)
                 if answer is None:
                     rest.append((data, source))
                 else:
@@ -135,8 +136,7 @@ class RegistrarService:
             self._failed()
             answers = []
         transports = ua.transports
-        for data, dest in answers:
-            transports.send_soon(data, dest, "udp")
+        transports.send_udp(answers)
         self.print_events()
         for data, source in rest:
             transports.on_datagram(data, source, "udp")
@@ -258,6 +258,7 @@ async def _serve_on(
         store,
         secrets.token_bytes,
         auth=auth,
+        events=not args.quiet,
     )
     service = RegistrarService(registrar, args.quiet, store=sql)
     config = UaConfig(aor=f"sip:registrar@{args.domain}", methods=frozenset({"REGISTER"}))

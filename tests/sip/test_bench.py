@@ -13,6 +13,10 @@ what Kamailio sustains here, so its figure is its limit, not the bench's; a step
 sipp itself used more than 90% of a core is flagged, as the limit may then be sipp's.
 Each step also prints the CPU time per REGISTER of sipp and of the server (all its
 processes), which the load of a shared machine disturbs less than rates do.
+
+For a quicker look (profiling, a change's effect) ``BENCH_RATES=2000,8000`` runs only
+those steps and ``BENCH_SERVERS=single,kamailio`` only those servers (of ``workers``,
+``single``, ``kamailio``; Kamailio always runs, as every ratio is to it).
 """
 
 from __future__ import annotations
@@ -35,7 +39,13 @@ from tests.sip.interop.tools import Tool
 
 pytestmark = pytest.mark.bench
 
-RATES = (1000, 2000, 3000, 4000, 6000, 8000, 10000, 12000, 16000, 20000, 24000, 32000)
+RATES = tuple(
+    int(r)
+    for r in os.environ.get(
+        "BENCH_RATES", "1000,2000,3000,4000,6000,8000,10000,12000,16000,20000,24000,32000"
+    ).split(",")
+)
+SERVERS = frozenset(os.environ.get("BENCH_SERVERS", "workers,single,kamailio").split(","))
 SECONDS_PER_STEP = 5
 # Kamailio's shared memory holds its location table: 64 MB (the test default) runs out
 # near 80,000 contacts and then fails every REGISTER with 500, which an earlier version
@@ -158,21 +168,25 @@ def report(servers: list[Server], reference: Server) -> None:
 @pytest.mark.timeout(1800)
 def test_register_rate_vs_kamailio(tmp_path: Path) -> None:
     cores = os.cpu_count() or 1
-    workers = Tool("registrar", "--listen", "127.0.0.1:0", "--domain", "example.org",
-                   "--quiet", "--workers", str(cores))  # fmt: skip
-    single = Tool("registrar", "--listen", "127.0.0.1:0", "--domain", "example.org", "--quiet")
+    tools: list[tuple[str, Tool]] = []
+    if "workers" in SERVERS:
+        tool = Tool("registrar", "--listen", "127.0.0.1:0", "--domain", "example.org",
+                    "--quiet", "--workers", str(cores))  # fmt: skip
+        tools.append((f"mdeci registrar ({cores} workers, SQLite)", tool))
+    if "single" in SERVERS:
+        tool = Tool("registrar", "--listen", "127.0.0.1:0", "--domain", "example.org", "--quiet")
+        tools.append(("mdeci registrar (1 process, memory)", tool))
     kam = Kamailio(tmp_path, shm_mb=KAMAILIO_SHM_MB)
     try:
         asyncio.run(kam.ready())
-        servers = [
-            Server(f"mdeci registrar ({cores} workers, SQLite)", workers.addr, workers.process.pid),
-            Server("mdeci registrar (1 process, memory)", single.addr, single.process.pid),
-            Server("kamailio (2 children)", kam.addr, kam.process.pid),
-        ]
+        servers = [Server(name, tool.addr, tool.process.pid) for name, tool in tools]
+        servers.append(Server("kamailio (2 children)", kam.addr, kam.process.pid))
+        for server in servers:
+            print(f"\n{server.name}: pid {server.pid}", flush=True)
         race(servers, tmp_path)
     finally:
-        workers.stop()
-        single.stop()
+        for _, tool in tools:
+            tool.stop()
         kam.stop()
     report(servers, servers[-1])
     assert all(s.best > 0 for s in servers)

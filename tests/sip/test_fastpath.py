@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import secrets
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from sip.aio.transport import bind_sockets
 from sip.aio.ua import UaConfig, UserAgent
 from sip.errors import SipParseError
-from sip.fastpath import FastRegistrar, ResponseCache, scan_register
+from sip.fastpath import TAGS_PER_DRAW, FastRegistrar, ResponseCache, scan_register
 from sip.message import Request, parse_message
 from sip.registrar import MemoryBindingStore, Registrar, RegistrarConfig
 from sip.tools.registrar import RegistrarService
@@ -83,6 +84,21 @@ def test_a_plain_register_is_taken_and_answered_200() -> None:
     assert data.startswith(b"SIP/2.0 200 OK\r\n")
     assert b"\r\nContact: <sip:alice@127.0.0.1:5898>;expires=600\r\n" in data
     assert b";rport=5898;received=127.0.0.1\r\n" in data
+
+
+def test_every_answer_gets_its_own_random_to_tag() -> None:
+    registrar = Registrar(
+        RegistrarConfig(domains=("example.org",)), MemoryBindingStore(), secrets.token_bytes
+    )
+    fast = FastRegistrar(registrar, "mdeci-sip/0.1")
+    tags = []
+    for n in range(3 * TAGS_PER_DRAW + 1):
+        answer = fast.handle(register(f"u{n}", branch=f"z9hG4bK-t{n}"), SOURCE, NOW)
+        assert answer is not None
+        found = re.search(rb"\r\nTo: [^\r]*;tag=([0-9a-f]+)\r\n", answer[0])
+        assert found is not None and len(found.group(1)) == 16
+        tags.append(found.group(1))
+    assert len(set(tags)) == len(tags)
 
 
 def test_a_retransmission_gets_the_identical_response_and_changes_nothing() -> None:
@@ -365,3 +381,24 @@ async def test_fast_equals_full_on_generated_registers(
     finally:
         sock.close()
     assert without_tag(fast) == without_tag(full)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=mutated_registers())
+async def test_fast_equals_full_on_mutated_registers(pair: Pair, data: bytes) -> None:
+    """Whatever the fast path takes of a mangled REGISTER, it answers as the full path."""
+    branch = f"z9hG4bK-m{next(BRANCHES)}".encode()
+    data = data.replace(b"z9hG4bK-x", branch)
+    if branch not in data or scan_register(data) is None:
+        return  # the full path alone answers it (or a retransmission would be compared)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    try:
+        fast = await exchange(data, pair.fast, sock)
+        full = await exchange(data, pair.full, sock)
+    finally:
+        sock.close()
+    assert without_tag(fast) == without_tag(full), (data, fast, full)

@@ -17,7 +17,7 @@ from sip.auth import (
     DigestServer,
     MemoryCredentialStore,
 )
-from sip.message import NameAddr, Request, Response, parse_message
+from sip.message import NameAddr, Request, Response, parse_message, serialize
 from sip.registrar import (
     Binding,
     MemoryBindingStore,
@@ -547,3 +547,34 @@ def test_random_sequences_keep_invariants(
         reg.expire(now)
     for event in events(reg):
         assert isinstance(event, Registered | Unregistered | RegistrationExpired)
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["h1", "h2", "h3", "*"]),
+            st.sampled_from([None, 0, 30, 60, 600]),
+            st.integers(1, 6),
+            st.sampled_from(["c1", "c2"]),
+            st.floats(0, 1000),
+        ),
+        max_size=10,
+    )
+)
+def test_a_registrar_without_events_answers_and_stores_alike(
+    steps: list[tuple[str, int | None, int, str, float]],
+) -> None:
+    config = RegistrarConfig(domains=("example.org",), max_expires=3600, max_bindings=2)
+    loud = Registrar(config, MemoryBindingStore(), source())
+    quiet = Registrar(config, MemoryBindingStore(), source(), events=False)
+    now = 0.0
+    for host, expires, cseq, call_id, dt in steps:
+        now += dt
+        contact = "Contact: *" if host == "*" else f"Contact: <sip:alice@{host}>"
+        extra = [] if expires is None else [f"Expires: {expires}"]
+        request = register(contact, *extra, cseq=cseq, call_id=call_id)
+        assert serialize(loud.handle(request, now)) == serialize(quiet.handle(request, now))
+        assert loud.expire(now) == quiet.expire(now)
+        assert loud.lookup(AOR, now) == quiet.lookup(AOR, now)
+    assert quiet.next_event() is None
