@@ -274,6 +274,17 @@ async def exchange(data: bytes, dest: tuple[str, int], sock: socket.socket) -> b
     return reply
 
 
+async def fast_and_full(pair: Pair, data: bytes) -> tuple[bytes, bytes]:
+    """The answers of the fast-path registrar and of the full-path one to ``data``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    try:
+        return await exchange(data, pair.fast, sock), await exchange(data, pair.full, sock)
+    finally:
+        sock.close()
+
+
 CASES = [
     register(),
     register(expires=None),  # the default expiry
@@ -372,14 +383,7 @@ async def test_fast_equals_full_on_generated_registers(
     except SipParseError:
         return
     assert scan_register(data) is not None  # the fast path takes it (else: full vs full)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.setblocking(False)
-    try:
-        fast = await exchange(data, pair.fast, sock)
-        full = await exchange(data, pair.full, sock)
-    finally:
-        sock.close()
+    fast, full = await fast_and_full(pair, data)
     assert without_tag(fast) == without_tag(full)
 
 
@@ -393,12 +397,5 @@ async def test_fast_equals_full_on_mutated_registers(pair: Pair, data: bytes) ->
     data = data.replace(b"z9hG4bK-x", branch)
     if branch not in data or scan_register(data) is None:
         return  # the full path alone answers it (or a retransmission would be compared)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.setblocking(False)
-    try:
-        fast = await exchange(data, pair.fast, sock)
-        full = await exchange(data, pair.full, sock)
-    finally:
-        sock.close()
+    fast, full = await fast_and_full(pair, data)
     assert without_tag(fast) == without_tag(full), (data, fast, full)
