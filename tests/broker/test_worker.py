@@ -53,6 +53,45 @@ async def test_a_failed_posted_call_is_logged_and_the_next_ones_run() -> None:
         worker.close()
 
 
+async def test_a_cancelled_caller_loses_only_the_answer() -> None:
+    """The call runs to its end (its change stands); the next calls are served."""
+    worker = DbWorker()
+    try:
+        started, release, done = threading.Event(), threading.Event(), threading.Event()
+
+        def slow() -> str:
+            started.set()
+            release.wait(10)
+            done.set()
+            return "late"
+
+        caller = asyncio.create_task(worker.run(slow))
+        await asyncio.to_thread(started.wait, 10)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        release.set()
+        assert await worker.run(done.is_set)  # ran to its end, behind it in order
+        with pytest.raises(ZeroDivisionError):
+            await worker.run(lambda: 1 // 0)  # an error reaches its caller
+    finally:
+        worker.close()
+
+
+async def test_a_closed_worker_ran_what_was_queued_and_takes_no_more() -> None:
+    worker = DbWorker()
+    seen: list[int] = []
+    for n in range(20):
+        worker.post("test", seen.append, n)
+    worker.close()
+    worker.close()  # idempotent
+    assert seen == list(range(20))
+    worker.post("test", seen.append, 99)  # dropped: nobody waits for it
+    with pytest.raises(RuntimeError):
+        await worker.run(len, seen)
+    assert seen == list(range(20))
+
+
 async def test_the_core_refuses_calls_from_the_loop_once_a_service_owns_it(
     store: BrokerStore, clock: FakeClock, sink: WaitingSink
 ) -> None:
