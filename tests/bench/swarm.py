@@ -39,7 +39,11 @@ TRIES = 7  # sends of one request before the agent gives up (0.5 + 1 + ... + 32 
 
 
 class SwarmError(Exception):
-    """A request of one agent got a final failure or no answer."""
+    """A request of one agent got a final failure (``status``) or no answer (408)."""
+
+    def __init__(self, message: str, status: int = 408) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(slots=True)
@@ -234,7 +238,9 @@ class Swarm:
             client = DigestClient(user, password, secrets.token_bytes)
             name, value = client.respond(response, Request(method, uri, Headers()))
             auth = f"{name}: {value}\r\n"
-        raise SwarmError(f"{method} of {user}: {response.status} {response.reason}")
+        raise SwarmError(
+            f"{method} of {user}: {response.status} {response.reason}", response.status
+        )
 
     def _ack(
         self,
@@ -291,21 +297,36 @@ class Swarm:
             user, call_id, tag, to, target, cseq, 1, keys, key, (media.addr, media.port), peer
         )
 
-    async def reinvite(self, session: Session, password: str, broker: Address) -> None:
-        """A re-INVITE in ``session``'s dialog with a new key offer, as the agent sends
-        one after losing its broker: on its 2xx, ``session`` holds the new key and media
-        address (the caller makes the peer). Raises SwarmError."""
+    async def reinvite(
+        self, session: Session, password: str, broker: Address, *, in_dialog: bool = True
+    ) -> None:
+        """A re-INVITE in ``session``'s dialog (``in_dialog``) or an INVITE of a new one,
+        with a new key offer, as the agent sends them after losing its broker: on the
+        2xx, ``session`` holds the dialog, the new key and media address (the caller
+        makes the peer). Raises SwarmError."""
         keys = OfferKeys(session.user, self.domain, password)
         version = session.version + 1
         port = self.rudp.local_addr[1]
         offer = build_offer(session.user, 1, version, self.host, port, keys.public).encode()
-        answer, _, _, cseq = await self._authenticated(
-            "INVITE", session.target, session.user, password, broker, to=session.to,
-            body=offer, dialog=(session.call_id, session.tag, session.cseq),
+        what = "re-INVITE" if in_dialog else "INVITE"
+        if in_dialog:
+            target, to = session.target, session.to
+            dialog: tuple[str, str, int] | None = (session.call_id, session.tag, session.cseq)
+        else:
+            target, to, dialog = self.broker_aor, f"<{self.broker_aor}>", None
+        answer, call_id, tag, cseq = await self._authenticated(
+            "INVITE", target, session.user, password, broker, to=to, body=offer,
+            dialog=dialog,
         )  # fmt: skip
-        session.cseq = cseq
+        if in_dialog:
+            session.cseq = cseq
         if answer.status != 200:
-            raise SwarmError(f"re-INVITE of {session.user}: {answer.status} {answer.reason}")
+            raise SwarmError(f"{what}: {answer.status} {answer.reason}", answer.status)
+        if not in_dialog:
+            contact = answer.headers.get("Contact") or ""
+            session.call_id, session.tag, session.cseq = call_id, tag, cseq
+            session.to = answer.headers.get("To") or ""
+            session.target = contact.strip().removeprefix("<").partition(">")[0] or target
         media = parse_session(answer.body)
         assert media.key is not None
         session.version, session.keys = version, keys
