@@ -96,6 +96,7 @@ class Device:
         self.connected = True
         self.since: float | None = None  # when the storm began: only then is a probe new
         self.connected_at: float | None = None  # the last time CONNECTED since
+        self.noticed_at: float | None = None  # when RUDP first gave the broker up since
         self.via = ""  # what made us CONNECTED again: "restart" or "reinvite"
         self.losses = self.restarts = self.reinvites = 0
         self.sip_failures: Counter[str] = Counter()
@@ -113,6 +114,8 @@ class Device:
         self._sip: asyncio.Task[None] | None = None
         self._ack: tuple[RudpPeer, int] | None = None  # a burst's cumulative ack to send
         self.attach(session.peer)
+        if not session.peer.connected:  # given up during the set-up, before we listened
+            self._lost(session.peer, PeerUnreachable("the broker stopped answering"))
 
     def attach(self, peer: RudpPeer) -> None:
         self.session.peer = peer
@@ -160,6 +163,8 @@ class Device:
             return
         self.losses += 1
         self.connected = False
+        if self.since is not None and self.noticed_at is None:
+            self.noticed_at = asyncio.get_running_loop().time()
         if self._sip is None:  # the agent's _attempt: a re-INVITE with new keys, at once
             self._sip = asyncio.get_running_loop().create_task(self._reinvite())
         self._update()
@@ -343,6 +348,7 @@ async def test_reconnect_storm(tmp_path: Path) -> None:
         for d in [*devices, publisher]:
             d.storm(loop.time())
         sip_port, media_port = broker.sip[1], broker.media_port
+        t_kill = loop.time()
         os.kill(broker.pid, signal.SIGKILL)
         await asyncio.wait_for(broker.proc.wait(), 30)
         publisher.publish(range(BEFORE, BEFORE + DURING))  # to a dead broker
@@ -376,6 +382,12 @@ async def test_reconnect_storm(tmp_path: Path) -> None:
             f"{_status(devices)}; the last {last:.1f} s after the restart (median "
             f"{_at(times, 0.5):.1f} s, 90% {_at(times, 0.9):.1f} s); broker CPU "
             f"{cpu_reconnect:.1f} s by then; load {_load()}"
+        )
+        noticed = sorted(d.noticed_at - t_restart for d in devices if d.noticed_at)
+        print(
+            f"noticed: {len(noticed)} agents gave the dead broker up, median "
+            f"{_at(noticed, 0.5):.1f} s, last {_at(noticed, 1.0):.1f} s after the restart "
+            f"(the kill was {t_restart - t_kill:.2f} s before it)"
         )
         print(
             f"how: {dict(via)} (restart: a probe on a fresh association under the old key; "
