@@ -19,11 +19,14 @@ from the new broker process's start until the last session is CONNECTED, whether
   with a new key offer, at once, then a ``list`` probe on the new key's association;
   when, given up, it hears a new incarnation of the broker under the old key
   (``on_restarted``), a fresh association under that key probed with a ``list`` (the
-  re-INVITE still completes and re-keys). A SIP failure waits the agent's back-off
-  (1 s doubling) before the next re-INVITE.
+  re-INVITE still completes and re-keys). A failed re-INVITE loses the session; a 481
+  or no answer ends the dialog, and the next attempt is a new INVITE (at once after a
+  481); other failures wait the agent's back-off (1 s, doubling).
 - CONNECTED: the agent's own definition, its probe answered (the ``subs`` reply to its
   ``list``) after the restart, seen by each session itself, not inferred from the
-  broker. The stream's delivery checks it end to end.
+  broker. A session counts once it is CONNECTED with no SIP attempt under way (a
+  failing one would lose it again); its time is when it last became CONNECTED. The
+  stream's delivery checks it end to end.
 - At most 32 re-INVITEs are in flight from the swarm: all its agents share one source
   address, and the broker answers 503 past 64 open requests from one host, which
   devices of their own addresses would not meet. The limit is part of the figure.
