@@ -145,11 +145,12 @@ class BrokerProc:
         wrapper: list[str] | None = None,
         settings: list[str] | None = None,
         ports: tuple[int, int] = (0, 0),
+        ready: float = 120.0,
     ) -> BrokerProc:
         """``root``: the source tree whose broker runs (default: this one); ``wrapper``:
         interpreter arguments before ``-m mdeci`` (default: the cProfile of BENCH_PROFILE);
         ``settings``: more TOML lines, before the users; ``ports``: SIP and media ports
-        (0: any free one)."""
+        (0: any free one); ``ready``: seconds to wait for its "listening" line."""
         lines = [
             'node = "bench"',
             f'domain = "{DOMAIN}"',
@@ -174,7 +175,7 @@ class BrokerProc:
             cwd=ROOT if root is None else root, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+        line = (await asyncio.wait_for(proc.stdout.readline(), ready)).decode()
         words = line.split()
         assert words[:2] == ["broker", "listening"], line
         host, _, port = words[2].removeprefix("sip=").rpartition(":")

@@ -76,6 +76,7 @@ SETUP_LIMIT = 2400.0  # seconds for the set-up: a guard, never a synchronisation
 RUN_LIMIT = 900.0  # seconds from the restart until every session is CONNECTED
 STREAM_LIMIT = 300.0  # seconds for the stream's last deliveries once all are back
 GOAL_S = 30.0
+PROGRESS = 10.0  # seconds between the storm's progress lines
 SIP_ATTEMPTS = 8  # re-INVITEs of one agent before it gives up (back-off between)
 BACKOFF = 1.0  # the agent's reconnect.base: seconds before the second attempt, doubling
 SETTINGS = ["[auth]", "key_confirm_timeout = 120.0"]
@@ -302,6 +303,22 @@ def _status(devices: list[Device]) -> str:
     return f"{back}/{len(devices)} CONNECTED again"
 
 
+async def _progress(devices: list[Device], t0: float) -> None:
+    """A line every PROGRESS seconds until cancelled: where the storm's time goes (a
+    sampling interval, not a synchronisation; bounded by RUN_LIMIT)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(int(RUN_LIMIT / PROGRESS) + 1):
+        await asyncio.sleep(PROGRESS)
+        failures = sum((d.sip_failures for d in devices), Counter[str]())
+        print(
+            f"  +{loop.time() - t0:.0f} s: {_status(devices)}, "
+            f"{sum(d.noticed_at is not None for d in devices)} noticed the loss, "
+            f"{sum(d.reinvites for d in devices)} (re-)INVITEs answered 2xx, failed "
+            f"{dict(failures)}; load {_load()}",
+            flush=True,
+        )
+
+
 def _at(times: list[float], share: float) -> float:
     """The ``share`` quantile of sorted ``times`` (nan for none)."""
     return times[max(0, int(len(times) * share) - 1)] if times else float("nan")
@@ -356,14 +373,18 @@ async def test_reconnect_storm(tmp_path: Path) -> None:
         await asyncio.wait_for(broker.proc.wait(), 30)
         publisher.publish(range(BEFORE, BEFORE + DURING))  # to a dead broker
         t_restart = loop.time()
+        progress = loop.create_task(_progress(devices, t_restart))
         broker = await BrokerProc.start(
-            tmp_path, url, everyone, settings=SETTINGS, ports=(sip_port, media_port)
-        )
+            tmp_path, url, everyone, settings=SETTINGS, ports=(sip_port, media_port),
+            ready=RUN_LIMIT,
+        )  # fmt: skip
         listening = loop.time() - t_restart
+        back_then = _status(devices)
         cpu0 = broker.cpu_s()
 
         await _bounded([d.settled.wait() for d in [*devices, publisher]], RUN_LIMIT)
         cpu_reconnect = broker.cpu_s()
+        progress.cancel()
         times = sorted(
             d.connected_at - t_restart
             for d in devices
@@ -381,7 +402,8 @@ async def test_reconnect_storm(tmp_path: Path) -> None:
         last = times[-1] if back else float("nan")
         print(
             f"restart: broker listening {listening:.1f} s after its start (broker CPU "
-            f"{cpu0:.1f} s: start-up and restore of the sessions, while serving); "
+            f"{cpu0:.1f} s: start-up and restore of the sessions, while serving; "
+            f"{back_then} by then); "
             f"{_status(devices)}; the last {last:.1f} s after the restart (median "
             f"{_at(times, 0.5):.1f} s, 90% {_at(times, 0.9):.1f} s); broker CPU "
             f"{cpu_reconnect:.1f} s by then; load {_load()}"
