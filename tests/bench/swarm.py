@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 from mdeci.frames import Sub, SubOk, decode, encode
-from rudp.aio import RudpEndpoint, RudpPeer
+from rudp.aio import DEFAULT_CONFIG, RudpEndpoint, RudpPeer
+from rudp.config import RudpConfig
 from rudp.sockets import SOCKET_BUFFER, set_socket_buffers
 from sip.auth import DigestClient
 from sip.errors import SipParseError
@@ -37,7 +39,29 @@ TRIES = 7  # sends of one request before the agent gives up (0.5 + 1 + ... + 32 
 
 
 class SwarmError(Exception):
-    """A request of one agent got a final failure or no answer."""
+    """A request of one agent got a final failure (``status``) or no answer (408)."""
+
+    def __init__(self, message: str, status: int = 408) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True)
+class Session:
+    """What one agent keeps of its session: its dialog (for a re-INVITE), its keys and
+    the RUDP peer of the current key."""
+
+    user: str
+    call_id: str
+    tag: str  # our From tag
+    to: str  # the To header of the 2xx (the broker's tag)
+    target: str  # the broker's Contact: the Request-URI of in-dialog requests
+    cseq: int
+    version: int  # of our SDP origin
+    keys: OfferKeys
+    key: bytes  # the RUDP session secret
+    media: Address  # the broker's media address
+    peer: RudpPeer
 
 
 @dataclass(slots=True)
@@ -98,12 +122,15 @@ class Swarm:
         self.peers: list[RudpPeer] = []
 
     @classmethod
-    async def open(cls, host: str, domain: str, broker_aor: str) -> Swarm:
+    async def open(
+        cls, host: str, domain: str, broker_aor: str, config: RudpConfig = DEFAULT_CONFIG
+    ) -> Swarm:
+        """``config``: the RUDP settings of every agent's peer."""
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_datagram_endpoint(_SipSocket, local_addr=(host, 0))
         assert protocol.transport is not None
         set_socket_buffers(protocol.transport.get_extra_info("socket"), SOCKET_BUFFER)
-        rudp = await RudpEndpoint.open(host, 0)
+        rudp = await RudpEndpoint.open(host, 0, config)
         return cls(protocol, rudp, domain, broker_aor, host)
 
     @property
@@ -188,13 +215,15 @@ class Swarm:
         to: str,
         extra: str = "",
         body: bytes = b"",
+        dialog: tuple[str, str, int] | None = None,
     ) -> tuple[Response, str, str, int]:
         """The request, then its retry with Digest after the 401; the final response,
-        Call-ID, From tag and CSeq of the retry."""
-        call_id, tag = secrets.token_hex(8), secrets.token_hex(4)
+        Call-ID, From tag and CSeq of the retry. ``dialog``: (Call-ID, From tag, last
+        CSeq) of an in-dialog request; None: a new Call-ID."""
+        call_id, tag, last = dialog or (secrets.token_hex(8), secrets.token_hex(4), 0)
         response = Response(0, "")
         auth = ""
-        for cseq in (1, 2):
+        for cseq in (last + 1, last + 2):
             branch = "z9hG4bK" + secrets.token_hex(8)
             data = self._request(
                 method, uri, user, to=to, call_id=call_id, from_tag=tag, cseq=cseq,
@@ -209,7 +238,9 @@ class Swarm:
             client = DigestClient(user, password, secrets.token_bytes)
             name, value = client.respond(response, Request(method, uri, Headers()))
             auth = f"{name}: {value}\r\n"
-        raise SwarmError(f"{method} of {user}: {response.status} {response.reason}")
+        raise SwarmError(
+            f"{method} of {user}: {response.status} {response.reason}", response.status
+        )
 
     def _ack(
         self,
@@ -233,7 +264,7 @@ class Swarm:
         if response.status < 300:
             self._sip.acked[branch] = ack
 
-    async def connect(self, user: str, password: str, broker: Address, subject: str) -> None:
+    async def connect(self, user: str, password: str, broker: Address, subject: str) -> Session:
         """REGISTER, INVITE with a key offer, ACK, then subscribe to ``subject`` over RUDP
         under the derived key. Raises SwarmError, PeerUnreachable."""
         aor = f"sip:{user}@{self.domain}"
@@ -245,7 +276,7 @@ class Swarm:
             raise SwarmError(f"REGISTER of {user}: {reg.status} {reg.reason}")
         keys = OfferKeys(user, self.domain, password)
         offer = build_offer(user, 1, 1, self.host, self.rudp.local_addr[1], keys.public).encode()
-        answer, *_ = await self._authenticated(
+        answer, call_id, tag, cseq = await self._authenticated(
             "INVITE", self.broker_aor, user, password, broker,
             to=f"<{self.broker_aor}>", body=offer,
         )  # fmt: skip
@@ -253,12 +284,54 @@ class Swarm:
             raise SwarmError(f"INVITE of {user}: {answer.status} {answer.reason}")
         media = parse_session(answer.body)
         assert media.key is not None
-        peer = self.rudp.peer(keys.secret(media.key, offer, answer.body), (media.addr, media.port))
+        key = keys.secret(media.key, offer, answer.body)
+        peer = self.rudp.peer(key, (media.addr, media.port))
         self.peers.append(peer)
         await peer.send(encode(Sub(req=1, subject=subject)))
         reply = decode(await peer.receive())
         if not isinstance(reply, SubOk):
             raise SwarmError(f"subscription of {user}: {reply}")
+        to, contact = answer.headers.get("To") or "", answer.headers.get("Contact") or ""
+        target = contact.strip().removeprefix("<").partition(">")[0] or self.broker_aor
+        return Session(
+            user, call_id, tag, to, target, cseq, 1, keys, key, (media.addr, media.port), peer
+        )
+
+    async def reinvite(
+        self, session: Session, password: str, broker: Address, *, in_dialog: bool = True
+    ) -> None:
+        """A re-INVITE in ``session``'s dialog (``in_dialog``) or an INVITE of a new one,
+        with a new key offer, as the agent sends them after losing its broker: on the
+        2xx, ``session`` holds the dialog, the new key and media address (the caller
+        makes the peer). Raises SwarmError."""
+        keys = OfferKeys(session.user, self.domain, password)
+        version = session.version + 1
+        port = self.rudp.local_addr[1]
+        offer = build_offer(session.user, 1, version, self.host, port, keys.public).encode()
+        what = "re-INVITE" if in_dialog else "INVITE"
+        if in_dialog:
+            target, to = session.target, session.to
+            dialog: tuple[str, str, int] | None = (session.call_id, session.tag, session.cseq)
+        else:
+            target, to, dialog = self.broker_aor, f"<{self.broker_aor}>", None
+        answer, call_id, tag, cseq = await self._authenticated(
+            "INVITE", target, session.user, password, broker, to=to, body=offer,
+            dialog=dialog,
+        )  # fmt: skip
+        if in_dialog:
+            session.cseq = cseq
+        if answer.status != 200:
+            raise SwarmError(f"{what}: {answer.status} {answer.reason}", answer.status)
+        if not in_dialog:
+            contact = answer.headers.get("Contact") or ""
+            session.call_id, session.tag, session.cseq = call_id, tag, cseq
+            session.to = answer.headers.get("To") or ""
+            session.target = contact.strip().removeprefix("<").partition(">")[0] or target
+        media = parse_session(answer.body)
+        assert media.key is not None
+        session.version, session.keys = version, keys
+        session.key = keys.secret(media.key, offer, answer.body)
+        session.media = (media.addr, media.port)
 
 
 async def set_up(
@@ -268,12 +341,14 @@ async def set_up(
     broker: Address,
     concurrency: int,
     limit: float,
-) -> None:
-    """Connect every user with ``concurrency`` set-ups in flight; ``limit`` seconds for all."""
+    subject: Callable[[str], str] = lambda user: f"rss.{user}",
+) -> list[Session]:
+    """Connect every user with ``concurrency`` set-ups in flight; ``limit`` seconds for
+    all. Each subscribes to ``subject(user)``."""
     room = asyncio.Semaphore(concurrency)
 
-    async def one(user: str) -> None:
+    async def one(user: str) -> Session:
         async with room:
-            await swarm.connect(user, password[user], broker, f"rss.{user}")
+            return await swarm.connect(user, password[user], broker, subject(user))
 
-    await asyncio.wait_for(asyncio.gather(*(one(u) for u in users)), limit)
+    return await asyncio.wait_for(asyncio.gather(*(one(u) for u in users)), limit)

@@ -103,9 +103,12 @@ def _proc_cpu_s(pid: int, stat: str = "stat") -> float:
 class BrokerProc:
     """``python -m mdeci broker`` with a generated config, stopped by its own PID."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, sip: tuple[str, int]) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, sip: tuple[str, int], media_port: int = 0
+    ) -> None:
         self.proc = proc
         self.sip = sip
+        self.media_port = media_port
         self._spy: subprocess.Popen[bytes] | None = None
 
     async def spy(self, phase: str) -> None:
@@ -141,10 +144,13 @@ class BrokerProc:
         root: Path | None = None,
         wrapper: list[str] | None = None,
         settings: list[str] | None = None,
+        ports: tuple[int, int] = (0, 0),
+        ready: float = 120.0,
     ) -> BrokerProc:
         """``root``: the source tree whose broker runs (default: this one); ``wrapper``:
         interpreter arguments before ``-m mdeci`` (default: the cProfile of BENCH_PROFILE);
-        ``settings``: more TOML lines, before the users."""
+        ``settings``: more TOML lines, before the users; ``ports``: SIP and media ports
+        (0: any free one); ``ready``: seconds to wait for its "listening" line."""
         lines = [
             'node = "bench"',
             f'domain = "{DOMAIN}"',
@@ -165,15 +171,16 @@ class BrokerProc:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, *(PROFILE + UVLOOP if wrapper is None else wrapper),
             "-m", "mdeci", "broker", "--config", str(config),
-            "--listen-sip", f"{HOST}:0", "--listen-media", f"{HOST}:0",
+            "--listen-sip", f"{HOST}:{ports[0]}", "--listen-media", f"{HOST}:{ports[1]}",
             cwd=ROOT if root is None else root, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+        line = (await asyncio.wait_for(proc.stdout.readline(), ready)).decode()
         words = line.split()
         assert words[:2] == ["broker", "listening"], line
         host, _, port = words[2].removeprefix("sip=").rpartition(":")
-        return cls(proc, (host, int(port)))
+        media = int(words[3].removeprefix("media=").rpartition(":")[2])
+        return cls(proc, (host, int(port)), media)
 
     @property
     def pid(self) -> int:
