@@ -33,8 +33,8 @@ and its commands are carried out here (BYE, churn events) or by the service.
 The database is never called on the event loop: store calls go to the service's
 :class:`~mdeci.broker.worker.DbWorker` thread, in order. Digest (the UA's in-dialog guard
 is synchronous) reads HA1 from :class:`~mdeci.broker.sip_auth.CachedCredentials`, filled
-on the worker before a request is verified, when a session is restored, and after a
-failed guard check (for the client's retry).
+on the worker before a request is verified, when a session is restored, and when the
+guard misses or fails (for the client's retry; a miss is a challenge, not a failed login).
 """
 
 from __future__ import annotations
@@ -369,9 +369,8 @@ class BrokerSipEndpoint:
     async def _register(self, req: IncomingRequest, attempt: LoginAttempt) -> Reply:
         if self._registrar is None:
             return _refuse(405, "this broker is not a registrar")
-        return await self._registrar.handle(
-            req, self.digest.bound(attempt), credentials=attempt.user is not None
-        )
+        verifier, credentials = self.digest.bound(attempt), attempt.user is not None
+        return await self._registrar.handle(req, verifier, credentials=credentials)
 
     def _invite(self, req: IncomingRequest, attempt: LoginAttempt) -> Reply:
         """Answer an INVITE or re-INVITE to the broker's user: who sends it, Digest, the
@@ -530,6 +529,12 @@ class BrokerSipEndpoint:
         if not isinstance(from_uri, SipUri) or from_uri.aor != owner:
             self.stats_refused += 1
             return _refuse(403, f"{from_uri} may not act in the session of {owner}")
+        if not self.credentials.knows(owner_user.user, self.config.realm):
+            # Evicted by other users' entries (or lost to a restart): a challenge, not a
+            # failed login; the entries are fetched for the client's retry.
+            self._spawn(self._refresh_credentials(owner_user.user))
+            challenge = self.digest.verify(request, self.clock())
+            return Reply(challenge.status, headers=challenge.headers)
         attempt = self.digest.attempt(request, source or ("-", 0))
         refused = self._authenticate(request, owner_user.user, attempt)
         if refused is not None:
@@ -537,8 +542,7 @@ class BrokerSipEndpoint:
         if refused is None and request.method == "INVITE":
             self._guarded.add((request.call_id, request.cseq.seq))
         elif refused is not None and refused.status == 401:
-            # The cache may be older than a password change, or lost to a restart: fetch
-            # the owner's entries again for the client's retry (the guard cannot wait).
+            # The cache may be older than a password change: fetch again for the retry.
             self._spawn(self._refresh_credentials(owner_user.user))
         return refused
 

@@ -96,6 +96,10 @@ class CachedCredentials:
     def ha1(self, username: str, realm: str, algorithm: str) -> str | None:
         return self._known.get((username, realm, algorithm))
 
+    def knows(self, username: str, realm: str) -> bool:
+        """Whether ``username``'s entries are here (fetched, even as "no such user")."""
+        return (username, realm, "SHA-256") in self._known
+
 
 def ensure_users(
     store: BrokerStore,

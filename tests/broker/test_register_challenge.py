@@ -1,4 +1,5 @@
-"""A REGISTER without credentials is challenged at once, without the store.
+"""A REGISTER without credentials is challenged at once, without the store; an
+in-dialog request whose owner's HA1 left the cache is challenged, not failed.
 
 The registrar authenticates before it reads a binding (RFC 3261 §10.3 steps 3-4 before
 7-8), so the broker answers such a REGISTER without a database round trip: the first
@@ -10,6 +11,7 @@ broker's database thread (a call that waits on an event) while a REGISTER arrive
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import threading
 from collections.abc import Iterator
@@ -17,12 +19,15 @@ from collections.abc import Iterator
 import pytest
 
 from mdeci.broker.app import RunningBroker
+from mdeci.broker.sip_auth import CACHED_HA1
+from sip.errors import SipRequestFailed
 from sip.message import Response, parse_message
 from sip.uac import PADDING
+from tests.broker.conftest import WaitingSink
 from tests.broker.test_service import GUARD
-from tests.broker.test_sip_endpoint import DOMAIN, running
+from tests.broker.test_sip_endpoint import DOMAIN, Device, devices, open_device, running
 
-__all__ = ["running"]  # the fixture, used by name
+__all__ = ["devices", "running"]  # the fixtures, used by name
 
 PAD_TO = 1024  # the broker bounds an unauthenticated UDP answer by the request's size
 
@@ -87,3 +92,26 @@ async def test_a_register_without_credentials_is_answered_while_the_database_is_
         assert (response.headers.get("WWW-Authenticate") is not None) == (status == 401)
     finally:
         transport.close()
+
+
+async def test_a_reinvite_whose_owner_left_the_credential_cache_is_not_a_failed_login(
+    running: RunningBroker, sink: WaitingSink, devices: list[Device]
+) -> None:
+    """With more users than the cache holds, an owner's entries may be gone when their
+    re-INVITE comes: the guard (synchronous) challenges and fetches them for the retry,
+    and counts no failed login (the throttle would lock out a device that did nothing
+    wrong)."""
+    alice = await open_device(devices, "alice", "127.0.0.2")
+    await alice.call(running)
+    await sink.wait_for("media_connected", f"sip:alice@{DOMAIN}")
+    # Other users' entries, as many as the cache holds: alice's are the oldest, dropped.
+    realm = running.endpoint.config.realm
+    running.endpoint.credentials.keep(
+        {(f"other{i}", realm, "SHA-256"): None for i in range(CACHED_HA1)}
+    )
+    assert not running.endpoint.credentials.knows("alice", realm)
+    # The re-INVITE is challenged; the device's one retry may come before the entries
+    # are back (the fetch is on the database thread), and then fails as before.
+    with contextlib.suppress(SipRequestFailed):
+        await alice.move("127.0.0.3")
+    assert running.endpoint.digest.failures == 0
