@@ -62,6 +62,7 @@ from mdeci.broker.sessions import (
     Log,
     SendBye,
     addr_text,
+    parse_addr_text,
 )
 from mdeci.broker.sink import ChurnSink, FieldValue
 from mdeci.broker.sip_auth import (
@@ -105,14 +106,6 @@ log = logging.getLogger("mdeci.broker")
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def parse_addr_text(text: str) -> Address:
-    """Inverse of :func:`addr_text`. Raises ValueError."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"not ip:port: {text!r}")
-    return host.strip("[]"), int(port)
 
 
 def _warning(text: str) -> tuple[str, str]:
@@ -286,8 +279,9 @@ class BrokerSipEndpoint:
         broker's (or of no broker's) stored CONNECTED, so agents keep their dialogs
         (re-INVITE, BYE) and delivery resumes; a QUIC session ends with a BYE (its agent
         INVITEs again at once). Rows that cannot be read back are marked DISCONNECTED.
-        Returns how many were restored. Raises StoreError."""
-        restored = 0
+        Returns how many were restored. Raises StoreError. Nothing awaits in the loop: a
+        new INVITE's claim is queued after every row's epoch, never under a stale one."""
+        restored, owners = 0, []
         rows = await self.worker.run(
             self.store.sessions.owned_sessions, SessionStatus.CONNECTED, self.store.node
         )
@@ -325,10 +319,13 @@ class BrokerSipEndpoint:
             if rec.transport == "rudp" and self.service.alive(rec.uri):
                 self.service.endpoint.peer(rec.session_key, addr).announce()
             restored += 1
-            # The guard verifies the owner's in-dialog requests from the cache.
             owner = parse_uri(rec.uri)
             if isinstance(owner, SipUri) and owner.user is not None:
-                await self._load_credentials(owner.user)
+                owners.append(owner.user)
+        # The guard verifies the owners' in-dialog requests from the cache: one call for
+        # all of them (a call each waited behind every request of a reconnect storm).
+        fetch = self.credentials.fetch_many
+        self.credentials.keep(await self.worker.run(fetch, owners, self.config.realm))
         return restored
 
     async def _load_credentials(self, username: str) -> None:

@@ -253,6 +253,14 @@ def addr_text(addr: Address) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def parse_addr_text(text: str) -> Address:
+    """Inverse of :func:`addr_text`. Raises ValueError."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"not ip:port: {text!r}")
+    return host.strip("[]"), int(port)
+
+
 # ---------------------------------------------------------------------------- the manager
 
 

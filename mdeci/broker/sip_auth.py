@@ -86,6 +86,10 @@ class CachedCredentials:
             found[(username, realm, algorithm)] = ha1
         return found
 
+    def fetch_many(self, users: list[str], realm: str) -> dict[tuple[str, str, str], str | None]:
+        """:meth:`fetch` for each of ``users`` (database thread). Raises StoreError."""
+        return {key: ha1 for user in users for key, ha1 in self.fetch(user, realm).items()}
+
     def keep(self, found: dict[tuple[str, str, str], str | None]) -> None:
         for key, ha1 in found.items():
             self._known[key] = ha1
