@@ -42,7 +42,10 @@ from sip.message import Request
 from sip.transaction import Address
 from sip.uri import SipUri
 
-CACHED_HA1 = 10_000  # HA1 entries kept for Digest (each user has one per algorithm)
+# HA1 entries kept for Digest (each user has one per algorithm; ~0.3 kB each). Above the
+# users a broker holds sessions of: the in-dialog guard reads only the cache, and a
+# working set just above the bound evicts, at every refetch, another owner's entries.
+CACHED_HA1 = 100_000
 
 
 class StoreCredentials:
