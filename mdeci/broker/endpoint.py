@@ -526,20 +526,19 @@ class BrokerSipEndpoint:
         if not isinstance(from_uri, SipUri) or from_uri.aor != owner:
             self.stats_refused += 1
             return _refuse(403, f"{from_uri} may not act in the session of {owner}")
-        if not self.credentials.knows(owner_user.user, self.config.realm):
-            # Evicted by other users' entries (or lost to a restart): a challenge, not a
-            # failed login; the entries are fetched for the client's retry.
-            self._spawn(self._refresh_credentials(owner_user.user))
+        if self.credentials.knows(owner_user.user, self.config.realm):
+            attempt = self.digest.attempt(request, source or ("-", 0))
+            refused = self._authenticate(request, owner_user.user, attempt)
+            if refused is not None:
+                self.failed_logins.record(request, attempt, refused)
+        else:  # evicted by other users' entries, or lost to a restart: not a failed login
             challenge = self.digest.verify(request, self.clock())
-            return Reply(challenge.status, headers=challenge.headers)
-        attempt = self.digest.attempt(request, source or ("-", 0))
-        refused = self._authenticate(request, owner_user.user, attempt)
-        if refused is not None:
-            self.failed_logins.record(request, attempt, refused)
+            refused = Reply(challenge.status, headers=challenge.headers)
         if refused is None and request.method == "INVITE":
             self._guarded.add((request.call_id, request.cseq.seq))
         elif refused is not None and refused.status == 401:
-            # The cache may be older than a password change: fetch again for the retry.
+            # The owner's entries are missing or older than a password change: fetch them
+            # for the client's retry (the guard cannot wait).
             self._spawn(self._refresh_credentials(owner_user.user))
         return refused
 
