@@ -193,6 +193,7 @@ class BrokerSipEndpoint:
         self._guarded: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._bound = False
+        self._listening = asyncio.Event()  # set once SIP is bound
         self.stats_refused = 0
         self._store_id: str | None = None  # read once: the store's incarnation id
 
@@ -204,11 +205,12 @@ class BrokerSipEndpoint:
         return self.ua.local_addr
 
     async def start(self, host: str, port: int = 0) -> Address:
-        """Add configured users, bind UDP (+TCP), start the sweep and event tasks, and
-        register at the external registrar if configured; returns the SIP address.
-
-        Raises OSError when the address cannot be bound, StoreError on the database,
-        BrokerError when the external registrar refuses us.
+        """Add configured users, restore the stored sessions, bind UDP (+TCP), start the
+        sweep and event tasks, register at the external registrar if configured; returns
+        the SIP address. SIP is bound once every session and its owner's HA1 are back:
+        a request read before would get a 481 or a second 401 (thousands in a reconnect
+        storm); its retransmission finds the broker ready. Raises OSError when the
+        address cannot be bound, StoreError, BrokerError when the registrar refuses us.
         """
         await self.worker.run(
             ensure_users,
@@ -218,8 +220,9 @@ class BrokerSipEndpoint:
             self.config.auth.users,
             md5="MD5" in self.config.auth.algorithms,
         )
-        bound = await self.ua.start(host, port)
         await self.restore_sessions()
+        bound = await self.ua.start(host, port)
+        self._listening.set()
         reg = self.config.registrar
         if reg.embedded:
             self.registrar = Registrar(
@@ -276,11 +279,10 @@ class BrokerSipEndpoint:
 
     async def restore_sessions(self) -> int:
         """After a restart: rebuild the dialog and the RUDP peer of every session of this
-        broker's (or of no broker's) stored CONNECTED, so agents keep their dialogs
-        (re-INVITE, BYE) and delivery resumes; a QUIC session ends with a BYE (its agent
-        INVITEs again at once). Rows that cannot be read back are marked DISCONNECTED.
-        Returns how many were restored. Raises StoreError. Nothing awaits in the loop: a
-        new INVITE's claim is queued after every row's epoch, never under a stale one."""
+        broker's (or of no broker's) stored CONNECTED, so agents keep their dialogs and
+        delivery resumes; a QUIC session ends with a BYE (its agent INVITEs again at once).
+        Rows that cannot be read back are marked DISCONNECTED. Returns how many were
+        restored. Raises StoreError."""
         restored, owners = 0, []
         rows = await self.worker.run(
             self.store.sessions.owned_sessions, SessionStatus.CONNECTED, self.store.node
@@ -670,6 +672,7 @@ class BrokerSipEndpoint:
         return self._bound
 
     async def _bye_quietly(self, dialog: Dialog) -> None:
+        await self._listening.wait()  # a restored QUIC session's BYE waits for the bind
         with contextlib.suppress(SipError, OSError):
             await self.ua.bye(dialog)
 

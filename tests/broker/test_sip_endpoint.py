@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import secrets
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -458,6 +461,54 @@ async def test_sessions_survive_a_broker_restart(
         alice.agent.peer.set_address(second.media_addr)
         await alice.agent.send(Sub(req=7, subject="x.y"))
         assert isinstance(await alice.agent.next(), SubOk)
+    finally:
+        await second.close()
+
+
+async def test_a_restarting_broker_listens_for_sip_once_its_sessions_are_back(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    store: BrokerStore,
+    clock: FakeClock,
+    sink: WaitingSink,
+    devices: list[Device],
+) -> None:
+    """A request that came while the sessions were still being read would find no dialog
+    (481) or no cached credentials (a second 401): SIP is bound after the restore, and
+    a re-INVITE sent meanwhile succeeds on its retransmission."""
+    first = await start_broker(tmp_path, store, clock, sink)
+    sip_port = first.sip_addr[1]
+    try:
+        alice = await open_device(devices, "alice", "127.0.0.2")
+        await alice.call(first)
+        await sink.wait_for("media_connected", ALICE)
+    finally:
+        await first.close()
+    # The restore's read of the stored sessions waits until the test lets it go.
+    reading, release = threading.Event(), threading.Event()
+    owned = store.sessions.owned_sessions
+
+    def held(*args: Any) -> Any:
+        reading.set()
+        release.wait(GUARD)
+        return owned(*args)
+
+    monkeypatch.setattr(store.sessions, "owned_sessions", held)
+    starting = asyncio.create_task(start_broker(tmp_path, store, clock, sink, sip_port=sip_port))
+    try:
+        assert await asyncio.to_thread(reading.wait, GUARD)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", sip_port))  # free: nothing answers SIP yet
+        moving = asyncio.create_task(alice.move("127.0.0.3"))
+        release.set()
+        second = await starting
+    finally:
+        release.set()
+    try:
+        await moving  # its re-INVITE went unanswered, then its retransmission was served
+        reinvited = await sink.wait_for("session_reinvited", ALICE)
+        assert fields(reinvited)["addr"] == f"127.0.0.3:{alice.rudp.local_addr[1]}"
+        assert second.endpoint.digest.failures == 0
     finally:
         await second.close()
 
