@@ -4,8 +4,11 @@ database thread.
 :class:`~mdeci.broker.sessions.SessionManager` decides; this runs its
 :class:`~mdeci.broker.sessions.StoreSession` and :class:`~mdeci.broker.sessions.SetStatus`
 commands through the service's :class:`~mdeci.broker.worker.DbWorker`, in the order they
-were given (a row before its status, a status before the churn event posted after it). A
-write that fails is logged as ``database_error`` and repeated at the next change.
+were given (a row before its status, a status before the churn event posted after it).
+Writes queued one after another, with no other call between them, share one transaction
+(:meth:`~mdeci.broker.worker.DbWorker.post_batch`): a burst (a restart's peers given up,
+a storm's re-INVITEs) costs one commit. A batch that fails is logged as
+``database_error`` and wrote nothing; each session's next change writes it again.
 
 It also keeps the epoch this broker holds each user at (mdeci/store/ownership.py), as the
 store answered its last claim: on the database thread, so that every later store call
@@ -27,7 +30,7 @@ from mdeci.broker.sessions import SetStatus, Status, StoreSession
 from mdeci.broker.worker import DbWorker
 from mdeci.store.ownership import Lost
 from mdeci.store.repo import BrokerStore
-from mdeci.store.sessions import SessionRecord, SessionStatus
+from mdeci.store.sessions import SessionRecord, SessionStatus, SessionWrites
 
 _STORED = {
     Status.CONNECTED: SessionStatus.CONNECTED,
@@ -64,31 +67,9 @@ class SessionRows:
         self.on_handoff: Callable[[str, str], None] = _ignore_handoff
 
     def write(self, command: StoreSession | SetStatus) -> None:
-        """Queue ``command``'s write behind every call made so far."""
-        if isinstance(command, SetStatus):
-            status = _STORED[command.status]
-            self._worker.post("session status", self._status, command.uri, status, self._clock())
-            return
-        c = command
-        record = SessionRecord(
-            uri=c.uri,
-            call_id=c.call_id,
-            local_tag=c.local_tag,
-            remote_tag=c.remote_tag,
-            remote_target=c.remote_target,
-            route_set=c.route_set,
-            remote_sdp=c.remote_sdp,
-            media_addr=c.media_addr,
-            session_key=c.session_key,
-            msisdn=c.msisdn,
-            status=SessionStatus.CONNECTED,
-            local_cseq=c.local_cseq,
-            remote_cseq=c.remote_cseq,
-            started_at=c.started_at,
-            updated_at=c.updated_at,
-            transport=c.transport,
-        )
-        self._worker.post("session row", self._row, record, c.refresh)
+        """Queue ``command``'s write behind every call made so far (with the writes
+        queued just before it, if nothing came between: one transaction)."""
+        self._worker.post_batch("session writes", self._write_all, (command, self._clock()))
 
     def refused(self, lost: Lost) -> None:
         """A store call for ``lost.uri`` found another epoch (on the database thread).
@@ -106,31 +87,81 @@ class SessionRows:
         """``uri``'s row, read back at start, is this broker's at ``epoch``."""
         self.held_epochs[uri] = epoch
 
-    def _row(self, record: SessionRecord, refresh: bool) -> None:
-        uri = record.uri
-        if refresh and uri in self._gone:
-            return  # a refresh of a session already lost: the new holder's row stays
-        # A refresh whose claim never reached the store (it failed) claims the user.
-        held = self.held_epochs.get(uri) if refresh else None
-        got = self._store.sessions.upsert_session(record, self._store.node, held)
-        if isinstance(got, Lost):
-            self.refused(got)
-        else:
-            self.held_epochs[uri] = got.epoch
-            self._gone.discard(uri)
-            if got.prev_owner and got.prev_owner != self._store.node:
-                self.on_handoff(uri, got.prev_owner)
+    def _write_all(self, writes: list[tuple[StoreSession | SetStatus, float]]) -> None:
+        """The writes in one transaction. Their effects on the epochs held are kept only
+        once it committed: a failed commit wrote none of them, and the next change of
+        each session writes it again."""
+        held = dict(self.held_epochs)
+        gone = set(self._gone)
+        lost: list[Lost] = []
+        handoffs: list[tuple[str, str]] = []
+        with self._store.sessions.batch() as batch:
+            for command, now in writes:
+                if isinstance(command, SetStatus):
+                    self._status(batch, held, lost, command.uri, _STORED[command.status], now)
+                elif not (command.refresh and command.uri in gone):
+                    self._row(batch, held, gone, lost, handoffs, command)
+                # else a refresh of a session already lost: the new holder's row stays
+        self.held_epochs, self._gone = held, gone
+        for one in lost:
+            self.refused(one)
+        for uri, node in handoffs:
+            self.on_handoff(uri, node)
 
-    def _status(self, uri: str, status: SessionStatus, now: float) -> None:
-        sessions = self._store.sessions
-        held = self.held_epochs.get(uri)
-        if held is None:
-            sessions.set_status(uri, status, now)  # a session made without SIP: unfenced
-            return
-        got = sessions.set_status_held(uri, status, now, held)
+    def _row(
+        self,
+        batch: SessionWrites,
+        held: dict[str, int],
+        gone: set[str],
+        lost: list[Lost],
+        handoffs: list[tuple[str, str]],
+        c: StoreSession,
+    ) -> None:
+        uri = c.uri
+        record = SessionRecord(
+            uri=uri,
+            call_id=c.call_id,
+            local_tag=c.local_tag,
+            remote_tag=c.remote_tag,
+            remote_target=c.remote_target,
+            route_set=c.route_set,
+            remote_sdp=c.remote_sdp,
+            media_addr=c.media_addr,
+            session_key=c.session_key,
+            msisdn=c.msisdn,
+            status=SessionStatus.CONNECTED,
+            local_cseq=c.local_cseq,
+            remote_cseq=c.remote_cseq,
+            started_at=c.started_at,
+            updated_at=c.updated_at,
+            transport=c.transport,
+        )
+        # A refresh whose claim never reached the store (it failed) claims the user.
+        got = batch.upsert(record, self._store.node, held.get(uri) if c.refresh else None)
         if isinstance(got, Lost):
-            self.refused(got)
+            lost.append(got)
+        else:
+            held[uri] = got.epoch
+            gone.discard(uri)
+            if got.prev_owner and got.prev_owner != self._store.node:
+                handoffs.append((uri, got.prev_owner))
+
+    def _status(
+        self,
+        batch: SessionWrites,
+        held: dict[str, int],
+        lost: list[Lost],
+        uri: str,
+        status: SessionStatus,
+        now: float,
+    ) -> None:
+        epoch = held.get(uri)
+        got = batch.set_status(uri, status, now, epoch)
+        if epoch is None:
+            return  # a session made without SIP: unfenced
+        if isinstance(got, Lost):
+            lost.append(got)
         elif status is SessionStatus.ENDED:
             # Ended here while held: nothing more is written for the user until a new
             # session claims them, so the entry goes (one per user ever seen would grow).
-            del self.held_epochs[uri]
+            del held[uri]

@@ -37,7 +37,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from mdeci.broker.db_health import DatabaseHealth
 from mdeci.broker.sink import ChurnSink, FieldValue, Row, fields_emitter, rows_emitter
@@ -64,6 +64,7 @@ class DbWorker:
     def __init__(self, name: str = "mdeci-db") -> None:
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._closed = False
+        self._last: _Batch[Any] | None = None  # the batch queued last, if nothing came after
         self._thread = threading.Thread(target=self._serve, name=f"{name}_0", daemon=True)
         self._thread.start()
         assert self._thread.ident is not None
@@ -82,6 +83,7 @@ class DbWorker:
             raise RuntimeError("the database thread is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._last = None
         self._calls.put(_Call(functools.partial(fn, *args, **kwargs), loop, future))
         return await future
 
@@ -95,6 +97,26 @@ class DbWorker:
         if self._closed:
             return
         call = functools.partial(_logged, self.health, what, functools.partial(fn, *args, **kwargs))
+        self._last = None
+        self._calls.put(_Call(call, None, None))
+
+    def post_batch(self, what: str, fn: Callable[[list[T]], object], item: T) -> None:
+        """Queue ``fn([item])`` as :meth:`post` does; or, when the call queued last is a
+        batch of ``fn``'s that has not started, add ``item`` to its list.
+
+        While the thread is behind, consecutive writes then share one call (one
+        transaction, one commit) without any call moving past another: a batch takes
+        only what was queued after it and before anything else. Called on one thread
+        (the event loop's), as :meth:`run` and :meth:`post` are.
+        """
+        if self._closed:
+            return
+        last = self._last
+        if last is not None and last.fn == fn and last.add(item):
+            return
+        batch = _Batch(fn, item)
+        self._last = batch
+        call = functools.partial(_logged, self.health, what, batch.run)
         self._calls.put(_Call(call, None, None))
 
     def on_thread(self) -> bool:
@@ -141,6 +163,31 @@ class _Call:
         # The loop may be gone (the broker stopped while the call ran): nobody waits.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(_settle, self.future, result, exc)
+
+
+class _Batch(Generic[T]):
+    """The items of one :meth:`DbWorker.post_batch` call; closed once it starts."""
+
+    __slots__ = ("fn", "items", "lock")
+
+    def __init__(self, fn: Callable[[list[T]], object], item: T) -> None:
+        self.fn = fn
+        self.items: list[T] | None = [item]
+        self.lock = threading.Lock()  # the loop adds while the worker may start it
+
+    def add(self, item: T) -> bool:
+        """Add ``item`` unless the batch has started; whether it was added."""
+        with self.lock:
+            if self.items is None:
+                return False
+            self.items.append(item)
+            return True
+
+    def run(self) -> None:
+        with self.lock:
+            items, self.items = self.items, None
+        assert items is not None  # run once
+        self.fn(items)
 
 
 def _settle(future: asyncio.Future[Any], result: object, exc: BaseException | None) -> None:

@@ -16,12 +16,14 @@ the ``..._held`` writes change nothing for a broker whose epoch is no longer the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, select, update
-from sqlalchemy.engine import Engine, Row
+from sqlalchemy.engine import Connection, Engine, Row
 
 from mdeci.store._sql import forget_old_pages, reading, transaction, upsert_statement
 from mdeci.store.models import SessionRow
@@ -80,7 +82,7 @@ class SqlSessionStore:
         self._engine = engine
         # A new session replaces the row whole and raises the epoch (built once: every
         # INVITE runs it).
-        self._claim = upsert_statement(
+        self.claim_statement = upsert_statement(
             engine,
             cast(Table, SessionRow.__table__),
             ("uri",),
@@ -88,7 +90,7 @@ class SqlSessionStore:
             {"epoch": SessionRow.epoch + 1},
         ).returning(SessionRow.epoch)
         # A refresh rewrites the row only at the epoch its caller holds.
-        self._refresh = (
+        self.refresh_statement = (
             update(SessionRow)
             .where(SessionRow.uri == bindparam("w_uri"), SessionRow.epoch == bindparam("w_epoch"))
             .values({name: bindparam(name) for name in _CHANGED})
@@ -109,19 +111,8 @@ class SqlSessionStore:
         Raises:
             StoreError: the database failed.
         """
-        values: dict[str, Any] = {name: getattr(session, name) for name in _NAMES}
-        values["status"] = str(session.status)
-        values["owner"] = owner
-        with transaction(self._engine, "upsert_session") as conn:
-            if held is not None:
-                changed = {k: v for k, v in values.items() if k != "uri"}
-                epoch = conn.execute(
-                    self._refresh, {**changed, "w_uri": session.uri, "w_epoch": held}
-                ).scalar_one_or_none()
-                return holder_of(conn, session.uri) if epoch is None else Held(int(epoch))
-            prev = conn.execute(_PREV_OWNER, {"uri": session.uri}).scalar_one_or_none()
-            epoch = conn.execute(self._claim, {**values, "epoch": 1}).scalar_one()
-        return Held(int(epoch), prev or "")
+        with self.batch() as writes:
+            return writes.upsert(session, owner, held)
 
     def get_session(self, uri: str) -> SessionRecord | None:
         """The session of ``uri``, or None if it never had one.
@@ -157,27 +148,23 @@ class SqlSessionStore:
     def _set_status(
         self, uri: str, status: SessionStatus, now: float, epoch: int | None
     ) -> SessionRecord | Lost:
-        where = [SessionRow.uri == uri]
-        if epoch is not None:
-            where.append(SessionRow.epoch == epoch)
-        with transaction(self._engine, "set_status") as conn:
-            row = conn.execute(
-                update(SessionRow)
-                .where(*where)
-                .values(
-                    status=str(SessionStatus(status)),
-                    updated_at=now,
-                    # An ended session's secret is of no use to anyone but an attacker
-                    # reading the database, so it is cleared.
-                    **({"session_key": b""} if status is SessionStatus.ENDED else {}),
-                )
-                .returning(*_COLUMNS)
-            ).one_or_none()
-            if row is None:
-                return holder_of(conn, uri)
-        if status is SessionStatus.ENDED:
+        with self.batch() as writes:
+            return writes.set_status(uri, status, now, epoch)
+
+    @contextmanager
+    def batch(self) -> Iterator[SessionWrites]:
+        """Several session writes in one transaction, committed (durable) on exit: one
+        commit for a burst of them, as a broker's restart or a storm of reconnections
+        makes. Nothing of it is written if any of it fails.
+
+        Raises:
+            StoreError: the database failed; the transaction was rolled back.
+        """
+        with transaction(self._engine, "session writes") as conn:
+            writes = SessionWrites(self, conn)
+            yield writes
+        if writes.cleared_key:
             forget_old_pages(self._engine, "checkpoint after a key was cleared")
-        return _record(row)
 
     def end_session(self, uri: str, now: float) -> SessionRecord | None:
         """Mark the dialog ended (status ``ENDED``); the ended session, or None if none.
@@ -223,3 +210,55 @@ class SqlSessionStore:
             values["status"] = SessionStatus(values["status"])
             found.append((SessionRecord(**values), int(row[-1])))
         return found
+
+
+class SessionWrites:
+    """The writes of one :meth:`SqlSessionStore.batch`, in its transaction."""
+
+    def __init__(self, store: SqlSessionStore, conn: Connection) -> None:
+        self._store = store
+        self._conn = conn
+        self.cleared_key = False  # an ENDED status cleared a secret (a checkpoint follows)
+
+    def upsert(self, session: SessionRecord, owner: str, held: int | None) -> Held | Lost:
+        """:meth:`SqlSessionStore.upsert_session` in this transaction."""
+        conn = self._conn
+        values: dict[str, Any] = {name: getattr(session, name) for name in _NAMES}
+        values["status"] = str(session.status)
+        values["owner"] = owner
+        if held is not None:
+            changed = {k: v for k, v in values.items() if k != "uri"}
+            epoch = conn.execute(
+                self._store.refresh_statement, {**changed, "w_uri": session.uri, "w_epoch": held}
+            ).scalar_one_or_none()
+            return holder_of(conn, session.uri) if epoch is None else Held(int(epoch))
+        prev = conn.execute(_PREV_OWNER, {"uri": session.uri}).scalar_one_or_none()
+        epoch = conn.execute(self._store.claim_statement, {**values, "epoch": 1}).scalar_one()
+        return Held(int(epoch), prev or "")
+
+    def set_status(
+        self, uri: str, status: SessionStatus, now: float, epoch: int | None
+    ) -> SessionRecord | Lost:
+        """The status (and ``updated_at = now``; ENDED also clears ``session_key``) of
+        ``uri``'s session, by the broker that holds it at ``epoch`` (None: unfenced), in
+        this transaction; the updated session, or :class:`Lost` (also when none)."""
+        where = [SessionRow.uri == uri]
+        if epoch is not None:
+            where.append(SessionRow.epoch == epoch)
+        ended = status is SessionStatus.ENDED
+        row = self._conn.execute(
+            update(SessionRow)
+            .where(*where)
+            .values(
+                status=str(SessionStatus(status)),
+                updated_at=now,
+                # An ended session's secret is of no use to anyone but an attacker
+                # reading the database, so it is cleared.
+                **({"session_key": b""} if ended else {}),
+            )
+            .returning(*_COLUMNS)
+        ).one_or_none()
+        if row is None:
+            return holder_of(self._conn, uri)
+        self.cleared_key = self.cleared_key or ended
+        return _record(row)

@@ -4,9 +4,13 @@ unfenced) until a new session claims the user again."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 import pytest
+from sqlalchemy import event
 
 from mdeci.broker.delivery import AckMany, CheckHeld
 from mdeci.broker.fencing import FencedQueues
@@ -136,3 +140,42 @@ async def test_a_claim_of_another_nodes_row_is_told_as_a_handoff(
     assert await worker.run(rows_b.holds, ALICE)
     assert told_b == [(ALICE, "a")]
     assert b.ownership.holder(ALICE) == ("b", 3)
+
+
+async def test_writes_queued_behind_a_busy_thread_are_committed_together(
+    any_store: BrokerStore, worker: DbWorker
+) -> None:
+    """A burst of session writes (a restart's peers given up, a storm's re-INVITEs) costs
+    one commit, not one each; what they hold is what separate commits would give."""
+    a = BrokerStore(any_store.engine, "a")
+    rows = SessionRows(a, worker, lambda: 2000.0)
+    commits: list[object] = []
+
+    def committed(conn: object) -> None:
+        commits.append(conn)
+
+    event.listen(any_store.engine, "commit", committed)
+    try:
+        started, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            started.set()
+            release.wait(10)
+
+        worker.post("test", hold)
+        users = [f"sip:u{i}@localhost" for i in range(20)]
+        for uri in users:
+            rows.write(replace(_row("c1"), uri=uri))
+            rows.write(SetStatus(uri, Status.DISCONNECTED))
+        rows.write(SetStatus(users[0], Status.NONE))
+        await asyncio.to_thread(started.wait, 10)
+        release.set()
+        assert await worker.run(lambda: dict(rows.held_epochs)) == {u: 1 for u in users[1:]}
+        assert len(commits) == 1
+    finally:
+        event.remove(any_store.engine, "commit", committed)
+    statuses = [a.sessions.get_session(uri) for uri in users]
+    assert [s.status if s else None for s in statuses] == [
+        SessionStatus.ENDED,
+        *[SessionStatus.DISCONNECTED] * 19,
+    ]

@@ -40,6 +40,48 @@ async def test_calls_run_on_one_thread_in_the_order_they_were_made() -> None:
         worker.close()
 
 
+async def test_consecutive_batched_posts_share_one_call_and_nothing_moves_past_another() -> None:
+    """Items posted while the thread is busy join the batch queued last, unless another
+    call came between them; a batch that started takes no more."""
+    worker = DbWorker()
+    try:
+        held, running, release = threading.Event(), threading.Event(), threading.Event()
+        calls: list[list[int] | str] = []
+
+        def batch(items: list[int]) -> None:
+            calls.append(list(items))
+
+        def hold() -> None:
+            held.set()
+            release.wait(10)
+
+        worker.post("test", hold)
+        for n in range(5):
+            worker.post_batch("test", batch, n)
+        worker.post("test", calls.append, "between")
+        for n in range(5, 8):
+            worker.post_batch("test", batch, n)
+        await asyncio.to_thread(held.wait, 10)
+        release.set()
+        assert await worker.run(lambda: list(calls)) == [[0, 1, 2, 3, 4], "between", [5, 6, 7]]
+
+        # A batch that already runs takes nothing more: the item goes into a new one.
+        def slow(items: list[int]) -> None:
+            running.set()
+            release2.wait(10)
+            calls.append(list(items))
+
+        release2 = threading.Event()
+        calls.clear()
+        worker.post_batch("test", slow, 1)
+        await asyncio.to_thread(running.wait, 10)
+        worker.post_batch("test", slow, 2)
+        release2.set()
+        assert await worker.run(lambda: list(calls)) == [[1], [2]]
+    finally:
+        worker.close()
+
+
 async def test_a_failed_posted_call_is_logged_and_the_next_ones_run() -> None:
     worker = DbWorker()
     try:
