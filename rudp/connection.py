@@ -211,6 +211,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         if fresh is None:
             self.stats.replayed += 1
             return False
+        self._restarted = None  # the pinned peer speaks: what we heard was not its successor
         try:
             frames = wire.pull_frames(payload)
         except PacketError:
@@ -299,10 +300,15 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         """An authentic datagram under our key from a sender that is not the pinned peer.
         Given up on the pinned one, report it (the peer may have restarted and restored
         our key); while it is still believed alive, probe it at once, so that a dead one
-        is found out within ``dead_after`` rather than at the next keepalive."""
+        is found out within ``dead_after`` rather than at the next keepalive, and keep the
+        sender: giving the pinned one up then reports it at once (recovery ``_fail``),
+        rather than at the new incarnation's next datagram, which its back-off may delay
+        by seconds."""
         if self.state is ConnectionState.DISCONNECTED:
             self._emit(PeerRestarted(sender))
-        elif not self._inflight and self._rto_deadline is None:
+            return
+        self._restarted = sender
+        if not self._inflight and self._rto_deadline is None:
             self.announce()
 
     def handle_timer(self, now: float) -> None:

@@ -124,6 +124,7 @@ class ConnectionFields:
         "_ranges",
         "_rcv_next",
         "_resend",
+        "_restarted",
         "_retries",
         "_rto_deadline",
         "_sacked_ranges",
@@ -221,6 +222,9 @@ class ConnectionFields:
         self._ack_now = False
         self._unacked_in_order = 0
         self._peer_sender: int | None = None
+        # Another incarnation heard under our key while the pinned peer still counted as
+        # alive: reported (PeerRestarted) the moment we give the pinned one up.
+        self._restarted: int | None = None
         self._highest_pn = -1
         self._pn_bitmap = 0
 

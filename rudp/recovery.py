@@ -17,7 +17,7 @@ import heapq
 from collections import deque
 
 from rudp import packet as wire
-from rudp.events import MessageAcked, MessageFailed, PeerDisconnected
+from rudp.events import MessageAcked, MessageFailed, PeerDisconnected, PeerRestarted
 from rudp.fields import MAX_U32, ConnectionFields, Outgoing
 
 # What _detect_losses walks when nothing is in flight (never appended to).
@@ -246,6 +246,9 @@ class LossRecovery(ConnectionFields):
         self._pto_deadline = None
         self._loss_deadline = None
         self._emit(PeerDisconnected(failed))
+        if self._restarted is not None:
+            self._emit(PeerRestarted(self._restarted))
+            self._restarted = None
 
 
 def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:

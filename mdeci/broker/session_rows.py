@@ -88,21 +88,34 @@ class SessionRows:
         self.held_epochs[uri] = epoch
 
     def _write_all(self, writes: list[tuple[StoreSession | SetStatus, float]]) -> None:
-        """The writes in one transaction. Their effects on the epochs held are kept only
-        once it committed: a failed commit wrote none of them, and the next change of
-        each session writes it again."""
-        held = dict(self.held_epochs)
-        gone = set(self._gone)
+        """The writes in one transaction. Their effects on the epochs held are undone if
+        it fails (it wrote none of them; each session's next change writes it again),
+        and refusals and handoffs are told only once it committed."""
+        undo: dict[str, tuple[int | None, bool]] = {}
         lost: list[Lost] = []
         handoffs: list[tuple[str, str]] = []
-        with self._store.sessions.batch() as batch:
-            for command, now in writes:
-                if isinstance(command, SetStatus):
-                    self._status(batch, held, lost, command.uri, _STORED[command.status], now)
-                elif not (command.refresh and command.uri in gone):
-                    self._row(batch, held, gone, lost, handoffs, command)
-                # else a refresh of a session already lost: the new holder's row stays
-        self.held_epochs, self._gone = held, gone
+        try:
+            with self._store.sessions.batch() as batch:
+                for command, now in writes:
+                    uri = command.uri
+                    if uri not in undo:
+                        undo[uri] = (self.held_epochs.get(uri), uri in self._gone)
+                    if isinstance(command, SetStatus):
+                        self._status(batch, lost, uri, _STORED[command.status], now)
+                    elif not (command.refresh and uri in self._gone):
+                        self._row(batch, lost, handoffs, command)
+                    # else a refresh of a session already lost: the new holder's row stays
+        except BaseException:
+            for uri, (epoch, gone) in undo.items():
+                if epoch is None:
+                    self.held_epochs.pop(uri, None)
+                else:
+                    self.held_epochs[uri] = epoch
+                if gone:
+                    self._gone.add(uri)
+                else:
+                    self._gone.discard(uri)
+            raise
         for one in lost:
             self.refused(one)
         for uri, node in handoffs:
@@ -111,8 +124,6 @@ class SessionRows:
     def _row(
         self,
         batch: SessionWrites,
-        held: dict[str, int],
-        gone: set[str],
         lost: list[Lost],
         handoffs: list[tuple[str, str]],
         c: StoreSession,
@@ -137,25 +148,21 @@ class SessionRows:
             transport=c.transport,
         )
         # A refresh whose claim never reached the store (it failed) claims the user.
-        got = batch.upsert(record, self._store.node, held.get(uri) if c.refresh else None)
+        got = batch.upsert(
+            record, self._store.node, self.held_epochs.get(uri) if c.refresh else None
+        )
         if isinstance(got, Lost):
             lost.append(got)
         else:
-            held[uri] = got.epoch
-            gone.discard(uri)
+            self.held_epochs[uri] = got.epoch
+            self._gone.discard(uri)
             if got.prev_owner and got.prev_owner != self._store.node:
                 handoffs.append((uri, got.prev_owner))
 
     def _status(
-        self,
-        batch: SessionWrites,
-        held: dict[str, int],
-        lost: list[Lost],
-        uri: str,
-        status: SessionStatus,
-        now: float,
+        self, batch: SessionWrites, lost: list[Lost], uri: str, status: SessionStatus, now: float
     ) -> None:
-        epoch = held.get(uri)
+        epoch = self.held_epochs.get(uri)
         got = batch.set_status(uri, status, now, epoch)
         if epoch is None:
             return  # a session made without SIP: unfenced
@@ -164,4 +171,4 @@ class SessionRows:
         elif status is SessionStatus.ENDED:
             # Ended here while held: nothing more is written for the user until a new
             # session claims them, so the entry goes (one per user ever seen would grow).
-            del held[uri]
+            del self.held_epochs[uri]

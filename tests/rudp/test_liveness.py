@@ -74,7 +74,10 @@ def test_an_answering_peer_restarts_the_count_and_data_waits_count_too() -> None
     assert _fail_time(agent) == pytest.approx(165.0)
 
 
-def test_a_new_incarnation_is_reported_only_once_the_old_one_is_given_up() -> None:
+def test_a_new_incarnation_is_reported_once_the_old_one_is_given_up() -> None:
+    """Heard while the old incarnation still counted as alive, the new one is reported
+    the moment the old one is given up: its next datagram may be seconds away (its own
+    back-off), and a restarted broker is reached through it."""
     config = RudpConfig(keepalive_interval=5.0, dead_after=4.0)
     agent = RudpConnection(KEY, config, sender_id=1)
     old = RudpConnection(KEY, config, sender_id=2)
@@ -87,12 +90,27 @@ def test_a_new_incarnation_is_reported_only_once_the_old_one_is_given_up() -> No
     assert agent.stats.unknown_sender == 1 and _drain(agent) == []
     assert len(agent.datagrams_to_send(101.0)) == 1 and agent.stats.pings_sent == 2
     assert _fail_time(agent) == pytest.approx(105.0)  # dead_after from that probe
-    assert [type(e) for e in _drain(agent)] == [PeerDisconnected]
-    new.handle_timer(102.0)
-    (again,) = new.datagrams_to_send(102.0)  # its PING again after its RTO, late
-    assert not agent.receive_datagram(again, 106.0)
-    assert _drain(agent) == [PeerRestarted(3)]
+    assert _drain(agent) == [PeerDisconnected(0), PeerRestarted(3)]
     assert not agent.connected  # the layer above makes the new association
+    new.handle_timer(102.0)
+    (again,) = new.datagrams_to_send(102.0)  # its PING again after its RTO
+    assert not agent.receive_datagram(again, 106.0)
+    assert _drain(agent) == [PeerRestarted(3)]  # each datagram of it, once given up
+
+
+def test_another_incarnation_is_forgotten_when_the_pinned_peer_speaks_again() -> None:
+    """A datagram of another sender while the pinned peer answers after all was a
+    replay: a later loss of the pinned peer reports no restart."""
+    config = RudpConfig(keepalive_interval=5.0, dead_after=4.0)
+    agent = RudpConnection(KEY, config, sender_id=1)
+    old = RudpConnection(KEY, config, sender_id=2)
+    _heard(agent, old, 100.0)
+    (hello,) = RudpConnection(KEY, config, sender_id=3).datagrams_to_send(101.0)
+    assert not agent.receive_datagram(hello, 101.0)
+    _heard(agent, old, 101.5)  # the probe it caused is answered: the old one is alive
+    assert _drain(agent) == []
+    assert _fail_time(agent) > 105.0
+    assert _drain(agent) == [PeerDisconnected(0)]
 
 
 def test_announce_sends_one_ping_even_without_keepalive() -> None:
