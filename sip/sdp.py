@@ -66,6 +66,7 @@ __all__ = [
     "encode_key",
     "parse_session",
     "read_description",
+    "stored_key",
 ]
 
 MDECI_PROTO = "UDP/MDECI-RUDP"
@@ -389,6 +390,22 @@ def parse_session(
     return _mdeci(
         sdp.session, sdp.mlines, sdp.origin, require_key=require_key, transports=transports
     )
+
+
+def stored_key(sdp_text: str, transport: str = "rudp") -> bytes | None:
+    """The ``a=mdeci-kx`` value of a description this side accepted before (a restarted
+    broker reads back thousands of stored offers): when every such line carries the same
+    value, read without parsing the rest; otherwise :func:`parse_session` decides, for
+    the line of ``transport``. Raises :class:`SdpError` as :func:`parse_session` does."""
+    values = {
+        line[len(_KX_LINE) :].strip() for line in sdp_text.splitlines() if line.startswith(_KX_LINE)
+    }
+    if len(values) == 1:
+        return decode_key(values.pop())
+    return parse_session(sdp_text, transports=(transport,)).key
+
+
+_KX_LINE = "a=mdeci-kx:"
 
 
 def _session_dict(user: str, sess_id: int | str, version: int, addr: str) -> dict[str, Any]:

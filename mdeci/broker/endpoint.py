@@ -98,7 +98,7 @@ from sip.dialog import Dialog, DialogState
 from sip.errors import AuthHeaderError, SdpError, SipError, SipParseError
 from sip.message import Request
 from sip.registrar import Registrar, RegistrarConfig
-from sip.sdp import MdeciMedia, SessionDescription, parse_session, read_description
+from sip.sdp import MdeciMedia, SessionDescription, read_description, stored_key
 from sip.uri import SipUri, parse_uri
 
 WARN_AGENT = "mdeci"
@@ -308,7 +308,7 @@ class BrokerSipEndpoint:
                 self._run(self.sessions.unrestorable(rec.uri))
                 continue
             try:
-                kx = parse_session(rec.remote_sdp).key
+                kx = stored_key(rec.remote_sdp, rec.transport)
             except SdpError:
                 kx = None  # a re-INVITE then has to agree new keys
             self.ua.dialogs[dialog.id] = dialog  # before a QUIC session's BYE goes out

@@ -480,7 +480,9 @@ class SessionManager:
         s = self._new(uri, dialog_id, media_addr, key, started_at)
         self._set_kx(s, kx)
         s.status = Status.NONE
-        return self._connect(s, media_addr, key, Event.RESTORED, alive=False)
+        # The row is stored CONNECTED already (that is why it is read back): a status
+        # write per session would cost a restart one commit each.
+        return self._connect(s, media_addr, key, Event.RESTORED, alive=False, write=False)
 
     def lost(self, uri: str, owner: str, epoch: int) -> list[Command]:
         """The store refused a write or read for ``uri``: broker ``owner`` holds the user

@@ -121,11 +121,13 @@ def ensure_users(
     Existing users keep their stored password. Raises StoreError (incl. DuplicateUser
     when the username exists in the realm under another URI).
     """
+    uris = [f"sip:{u.user}@{domain}" for u in users]
+    known = store.users.known(uris)
     added = 0
-    for u in users:
-        uri = f"sip:{u.user}@{domain}"
-        if store.users.get_user(uri) is None:
+    for u, uri in zip(users, uris, strict=True):
+        if uri not in known:
             store.users.add_user(uri, realm, u.password, username=u.user, md5=md5)
+            known.add(uri)
             added += 1
     return added
 

@@ -8,6 +8,7 @@ from the same HA1, so ``get_credentials`` answers them too.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, delete, insert, select, update
@@ -17,6 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from mdeci.store._sql import reading, transaction
 from mdeci.store.errors import DuplicateUser, InvalidArgument, StoreError, UnsupportedAlgorithm
 from mdeci.store.models import UserRow
+
+_CHUNK = 1000  # URIs bound in one IN list: far below either database's parameter limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,22 @@ class SqlUserStore:
                 select(UserRow.uri, UserRow.username, UserRow.realm).where(UserRow.uri == uri)
             ).one_or_none()
         return None if row is None else User(*row)
+
+    def known(self, uris: Sequence[str]) -> set[str]:
+        """Which of ``uris`` are users: one query per thousand (a broker checks every
+        configured user at each start).
+
+        Raises:
+            StoreError: the database failed.
+        """
+        found: set[str] = set()
+        with reading(self._engine, "known_users") as conn:
+            for i in range(0, len(uris), _CHUNK):
+                chunk = list(uris[i : i + _CHUNK])
+                found.update(
+                    conn.execute(select(UserRow.uri).where(UserRow.uri.in_(chunk))).scalars()
+                )
+        return found
 
     def get_credentials(self, username: str, realm: str, algorithm: str) -> str | None:
         """The HA1 hex digest for ``username`` in ``realm``, or None if there is no such user

@@ -387,7 +387,7 @@ def test_restart_restores_stored_sessions_and_marks_unreadable_ones(
 ) -> None:
     dialog = ("call-1", "ours", "from-1")
     out = manager.restored(ALICE, dialog, ("10.0.0.1", 4000), b"k" * 16, b"kx", 5.0)
-    assert [type(c) for c in out] == [Attach, SetStatus]
+    assert [type(c) for c in out] == [Attach]  # stored CONNECTED: nothing to write
     assert manager.owner(dialog) == ALICE and manager.kx_holder(b"kx") == ALICE
     assert manager.unrestorable(BOB) == [SetStatus(BOB, Status.DISCONNECTED)]
     assert manager.unrestorable(ALICE) == []  # a live session is not marked

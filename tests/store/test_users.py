@@ -67,6 +67,15 @@ def test_add_get_credentials_list(engine: Engine) -> None:
     assert users.get_user("sip:carol@example.com") is None
 
 
+def test_known_tells_which_uris_are_users_in_one_pass(engine: Engine) -> None:
+    users = SqlUserStore(engine)
+    users.add_user("sip:alice@example.com", "example.com", "secret")
+    users.add_user("sip:u1499@example.com", "example.com", "secret")
+    asked = [f"sip:u{i}@example.com" for i in range(1500)] + ["sip:alice@example.com"]
+    assert users.known(asked) == {"sip:alice@example.com", "sip:u1499@example.com"}
+    assert users.known([]) == set()
+
+
 def test_duplicate_user_is_refused(engine: Engine) -> None:
     users = SqlUserStore(engine)
     users.add_user("sip:alice@example.com", "example.com", "a", md5=True)

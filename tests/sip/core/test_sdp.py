@@ -22,6 +22,7 @@ from sip.sdp import (
     encode_key,
     parse_session,
     read_description,
+    stored_key,
 )
 
 KEY = bytes(range(32))
@@ -465,6 +466,45 @@ def test_a_description_read_once_answers_as_its_text_does(text: str) -> None:
     )
     # Answering leaves the description as it was read, for a second use.
     assert read == read_description(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.binary(min_size=32, max_size=32),
+    st.sampled_from([("rudp",), ("quic",), ("rudp", "quic"), ("quic", "rudp")]),
+    st.booleans(),
+)
+def test_a_stored_offers_key_is_the_one_its_full_reading_finds(
+    key: bytes, transports: tuple[str, ...], audio: bool
+) -> None:
+    """A restarted broker reads each stored offer's ``a=mdeci-kx`` without parsing the
+    rest: the same value as the full reading, one mdeci line per transport or not."""
+    offer = build_offer(
+        "alice", 1, 1, "192.0.2.1", 7000, key, audio_placeholder_port=8000 if audio else None,
+        transports=transports, quic_port=7001,
+    )  # fmt: skip
+    for transport in transports:
+        assert stored_key(offer, transport) == parse_session(offer, transports=(transport,)).key
+
+
+def test_a_stored_offer_with_different_keys_is_read_whole() -> None:
+    other = encode_key(bytes(32))
+    offer = sdp(
+        "v=0", "o=- 1 1 IN IP4 192.0.2.1", "s=-", "c=IN IP4 192.0.2.1", "t=0 0",
+        "m=application 7000 UDP/MDECI-RUDP mdeci", f"a=mdeci-kx:{KEY_TEXT}",
+        "m=application 7001 UDP/MDECI-QUIC mdeci", f"a=mdeci-kx:{other}",
+    )  # fmt: skip
+    assert stored_key(offer, "rudp") == KEY
+    with pytest.raises(SdpError):
+        stored_key("not sdp", "rudp")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=200), st.lists(_SDP_PIECES, max_size=14).map("".join)))
+def test_any_stored_text_gives_a_key_none_or_sdp_error(text: str) -> None:
+    with contextlib.suppress(SdpError):
+        found = stored_key(text)
+        assert found is None or len(found) == 32
 
 
 def test_a_session_key_in_clear_is_refused() -> None:
