@@ -148,6 +148,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         key but not our sender id (a restarted broker reaches its agents so)."""
         if self.state is ConnectionState.CONNECTED:
             self._ping_now = True
+            self._spoke_first = self._spoke_first or self._peer_sender is None
 
     def path_changed(self, now: float) -> None:
         """The peer is reachable at another address from now on (or we are: our own
@@ -232,6 +233,17 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
                 return False
         if bad_fragment:
             self.stats.bad_fragment += 1
+            return False
+        if (
+            self._peer_sender is None
+            and self._spoke_first
+            and not any(isinstance(frame, wire.Data) for frame in frames)
+        ):
+            # We announced ourselves (a restarted broker's restored association): a
+            # packet without DATA may be the keepalive of the peer's association with
+            # our previous incarnation, which refuses all we send. Pinning its sender
+            # would refuse the association the peer opens with us next; DATA pins.
+            self.stats.unknown_sender += 1
             return False
         for frame in frames:
             if isinstance(frame, wire.Data):

@@ -131,6 +131,7 @@ class ConnectionFields:
         "_send_keys",
         "_sent_order",
         "_snd_una",
+        "_spoke_first",
         "_unacked_in_order",
         "_unsent",
         "_waiting_since",
@@ -225,6 +226,8 @@ class ConnectionFields:
         # Another incarnation heard under our key while the pinned peer still counted as
         # alive: reported (PeerRestarted) the moment we give the pinned one up.
         self._restarted: int | None = None
+        # We announced ourselves before hearing the peer: only DATA pins its sender.
+        self._spoke_first = False
         self._highest_pn = -1
         self._pn_bitmap = 0
 

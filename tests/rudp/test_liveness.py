@@ -7,6 +7,7 @@ import pytest
 
 from mdeci.config.agent import AGENT_RUDP
 from rudp import PeerDisconnected, PeerRestarted, RudpConfig, RudpConnection
+from rudp.events import MessageReceived
 from rudp.fields import Event
 
 from .sim import KEY
@@ -111,6 +112,29 @@ def test_another_incarnation_is_forgotten_when_the_pinned_peer_speaks_again() ->
     assert _drain(agent) == []
     assert _fail_time(agent) > 105.0
     assert _drain(agent) == [PeerDisconnected(0)]
+
+
+def test_a_restored_association_is_not_taken_by_the_peers_old_one() -> None:
+    """A restarted broker's restored association speaks first. The agent's association
+    with the dead incarnation, still alive in its eyes, PINGs back; that association
+    refuses all the new incarnation sends, so pinning it would refuse the agent's next,
+    fresh association under the same key as well. Only DATA pins."""
+    config = RudpConfig(keepalive_interval=5.0, dead_after=4.0)
+    agent = RudpConnection(KEY, config, sender_id=1)
+    _heard(agent, RudpConnection(KEY, config, sender_id=2), 100.0)  # the dead incarnation
+    restored = RudpConnection(KEY, config, sender_id=3)
+    restored.announce()
+    for datagram in restored.datagrams_to_send(101.0):
+        assert not agent.receive_datagram(datagram, 101.0)  # another sender: it probes
+    (probe,) = agent.datagrams_to_send(101.0)
+    assert not restored.receive_datagram(probe, 101.0)  # a bare PING pins nobody
+    assert _fail_time(agent) == pytest.approx(105.0)
+    assert _drain(agent) == [PeerDisconnected(0), PeerRestarted(3)]
+    fresh = RudpConnection(KEY, config, sender_id=4)  # the agent's new association
+    fresh.send_message(b"list", 105.0)
+    assert [restored.receive_datagram(d, 105.0) for d in fresh.datagrams_to_send(105.0)] == [True]
+    assert MessageReceived(b"list") in _drain(restored)
+    assert restored.stats.unknown_sender == 1
 
 
 def test_announce_sends_one_ping_even_without_keepalive() -> None:
