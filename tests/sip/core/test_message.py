@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sip.errors import SipParseError
+from sip.headers import TOKEN_CHARS, is_token
 from sip.message import (
     CSeq,
     Headers,
@@ -412,3 +413,24 @@ def test_mutated_messages_parse_or_typed_error(data: st.DataObject) -> None:
     framer.feed(bytes(base))
     with contextlib.suppress(SipParseError):
         list(framer)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=0x2FF), max_size=12))
+def test_token_and_control_checks_are_their_character_definitions(text: str) -> None:
+    """The parser checks names and values with compiled patterns; they are the grammar's
+    character sets exactly (RFC 3261 §25.1 token; a control character but HTAB)."""
+    assert is_token(text) == (bool(text) and all(c in TOKEN_CHARS for c in text))
+    line = f"Subject: {text}\r\n"
+    message = (
+        "OPTIONS sip:b@example.org SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\n"
+        "From: <sip:a@example.org>;tag=1\r\nTo: <sip:b@example.org>\r\nCall-ID: c\r\n"
+        f"CSeq: 1 OPTIONS\r\n{line}Content-Length: 0\r\n\r\n"
+    )
+    control = any(ord(c) < 32 and c != "\t" for c in text.strip(" \t"))
+    try:
+        parse_message(message.encode("utf-8", errors="surrogateescape"))
+    except SipParseError as exc:
+        assert control or "\r" in text or "\n" in text, exc
+    else:
+        assert not control
