@@ -141,6 +141,10 @@ def split_list(value: str) -> list[str]:
 
     Raises :class:`SipParseError` on an unterminated quote or angle bracket.
     """
+    if "," not in value and '"' not in value and "<" not in value:
+        # One element and nothing to skip over (most Via values): no scan needed.
+        single = value.strip()
+        return [single] if single else []
     parts: list[str] = []
     depth = 0
     i = 0
