@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -64,7 +65,11 @@ def _uri_of(value: str | None, what: str) -> NameAddr:
 
 @dataclass(slots=True)
 class Dialog:
-    """The state of one dialog (§12): ids, sequence numbers, route set, remote target."""
+    """The state of one dialog (§12): ids, sequence numbers, route set, remote target.
+
+    The local and remote URIs are interned: a UA's dialogs mostly share its own URI, and
+    the remote one is the peer's address-of-record its owner holds too.
+    """
 
     call_id: str
     local_tag: str
@@ -106,8 +111,8 @@ class Dialog:
             call_id=invite.call_id,
             local_tag=frm.tag,
             remote_tag=to.tag,
-            local_uri=str(frm.uri),
-            remote_uri=str(to.uri),
+            local_uri=sys.intern(str(frm.uri)),
+            remote_uri=sys.intern(str(to.uri)),
             remote_target=str(contact.uri),
             route_set=routes,
             local_seq=invite.cseq.seq,
@@ -130,8 +135,8 @@ class Dialog:
             call_id=invite.call_id,
             local_tag=local_tag,
             remote_tag=frm.tag,
-            local_uri=str(to.uri),
-            remote_uri=str(frm.uri),
+            local_uri=sys.intern(str(to.uri)),
+            remote_uri=sys.intern(str(frm.uri)),
             remote_target=str(contact.uri),
             # §12.1.1: the route set is the Record-Route list in order.
             route_set=list(invite.headers.get_all("Record-Route")),

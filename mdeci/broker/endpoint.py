@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import sys
 import time
 from collections.abc import Callable
 
@@ -421,7 +422,7 @@ class BrokerSipEndpoint:
             return _refuse(404, "no such user here")
         if not isinstance(from_uri, SipUri) or from_uri.user is None:
             return _refuse(403, "From is not a SIP address-of-record")
-        uri = from_uri.aor
+        uri = sys.intern(from_uri.aor)  # the session's key everywhere: one string
         if from_uri.host.lower() != self.config.domain.lower():
             return _refuse(403, f"{uri} is not of domain {self.config.domain}")
         if req.dialog is not None:
