@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 class RudpPeer(PeerCore[asyncio.Future[None]]):
     """One peer of an endpoint (``PeerCore``). Messages go to :meth:`receive` unless
     :attr:`on_message` is set. A broker holds one peer per session: no instance
-    ``__dict__``, no inbox queue before :meth:`receive` is first used."""
+    ``__dict__``, no inbox queue before :meth:`receive` is first used, and no timer
+    handle of its own (the endpoint's one timer serves every peer)."""
 
-    __slots__ = ("_endpoint", "_inbox", "_loop", "_socket", "_timer")
+    __slots__ = ("_endpoint", "_inbox", "_loop", "_socket")
 
     def __init__(self, endpoint: RudpEndpoint, key: bytes, addr: Address, sender_id: int) -> None:
         super().__init__(key, addr, endpoint.config, endpoint.protection, sender_id)
@@ -29,7 +30,6 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         self._loop = endpoint._loop
         self._socket = endpoint._socket
         self._inbox: asyncio.Queue[bytes] | None = None
-        self._timer: asyncio.TimerHandle | None = None
 
     async def send(self, message: bytes) -> None:
         """Send one message; return when the peer acknowledged all of it. Raises
@@ -98,15 +98,13 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         self._socket.send_many(datagrams, addr)
 
     def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_at(when, self._on_timer)
+        self._endpoint._arm(self, when)
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_fired()
+    def _due(self, when: float) -> bool:
+        """Whether the endpoint's timer entry for ``when`` is this peer's current one
+        (not one it moved earlier since, and not of a closed peer)."""
+        return self._timer_at == when and not self._closed
 
-    def _close(self) -> None:
-        super()._close()
-        if self._timer is not None:
-            self._timer.cancel()
+    def __lt__(self, other: RudpPeer) -> bool:
+        # Orders peers due at the same time in the endpoint's timer heap (any order does).
+        return id(self) < id(other)

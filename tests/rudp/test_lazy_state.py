@@ -7,13 +7,14 @@ import asyncio
 import gc
 import sys
 import tracemalloc
+from collections.abc import Callable
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from rudp import RudpConfig
 from rudp import packet as wire
-from rudp.aio import RudpEndpoint
+from rudp.aio import RudpEndpoint, RudpPeer
 from rudp.connection import RudpConnection
 
 from .sim import Net, pair
@@ -139,3 +140,34 @@ def test_an_idle_connection_holds_under_its_budget() -> None:
         tracemalloc.stop()
     assert len(kept) == count
     assert per <= IDLE_BYTES, f"{per:.0f} bytes per idle connection"
+
+
+async def test_the_endpoints_one_timer_serves_every_peer() -> None:
+    """Keepalives of several peers come due on their endpoint's one timer: no peer holds a
+    timer handle of its own."""
+    config = RudpConfig(keepalive_interval=0.05)
+    a = await RudpEndpoint.open("127.0.0.1", config=config)
+    b = await RudpEndpoint.open("127.0.0.1", config=config)
+    try:
+        keys = [bytes([i]) * 32 for i in range(1, 4)]
+        heard = dict.fromkeys(keys, 0)
+        done = asyncio.Event()
+
+        def counter(key: bytes) -> Callable[[], None]:
+            def on_heard() -> None:
+                heard[key] += 1
+                if min(heard.values()) >= 3:  # the announce and two keepalives at least
+                    done.set()
+
+            return on_heard
+
+        for key in keys:
+            b.peer(key, a.local_addr).on_heard = counter(key)
+        for key in keys:
+            a.peer(key, b.local_addr).announce()
+        await asyncio.wait_for(done.wait(), 5)
+        assert "_timer" not in RudpPeer.__slots__ and a._timer is not None
+        assert all(peer.stats.pings_sent >= 2 for peer in a._peers.values())
+    finally:
+        await a.close()
+        await b.close()
