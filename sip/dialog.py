@@ -77,7 +77,7 @@ class Dialog:
     local_uri: str
     remote_uri: str
     remote_target: str
-    route_set: list[str] = field(default_factory=list)
+    route_set: tuple[str, ...] = ()  # a tuple: most dialogs share the empty one
     local_seq: int = 0
     remote_seq: int | None = None
     is_uac: bool = True
@@ -86,11 +86,15 @@ class Dialog:
     # an INVITE of the peer's awaiting ours.
     invite_out: bool = False
     invite_in: bool = False
+    _id: DialogId | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def id(self) -> DialogId:
-        """(Call-ID, local tag, remote tag)."""
-        return (self.call_id, self.local_tag, self.remote_tag)
+        """(Call-ID, local tag, remote tag): one tuple per dialog, which every table
+        keyed by the dialog shares."""
+        if self._id is None:
+            self._id = (self.call_id, self.local_tag, self.remote_tag)
+        return self._id
 
     # ------------------------------------------------------------ creation
 
@@ -106,7 +110,7 @@ class Dialog:
         if to.tag is None or frm.tag is None:
             raise DialogError(400, "2xx without To tag")
         # §12.1.2: the route set is the Record-Route list in reverse order.
-        routes = list(reversed(response.headers.get_all("Record-Route")))
+        routes = tuple(reversed(response.headers.get_all("Record-Route")))
         return cls(
             call_id=invite.call_id,
             local_tag=frm.tag,
@@ -139,7 +143,7 @@ class Dialog:
             remote_uri=sys.intern(str(frm.uri)),
             remote_target=str(contact.uri),
             # §12.1.1: the route set is the Record-Route list in order.
-            route_set=list(invite.headers.get_all("Record-Route")),
+            route_set=tuple(invite.headers.get_all("Record-Route")),
             local_seq=0,
             remote_seq=invite.cseq.seq,
             is_uac=False,

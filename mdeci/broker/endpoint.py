@@ -298,7 +298,7 @@ class BrokerSipEndpoint:
                     local_uri=self.config.aor,
                     remote_uri=rec.uri,
                     remote_target=rec.remote_target,
-                    route_set=[r for r in rec.route_set.split(", ") if r],
+                    route_set=tuple(r for r in rec.route_set.split(", ") if r),
                     local_seq=rec.local_cseq,
                     remote_seq=rec.remote_cseq,
                     is_uac=False,
