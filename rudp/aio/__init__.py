@@ -3,8 +3,7 @@
 Glue only (tests/test_layering.py checks the cores import no I/O): datagrams go to
 ``rudp.endpoint.EndpointCore``, which routes each to its peer's connection with its
 source address; what the connections emit goes out (path challenges to the address they
-name), timers are one heap of the peers' deadlines under one ``loop.call_at``, waiters are
-futures. The cores decide.
+name), the peers' deadlines are one ``loop.call_at``, waiters are futures. The cores decide.
 
 Per wake of the event loop the endpoint reads every datagram waiting (up to
 ``rudp.sockets.READ_BATCH``) and only then asks each connection that got one for what to
@@ -17,8 +16,6 @@ and :meth:`RudpPeer.drain` queue messages without a future each, for bulk sender
 from __future__ import annotations
 
 import asyncio
-import heapq
-import math
 import secrets
 import socket
 from collections.abc import Callable
@@ -53,12 +50,7 @@ class RudpEndpoint(EndpointCore[RudpPeer]):
         super().__init__()
         self._loop = asyncio.get_running_loop()
         self._socket = UdpSocket(self._loop, socket_buffer, self._read_ready)
-        # Every peer's next deadline, under one loop timer set for the earliest: a timer
-        # handle per peer costs ~240 bytes, and a broker holds a peer per session. An
-        # entry its peer has moved since (RudpPeer._due) is dropped when it comes up.
-        self._timers: list[tuple[float, RudpPeer]] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_when = math.inf
 
     @classmethod
     async def open(
@@ -98,42 +90,11 @@ class RudpEndpoint(EndpointCore[RudpPeer]):
         self._socket.close()
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
-        self._timers.clear()
-
-    def _arm(self, peer: RudpPeer, when: float) -> None:
-        """Call ``peer._timer_fired`` at ``when`` (its ``_timer_at``)."""
-        heapq.heappush(self._timers, (when, peer))
-        if when < self._timer_when:
-            self._set_timer(when)
 
     def _set_timer(self, when: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer_when = when
-        self._timer = self._loop.call_at(when, self._timers_due)
-
-    def _timers_due(self) -> None:
-        """Fire every peer whose deadline came, then set the timer for the next one."""
-        # The loop runs a timer up to its clock's resolution early: what was due at the
-        # time set counts as due.
-        limit = max(self._timer_when, self._loop.time())
-        self._timer = None
-        self._timer_when = math.inf
-        timers, due = self._timers, []
-        while timers and timers[0][0] <= limit:
-            due.append(heapq.heappop(timers))
-        for when, peer in due:
-            if not peer._due(when):
-                continue
-            try:
-                peer._timer_fired()
-            except Exception as exc:  # as a timer of its own would, the others still run
-                self._loop.call_exception_handler(
-                    {"message": "RUDP peer timer failed", "exception": exc}
-                )
-        if timers and timers[0][0] < self._timer_when:
-            self._set_timer(timers[0][0])  # unless a peer fired just now set it sooner
+        self._timer = self._loop.call_at(when, lambda: self._timers_due(self._loop.time()))
 
     def _at_turn_end(self, flush: Callable[[], None]) -> None:
         self._loop.call_soon(flush)

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 class RudpPeer(PeerCore[asyncio.Future[None]]):
     """One peer of an endpoint (``PeerCore``). Messages go to :meth:`receive` unless
     :attr:`on_message` is set. A broker holds one peer per session: no instance
-    ``__dict__``, no inbox queue before :meth:`receive` is first used, and no timer
-    handle of its own (the endpoint's one timer serves every peer)."""
+    ``__dict__``, no inbox queue before :meth:`receive` is first used, no timer handle
+    (the endpoint's one timer serves its peers)."""
 
     __slots__ = ("_endpoint", "_inbox", "_loop", "_socket")
 
@@ -98,13 +98,4 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         self._socket.send_many(datagrams, addr)
 
     def _arm(self, when: float) -> None:
-        self._endpoint._arm(self, when)
-
-    def _due(self, when: float) -> bool:
-        """Whether the endpoint's timer entry for ``when`` is this peer's current one
-        (not one it moved earlier since, and not of a closed peer)."""
-        return self._timer_at == when and not self._closed
-
-    def __lt__(self, other: RudpPeer) -> bool:
-        # Orders peers due at the same time in the endpoint's timer heap (any order does).
-        return id(self) < id(other)
+        self._endpoint._arm_peer(self, when)
