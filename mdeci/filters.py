@@ -29,6 +29,7 @@ Semantics (chosen so that a filter never raises at match time):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -116,6 +117,12 @@ class SubjectMatcher:
         return "" not in words and _match_words(self.words, words)
 
 
+# A broker compiles a pattern and a filter per subscription, and subscriptions mostly
+# share their texts: the compiled ones are immutable, so equal texts share one.
+COMPILED_CACHE = 4096
+
+
+@functools.lru_cache(maxsize=COMPILED_CACHE)
 def compile_pattern(pattern: str) -> SubjectMatcher:
     """Compile a subscription pattern once; raises :class:`SubjectError` if invalid."""
     words = _split(pattern, wildcards=True)
@@ -645,7 +652,7 @@ def _compare_pred(name: str, op: CmpOp, literal: Literal) -> Predicate:
 def compile_expr(expr: Expr) -> Predicate:
     """Compile an AST into a predicate over an attribute mapping; never raises at match."""
     if isinstance(expr, MatchAll):
-        return lambda attrs: True
+        return _always
     if isinstance(expr, Compare):
         return _compare_pred(expr.name, expr.op, expr.value)
     if isinstance(expr, Exists):
@@ -680,6 +687,11 @@ class Filter:
         return self.predicate(attrs)
 
 
+def _always(attrs: Attrs) -> bool:
+    return True
+
+
+@functools.lru_cache(maxsize=COMPILED_CACHE)
 def compile_filter(text: str) -> Filter:
     """Parse and compile filter text once; raises :class:`FilterError` if it does not parse."""
     expr = parse_filter(text)

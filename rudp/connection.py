@@ -164,8 +164,9 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
             return
         self._retries = 0
         self.rto.undo_back_off()
-        self._resend = sorted(
-            (o for o in self._inflight.values() if not o.sacked), key=lambda o: o.seq
+        self._resend = (
+            sorted((o for o in self._inflight.values() if not o.sacked), key=lambda o: o.seq)
+            or None
         )
         self._rto_deadline = now + self.rto.rto if self._inflight else None
         self._waiting_since = now
@@ -253,6 +254,8 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
             elif isinstance(frame, wire.Ping):
                 self._ack_now = True
             elif isinstance(frame, wire.PathChallenge):
+                if self._path_responses is None:
+                    self._path_responses = []
                 self._path_responses.append(frame.token)
             else:
                 self._on_path_response(frame.token, source, now)
@@ -372,11 +375,12 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         ACK rides in the last one when it fits.
         """
         out: list[bytes] = []
-        for token in self._path_responses:
-            # Answered at once, to the peer's current address (the adapter's choice).
-            self.stats.path_responses_sent += 1
-            out.append(self._packet([wire.push_frame(wire.PathResponse(token))], now))
-        self._path_responses.clear()
+        if self._path_responses is not None:
+            for token in self._path_responses:
+                # Answered at once, to the peer's current address (the adapter's choice).
+                self.stats.path_responses_sent += 1
+                out.append(self._packet([wire.push_frame(wire.PathResponse(token))], now))
+            self._path_responses = None
         frames: list[bytes] = []
         room = self.config.mtu - wire.HEADER_SIZE - wire.TAG_SIZE
         used = 0
@@ -392,12 +396,13 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
             frames.append(self._data_frame(item, now, self._next_pn))
             used += size
 
-        for item in self._resend:
-            if item.seq in self._inflight and not item.sacked:
-                add(item)
-                if item is self._probe:
-                    self._probe_pn = item.pn
-        self._resend.clear()
+        if self._resend is not None:
+            for item in self._resend:
+                if item.seq in self._inflight and not item.sacked:
+                    add(item)
+                    if item is self._probe:
+                        self._probe_pn = item.pn
+            self._resend = None
         self._probe = None
         unsent = self._unsent
         if unsent and unsent[0].seq < self._snd_una + self.config.window:

@@ -3,7 +3,8 @@ is for, and what each peer makes of its connection's events.
 
 :class:`EndpointCore` holds the peers by connection id (derived from each one's session
 key; an address never names a peer) and routes each datagram received to one of them, or
-counts why it went nowhere. :class:`PeerCore` is one peer: its connection, the waiters
+counts why it went nowhere; it keeps the peers' deadlines in one heap under the one timer
+the adapter sets for the earliest. :class:`PeerCore` is one peer: its connection, the waiters
 its sends left (``rudp.waiters``) and the owner's callbacks; it turns events into waiter
 results, deliveries and callbacks. Neither reads a clock, a socket or a random source:
 the adapter (``rudp.aio``) gives the time through :meth:`PeerCore._now` and the sender id
@@ -13,7 +14,9 @@ of the loop's turn, keep a message for a reader, complete waiters).
 
 from __future__ import annotations
 
+import heapq
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -90,6 +93,10 @@ class PeerCore(Generic[H]):
         self._timer_at: float | None = None  # when the adapter's timer is set to fire
         self._flush_soon = False  # a flush is due at the end of this turn (_flush_later)
         self._closed = False
+
+    def __lt__(self, other: PeerCore[H]) -> bool:
+        # Orders peers due at the same time in the endpoint's timer heap (any order does).
+        return id(self) < id(other)
 
     @property
     def addr(self) -> Address:
@@ -257,7 +264,8 @@ class PeerCore(Generic[H]):
         raise NotImplementedError
 
     def _arm(self, when: float) -> None:
-        """Call :meth:`_timer_fired` at ``when`` instead of at the time set before."""
+        """Call :meth:`_timer_fired` at ``when`` instead of at the time set before (the
+        endpoint's :meth:`EndpointCore._arm_peer`)."""
         raise NotImplementedError
 
     def _deliver(self, data: bytes) -> None:
@@ -293,6 +301,11 @@ class EndpointCore(Generic[P]):
         #: had failed; sends are unaffected. Cuts a device's IP path without netem.
         self.drop_incoming = False
         self._flushes: list[P] = []  # peers that sent this turn (see _flush_later)
+        # Every peer's next deadline, under one adapter timer set for the earliest: a
+        # timer handle per peer costs ~240 bytes, and a broker holds a peer per session.
+        # An entry whose peer moved its deadline since is dropped when it comes up.
+        self._timers: list[tuple[float, P]] = []
+        self._timer_when = math.inf  # when the adapter's timer is set to fire
 
     def _peer(self, key: bytes, make: Callable[[], P]) -> P:
         """The peer for ``key``, made by ``make`` on first use."""
@@ -337,6 +350,42 @@ class EndpointCore(Generic[P]):
                 self._flushes[:0] = due[i + 1 :]
                 self._at_turn_end(self._flush_due)
                 raise
+
+    def _arm_peer(self, peer: P, when: float) -> None:
+        """Call ``peer._timer_fired`` at ``when`` (its ``_timer_at``)."""
+        heapq.heappush(self._timers, (when, peer))
+        if when < self._timer_when:
+            self._timer_when = when
+            self._set_timer(when)
+
+    def _timers_due(self, now: float) -> None:
+        """The adapter's timer went off at ``now``: fire every peer whose deadline came
+        (what was due at the time set counts as due: a loop may run a timer a little
+        early), then set the timer for the next deadline."""
+        limit = max(self._timer_when, now)
+        self._timer_when = math.inf
+        timers, due = self._timers, []
+        while timers and timers[0][0] <= limit:
+            due.append(heapq.heappop(timers))
+        for i, (when, peer) in enumerate(due):
+            if peer._timer_at != when or peer._closed:
+                continue  # moved since, or closed
+            try:
+                peer._timer_fired()
+            except Exception:  # the adapter's loop reports it; the peers after it still go
+                for entry in due[i + 1 :]:
+                    heapq.heappush(timers, entry)
+                self._timer_when = now
+                self._set_timer(now)
+                raise
+        if timers and timers[0][0] < self._timer_when:
+            self._timer_when = timers[0][0]
+            self._set_timer(self._timer_when)
+
+    def _set_timer(self, when: float) -> None:
+        """The adapter's hook: call :meth:`_timers_due` at ``when`` instead of at the time
+        set before."""
+        raise NotImplementedError
 
     def _at_turn_end(self, flush: Callable[[], None]) -> None:
         """The adapter's hook: call ``flush`` at the end of this turn of its loop."""

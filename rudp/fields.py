@@ -5,8 +5,10 @@ initial value, in one place. The parts that act on it are mixins over these slot
 
 from __future__ import annotations
 
+import functools
 import hmac
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -82,7 +84,8 @@ class ConnectionFields:
     state transition."""
 
     # A broker holds one connection per session: no per-instance __dict__, and the
-    # queues are built on first use (an empty deque is 760 bytes).
+    # queues and lists are built on first use and dropped once empty (an empty deque is
+    # 760 bytes, an empty list 56).
     __slots__ = (
         "_ack_deadline",
         "_ack_now",
@@ -165,15 +168,13 @@ class ConnectionFields:
         self._protection = protection
         self._send_keys = wire.SenderKeys(key, self.sender_id, protection)
         self._peer_keys: wire.SenderKeys | None = None  # of the pinned or last-seen sender
-        self._path_responses: list[bytes] = []  # tokens of challenges to answer
+        self._path_responses: list[bytes] | None = None  # tokens of challenges to answer
         # Where datagrams go; None when the caller tracks no addresses (no path validation).
         self._peer_address = peer_address
         self._candidate: PathCandidate | None = None  # built when another address speaks
         self._challenges = 0  # numbers the challenge tokens
         self.path_changes = 0  # candidates validated
-        self._payload_size = config.mtu - wire.DATA_OVERHEAD
-        self._max_fragments = -(-config.max_message_size // self._payload_size)
-        self._max_sack_blocks = min(config.max_sack_blocks, wire.max_sack_blocks(config.mtu))
+        self._payload_size, self._max_fragments, self._max_sack_blocks = _sizes(config)
         self._events: deque[Event] | None = None  # built by _emit, dropped once drained
         # sender
         self._next_pn = 0
@@ -183,7 +184,7 @@ class ConnectionFields:
         self._messages: dict[int, tuple[int, bytes]] = {}  # id -> (last seq, data)
         self._unsent: deque[Outgoing] | None = None  # built by send_message, dropped once sent
         self._inflight: dict[int, Outgoing] = {}
-        self._resend: list[Outgoing] = []
+        self._resend: list[Outgoing] | None = None  # None when nothing is to be resent
         self._rto_deadline: float | None = None
         # While the RTO timer runs: when the wait for the peer began, or when it was last
         # heard from since (dead_after counts from there).
@@ -198,11 +199,11 @@ class ConnectionFields:
         # O(window)): the [start, end) ranges already marked SACKed; every transmission in
         # packet-number order (stale entries skipped lazily); and those past the pn/time
         # rules but above what the peer reported, by sequence number.
-        self._sacked_ranges: list[tuple[int, int]] = []
+        self._sacked_ranges: Sequence[tuple[int, int]] = ()  # replaced, never changed
         # None while nothing is in flight: an emptied deque keeps a block of ~0.6 kB, and
         # an idle broker holds one association per session.
         self._sent_order: deque[tuple[int, Outgoing]] | None = None
-        self._parked: list[tuple[int, int, Outgoing]] = []
+        self._parked: list[tuple[int, int, Outgoing]] | None = None
         # Tail-loss probe (RFC 8985 §7): its timer, the packet chosen, its packet number.
         self._pto_deadline: float | None = None
         # RFC 9002 §6.1.2's loss timer: when the oldest packet past the packet-number rule
@@ -215,8 +216,9 @@ class ConnectionFields:
         self._rcv_next = 0
         self._buffer: dict[int, wire.Data] = {}
         self._buffer_bytes = 0
-        self._ranges: list[list[int]] = []  # the buffer's seqs as sorted [start, end) runs
-        self._partial: list[bytes] = []
+        # The buffer's seqs as sorted [start, end) runs; None when there are none.
+        self._ranges: list[list[int]] | None = None
+        self._partial: list[bytes] | None = None  # the fragments of a message so far
         self._partial_count = 0
         self._partial_bytes = 0
         self._ack_deadline: float | None = None
@@ -238,3 +240,16 @@ class ConnectionFields:
         if self._events is None:
             self._events = deque()
         self._events.append(event)
+
+
+@functools.cache
+def _sizes(config: RudpConfig) -> tuple[int, int, int]:
+    """Payload bytes per DATA packet, fragments per message and SACK blocks per ACK under
+    ``config``: computed once per configuration, so its connections share the ints."""
+    payload_size = config.mtu - wire.DATA_OVERHEAD
+    max_fragments = -(-config.max_message_size // payload_size)
+    return (
+        payload_size,
+        max_fragments,
+        min(config.max_sack_blocks, wire.max_sack_blocks(config.mtu)),
+    )

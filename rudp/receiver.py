@@ -106,6 +106,8 @@ class ReceiveWindow(ConnectionFields):
                 self._unacked_in_order += 1  # more above the same hole: ACK every ack_every
         elif self._ranges and self._ranges[0][0] == d.seq + 1:
             del self._ranges[0]  # the run after the hole leaves with this packet
+            if not self._ranges:
+                self._ranges = None
             self._ack_now = True  # a hole filled (RFC 5681 §4.2): the sender is waiting
         while self._rcv_next in self._buffer:
             frag = self._buffer.pop(self._rcv_next)
@@ -123,6 +125,9 @@ class ReceiveWindow(ConnectionFields):
         fills one (ACK at once, as RFC 9000 §13.2.1); False when it extends the highest
         run, the common case while a hole is open (then ACKs follow ``ack_every``)."""
         ranges = self._ranges
+        if ranges is None:
+            self._ranges = [[seq, seq + 1]]
+            return True
         if ranges and ranges[-1][1] == seq:
             ranges[-1][1] = seq + 1
             return False
@@ -142,15 +147,16 @@ class ReceiveWindow(ConnectionFields):
 
     def _rebuild_ranges(self) -> None:
         """Recompute the SACK runs from the buffer (after the rare bulk removals)."""
-        self._ranges = []
+        ranges: list[list[int]] = []
         for seq in sorted(self._buffer):
-            if self._ranges and self._ranges[-1][1] == seq:
-                self._ranges[-1][1] = seq + 1
+            if ranges and ranges[-1][1] == seq:
+                ranges[-1][1] = seq + 1
             else:
-                self._ranges.append([seq, seq + 1])
+                ranges.append([seq, seq + 1])
+        self._ranges = ranges or None
 
     def _drop_partial(self) -> None:
-        self._partial = []
+        self._partial = None
         self._partial_count = 0
         self._partial_bytes = 0
 
@@ -164,10 +170,12 @@ class ReceiveWindow(ConnectionFields):
                 self.stats.bad_fragment += 1
                 self._drop_partial()
             self._partial_count = frag.frag_count
-        elif frag.frag_index != len(self._partial) or frag.frag_count != self._partial_count:
+        elif frag.frag_index != len(self._partial or ()) or frag.frag_count != self._partial_count:
             self.stats.bad_fragment += 1
             self._drop_partial()
             return
+        if self._partial is None:
+            self._partial = []
         self._partial.append(frag.payload)
         self._partial_bytes += len(frag.payload)
         if len(self._partial) == self._partial_count:
@@ -177,7 +185,8 @@ class ReceiveWindow(ConnectionFields):
             self._emit(MessageReceived(message))
 
     def _ack_frame(self) -> wire.Ack:
-        blocks = tuple((start, end) for start, end in self._ranges[: self._max_sack_blocks])
+        ranges = self._ranges or ()
+        blocks = tuple((start, end) for start, end in ranges[: self._max_sack_blocks])
         self._ack_now = False
         self._ack_deadline = None
         self._unacked_in_order = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
 
 from rudp import packet as wire
 from rudp.events import MessageAcked, MessageFailed, PeerDisconnected, PeerRestarted
@@ -46,9 +47,9 @@ class LossRecovery(ConnectionFields):
                     sample = out
             self._snd_una = ack.cumulative
             if self._resend:
-                self._resend = [o for o in self._resend if o.seq >= self._snd_una]
+                self._resend = [o for o in self._resend if o.seq >= self._snd_una] or None
             if self._sacked_ranges:
-                self._sacked_ranges = _subtract(self._sacked_ranges, [(0, self._snd_una)])
+                self._sacked_ranges = _subtract(self._sacked_ranges, [(0, self._snd_una)]) or ()
             # The pending ids are always the newest len(messages) ones (acks remove the
             # oldest, a failure all): the oldest is known without iterating the dict,
             # whose deleted head entries a next(iter()) would walk again on every call.
@@ -78,16 +79,19 @@ class LossRecovery(ConnectionFields):
             below = ack.blocks[-1][1] if ack.blocks else ack.cumulative + 1
             candidates = _subtract(self._sacked_ranges, [(below, MAX_U32 + 1)])
             reneged = _subtract(candidates, blocks)
+            resend = self._resend or []
             for start, end in reneged:
                 for seq in range(start, end):
                     out = self._inflight.get(seq)
                     if out is not None and out.sacked:
                         out.sacked = False
-                        self._resend.append(out)
+                        resend.append(out)
                         self.stats.fast_retransmissions += 1
             if reneged:
-                self._sacked_ranges = _subtract(self._sacked_ranges, reneged)
-                self._resend.sort(key=lambda o: o.seq)
+                self._sacked_ranges = _subtract(self._sacked_ranges, reneged) or ()
+                if resend:
+                    resend.sort(key=lambda o: o.seq)
+                    self._resend = resend
         # What this ACK newly reports (the usual ACK, in order, reports no block).
         fresh = _subtract(blocks, self._sacked_ranges) if blocks else blocks
         for start, end in fresh:
@@ -155,6 +159,8 @@ class LossRecovery(ConnectionFields):
                 break
             order.popleft()
             if out.seq >= self._highest_reported:
+                if self._parked is None:
+                    self._parked = []
                 heapq.heappush(self._parked, (out.seq, pn, out))  # decided when reported
             else:
                 lost.append(out)
@@ -165,13 +171,17 @@ class LossRecovery(ConnectionFields):
             seq, pn, out = heapq.heappop(parked)
             if out.pn == pn and not out.sacked and seq >= self._snd_una:
                 lost.append(out)
+        if parked is not None and not parked:
+            self._parked = None
         if lost:
-            queued = {o.seq for o in self._resend}
+            resend = self._resend or []
+            queued = {o.seq for o in resend}
             for out in lost:
                 if out.seq not in queued:
-                    self._resend.append(out)
+                    resend.append(out)
                     self.stats.fast_retransmissions += 1
-            self._resend.sort(key=lambda o: o.seq)
+            resend.sort(key=lambda o: o.seq)
+            self._resend = resend
 
     def _arm_probe(self, now: float) -> None:
         """(Re)start the tail-loss probe timer: PTO = 2 SRTT + the peer's ACK delay after
@@ -199,7 +209,9 @@ class LossRecovery(ConnectionFields):
             return
         self.stats.tail_probes += 1
         self._probe = out
-        if all(o is not out for o in self._resend):
+        if self._resend is None:
+            self._resend = [out]
+        elif all(o is not out for o in self._resend):
             self._resend.append(out)
 
     def _on_rto(self, now: float) -> None:
@@ -216,11 +228,11 @@ class LossRecovery(ConnectionFields):
         # resent too (as TCP does after an RTO, RFC 6675 §5.1), so a lost tail does not cost
         # one backed-off timeout per packet.
         pending = sorted(self._inflight.values(), key=lambda o: o.seq)
-        self._resend = [o for i, o in enumerate(pending) if i == 0 or not o.sacked]
+        self._resend = [o for i, o in enumerate(pending) if i == 0 or not o.sacked] or None
         if self._resend:
             first = self._resend[0]
             first.sacked = False
-            self._sacked_ranges = _subtract(self._sacked_ranges, [(first.seq, first.seq + 1)])
+            self._sacked_ranges = _subtract(self._sacked_ranges, [(first.seq, first.seq + 1)]) or ()
         self._rto_deadline = now + self.rto.rto  # RFC 6298 §5.6
         self._pto_deadline = None
         self._loss_deadline = None  # everything not reported received is resent already
@@ -236,10 +248,10 @@ class LossRecovery(ConnectionFields):
         self._messages.clear()
         self._unsent = None
         self._inflight.clear()
-        self._resend.clear()
-        self._sacked_ranges = []
+        self._resend = None
+        self._sacked_ranges = ()
         self._sent_order = None
-        self._parked = []
+        self._parked = None
         self._probe = None
         self._snd_una = self._next_seq  # abandoned; DATA's base tells the receiver
         self._rto_deadline = None
@@ -251,7 +263,7 @@ class LossRecovery(ConnectionFields):
             self._restarted = None
 
 
-def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _subtract(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """Sorted disjoint [start, end) runs ``a`` less the sorted disjoint runs ``b``."""
     result: list[tuple[int, int]] = []
     j = 0
@@ -269,10 +281,10 @@ def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[
     return result
 
 
-def _union(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _union(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """Sorted disjoint runs covering ``a`` and ``b`` (adjacent runs merged)."""
     merged: list[tuple[int, int]] = []
-    for start, end in sorted(a + b):
+    for start, end in sorted([*a, *b]):
         if merged and start <= merged[-1][1]:
             if end > merged[-1][1]:
                 merged[-1] = (merged[-1][0], end)

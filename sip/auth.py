@@ -193,12 +193,6 @@ class AuthChallenge:
     stale: bool = False
 
 
-@dataclass(slots=True)
-class _NonceUse:
-    issued: float
-    highest_nc: int
-
-
 class Verifier(Protocol):
     """What checks a request's Digest credentials: :class:`DigestServer`, or a wrapper
     bound to one request's context (its source, for a login throttle)."""
@@ -233,7 +227,9 @@ class DigestServer:
         self._store = store
         self._random = random
         self._secret = secret if secret is not None else random(32)
-        self._uses: dict[str, _NonceUse] = {}
+        # The highest nonce-count seen of each nonce in use (its issue time is in the
+        # nonce itself: a record per nonce would cost ~100 bytes more, per login).
+        self._uses: dict[str, int] = {}
         # Nonces issued at or before this time that are not in _uses were
         # evicted from the table: treat them as stale, never as fresh.
         self._evicted_upto = float("-inf")
@@ -263,7 +259,7 @@ class DigestServer:
         stamp, rand, mac = raw[:8], raw[8:20], raw[20:]
         if not hmac.compare_digest(mac, self._mac(stamp, rand)):
             return None
-        return int.from_bytes(stamp, "big", signed=True) / 1000.0
+        return _issued(raw)
 
     # -------------------------------------------------------------- challenge
 
@@ -388,37 +384,43 @@ class DigestServer:
 
         RFC 2069 answers (``nc`` None) have no count: each nonce is good once.
         """
-        use = self._uses.get(nonce)
-        if use is None:
+        highest = self._uses.get(nonce)
+        if highest is None:
             if issued <= self._evicted_upto:
                 return False
             self._prune(now)
-            self._uses[nonce] = _NonceUse(issued=issued, highest_nc=nc or 0)
+            self._uses[nonce] = nc or 0
             return True
-        if nc is None or nc <= use.highest_nc:
+        if nc is None or nc <= highest:
             return False
-        use.highest_nc = nc
+        self._uses[nonce] = nc
         return True
 
     def _prune(self, now: float) -> None:
         if len(self._uses) < self.config.max_tracked_nonces:
             return
         horizon = now - self.config.nonce_lifetime
-        self._uses = {n: u for n, u in self._uses.items() if u.issued >= horizon}
+        issued = {n: _issued(base64.urlsafe_b64decode(n)) for n in self._uses}
+        self._uses = {n: nc for n, nc in self._uses.items() if issued[n] >= horizon}
         excess = len(self._uses) - self.config.max_tracked_nonces + 1
         if excess > 0:
             # Evict the oldest tenth (at least the excess); remember their age
             # so they can never count as unused again.
-            victims = sorted(self._uses.items(), key=lambda item: item[1].issued)
+            victims = sorted(self._uses, key=issued.__getitem__)
             victims = victims[: max(excess, len(victims) // 10)]
-            for nonce, use in victims:
-                self._evicted_upto = max(self._evicted_upto, use.issued)
+            for nonce in victims:
+                self._evicted_upto = max(self._evicted_upto, issued[nonce])
                 del self._uses[nonce]
 
     @property
     def tracked_nonces(self) -> int:
         """How many nonces have a nonce-count on record (for metrics)."""
         return len(self._uses)
+
+
+def _issued(raw: bytes) -> float:
+    """The issue time (seconds) a decoded nonce of ours carries."""
+    return int.from_bytes(raw[:8], "big", signed=True) / 1000.0
 
 
 # ------------------------------------------------------------------ client

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -64,7 +65,11 @@ def _uri_of(value: str | None, what: str) -> NameAddr:
 
 @dataclass(slots=True)
 class Dialog:
-    """The state of one dialog (§12): ids, sequence numbers, route set, remote target."""
+    """The state of one dialog (§12): ids, sequence numbers, route set, remote target.
+
+    The local and remote URIs are interned: a UA's dialogs mostly share its own URI, and
+    the remote one is the peer's address-of-record its owner holds too.
+    """
 
     call_id: str
     local_tag: str
@@ -72,7 +77,7 @@ class Dialog:
     local_uri: str
     remote_uri: str
     remote_target: str
-    route_set: list[str] = field(default_factory=list)
+    route_set: tuple[str, ...] = ()  # a tuple: most dialogs share the empty one
     local_seq: int = 0
     remote_seq: int | None = None
     is_uac: bool = True
@@ -81,11 +86,15 @@ class Dialog:
     # an INVITE of the peer's awaiting ours.
     invite_out: bool = False
     invite_in: bool = False
+    _id: DialogId | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def id(self) -> DialogId:
-        """(Call-ID, local tag, remote tag)."""
-        return (self.call_id, self.local_tag, self.remote_tag)
+        """(Call-ID, local tag, remote tag): one tuple per dialog, which every table
+        keyed by the dialog shares."""
+        if self._id is None:
+            self._id = (self.call_id, self.local_tag, self.remote_tag)
+        return self._id
 
     # ------------------------------------------------------------ creation
 
@@ -101,13 +110,13 @@ class Dialog:
         if to.tag is None or frm.tag is None:
             raise DialogError(400, "2xx without To tag")
         # §12.1.2: the route set is the Record-Route list in reverse order.
-        routes = list(reversed(response.headers.get_all("Record-Route")))
+        routes = tuple(reversed(response.headers.get_all("Record-Route")))
         return cls(
             call_id=invite.call_id,
             local_tag=frm.tag,
             remote_tag=to.tag,
-            local_uri=str(frm.uri),
-            remote_uri=str(to.uri),
+            local_uri=sys.intern(str(frm.uri)),
+            remote_uri=sys.intern(str(to.uri)),
             remote_target=str(contact.uri),
             route_set=routes,
             local_seq=invite.cseq.seq,
@@ -130,11 +139,11 @@ class Dialog:
             call_id=invite.call_id,
             local_tag=local_tag,
             remote_tag=frm.tag,
-            local_uri=str(to.uri),
-            remote_uri=str(frm.uri),
+            local_uri=sys.intern(str(to.uri)),
+            remote_uri=sys.intern(str(frm.uri)),
             remote_target=str(contact.uri),
             # §12.1.1: the route set is the Record-Route list in order.
-            route_set=list(invite.headers.get_all("Record-Route")),
+            route_set=tuple(invite.headers.get_all("Record-Route")),
             local_seq=0,
             remote_seq=invite.cseq.seq,
             is_uac=False,

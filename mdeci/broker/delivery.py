@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Collection, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from mdeci.broker.config import BrokerCoreConfig
@@ -185,7 +185,8 @@ class _Link:
 
     # The same for notifications sent on earlier connections: their ack may come after a
     # reconnection, before they are sent again (then never), and is logged all the same.
-    earlier: dict[int, float] = field(default_factory=dict)
+    # None while there are none (no dict per idle session).
+    earlier: dict[int, float] | None = None
 
 
 class Delivery:
@@ -297,7 +298,7 @@ class Delivery:
                 link.forget()  # acked what was not sent: its rows ahead may be gone
             now = self.clock()
             if link.earlier or link.unordered:
-                acked = sorted(n for n in {*link.inflight, *link.earlier} if n <= upto)
+                acked = sorted(n for n in {*link.inflight, *(link.earlier or ())} if n <= upto)
             else:
                 # The common case, without a set and a sort per ack: ``inflight`` gets
                 # its nseqs in increasing order (take_batches), so those acked lead it.
@@ -316,6 +317,7 @@ class Delivery:
                     published_at = inflight.pop(nseq, published_at)
                     freed += sizes.pop(nseq, 0)
                     delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
+                link.earlier = link.earlier or None
             else:  # the same without a lookup in the empty ``earlier`` per notification
                 for nseq in acked:
                     latency = (now - inflight.pop(nseq)) * 1000.0
@@ -452,8 +454,8 @@ class Delivery:
         yield from self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
         previous = self._links.get(uri)
         prev_addr = previous.addr if previous is not None else None
-        earlier = {} if previous is None else {**previous.earlier, **previous.inflight}
-        self._links[uri] = _Link(open=True, addr=addr, inflight={}, earlier=earlier)
+        earlier = previous and {**(previous.earlier or {}), **previous.inflight}
+        self._links[uri] = _Link(open=True, addr=addr, inflight={}, earlier=earlier or None)
         # Drops may have happened while nobody was looking (or before a restart).
         self._missed_pending.add(uri)
         self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
@@ -482,7 +484,7 @@ class Delivery:
             link.inflight.pop(nseq, None)
             if link.sizes is not None:
                 link.inflight_bytes -= link.sizes.pop(nseq, 0)
-            link.earlier.pop(nseq, None)
+            (link.earlier or {}).pop(nseq, None)
         if self.holds is not None:
             self.holds.drop(uri, nseq)
             self._released.get(uri, set()).discard(nseq)
@@ -497,7 +499,7 @@ class Delivery:
         was_connected = link is not None and link.open
         if link is not None:
             link.open = False
-            link.earlier.update(link.inflight)
+            link.earlier = {**(link.earlier or {}), **link.inflight} or None
             link.inflight.clear()
             link.sizes = None
             link.inflight_bytes = 0

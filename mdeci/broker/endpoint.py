@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import sys
 import time
 from collections.abc import Callable
 
@@ -299,7 +300,7 @@ class BrokerSipEndpoint:
                     local_uri=self.config.aor,
                     remote_uri=rec.uri,
                     remote_target=rec.remote_target,
-                    route_set=[r for r in rec.route_set.split(", ") if r],
+                    route_set=tuple(r for r in rec.route_set.split(", ") if r),
                     local_seq=rec.local_cseq,
                     remote_seq=rec.remote_cseq,
                     is_uac=False,
@@ -423,7 +424,7 @@ class BrokerSipEndpoint:
             return _refuse(404, "no such user here")
         if not isinstance(from_uri, SipUri) or from_uri.user is None:
             return _refuse(403, "From is not a SIP address-of-record")
-        uri = from_uri.aor
+        uri = sys.intern(from_uri.aor)  # the session's key everywhere: one string
         if from_uri.host.lower() != self.config.domain.lower():
             return _refuse(403, f"{uri} is not of domain {self.config.domain}")
         if req.dialog is not None:

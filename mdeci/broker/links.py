@@ -10,10 +10,11 @@ What the service needs of a peer, whatever the transport:
   when the transport took responsibility for them (RUDP: acknowledged by the agent;
   QUIC: written to the connection's stream, whose delivery QUIC makes reliable and in
   order) and fails with :class:`~rudp.errors.PeerUnreachable` when it gives up;
-- ``on_message`` (each message, in order), ``on_heard`` (an authentic packet: RUDP's
-  first datagram, QUIC's checked key proof), ``on_path_changed`` (a validated move) and
-  ``on_unreachable`` (QUIC: the connection ended, an idle timeout included; RUDP reports
-  through the futures instead);
+- a :class:`PeerListener` (the session's :class:`UserLink`) told of each message, in
+  order (``on_message``), of an authentic packet (``on_heard``: RUDP's first datagram,
+  QUIC's checked key proof), of a validated move (``on_path``) and of the end of the
+  association (``on_gone``: QUIC's connection ended, an idle timeout included; RUDP's
+  retries ran out for messages written without a future);
 - ``set_address`` and ``reset`` at each (re-)INVITE: RUDP sends to the SDP address with a
   fresh retry budget; QUIC's client comes to us, so both are nothing there.
 
@@ -39,10 +40,30 @@ from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
 
 MIN_KEY_BYTES = 16  # what RudpConnection accepts
 Address = tuple[str, int]
-OnMessage = Callable[[bytes], None]
-OnHeard = Callable[[], None]
-OnPath = Callable[[Address, Address | None], None]
-OnUnreachable = Callable[[str], None]
+
+
+class PeerListener(Protocol):
+    """What a session's data channel reports to (module docstring). The peers keep its
+    bound methods as their callbacks: a broker holds one listener per session, where a
+    closure per callback would cost ~1 kB per session."""
+
+    def on_message(self, data: bytes) -> None: ...
+
+    def on_heard(self) -> None: ...
+
+    def on_path(self, addr: Address, prev: Address | None) -> None: ...
+
+    def on_gone(self, reason: str) -> None: ...
+
+
+class LinkOwner(Protocol):
+    """Who acts on what a :class:`UserLink`'s peer reports (the broker's service)."""
+
+    def link_received(self, link: UserLink, data: bytes) -> None: ...
+
+    def link_heard(self, link: UserLink) -> None: ...
+
+    def link_gone(self, link: UserLink, reason: str) -> None: ...
 
 
 class DataPeer(Protocol):
@@ -73,10 +94,8 @@ class DataPeer(Protocol):
         The service's cap on unacknowledged replies counts them (``_admit``)."""
         ...
 
-    def bind(
-        self, on_message: OnMessage, on_heard: OnHeard, on_path: OnPath, on_gone: OnUnreachable
-    ) -> None:
-        """Set the callbacks (once, before the first send)."""
+    def bind(self, listener: PeerListener) -> None:
+        """Report to ``listener`` (once, before the first send)."""
 
     def set_address(self, addr: Address) -> None: ...
 
@@ -102,13 +121,14 @@ class DataPeer(Protocol):
 class RudpDataPeer:
     """:class:`DataPeer` over one :class:`~rudp.aio.RudpPeer` of the broker's endpoint."""
 
-    __slots__ = ("endpoint", "key", "rudp")
+    __slots__ = ("_on_gone", "endpoint", "key", "rudp")
     transport = "rudp"
 
     def __init__(self, endpoint: RudpEndpoint, key: bytes, addr: Address) -> None:
         self.endpoint = endpoint
         self.key = key
         self.rudp: RudpPeer = endpoint.peer(key, addr)
+        self._on_gone: Callable[[str], None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -130,14 +150,17 @@ class RudpDataPeer:
     def backlog(self) -> int:
         return 0
 
-    def bind(
-        self, on_message: OnMessage, on_heard: OnHeard, on_path: OnPath, on_gone: OnUnreachable
-    ) -> None:
-        self.rudp.on_message = on_message
-        self.rudp.on_heard = on_heard
-        self.rudp.on_path_changed = on_path
+    def bind(self, listener: PeerListener) -> None:
+        self.rudp.on_message = listener.on_message
+        self.rudp.on_heard = listener.on_heard
+        self.rudp.on_path_changed = listener.on_path
         # Messages written without a future (write_many) fail here, with the association.
-        self.rudp.on_failed = lambda exc: on_gone(exc.reason)
+        self._on_gone = listener.on_gone
+        self.rudp.on_failed = self._failed
+
+    def _failed(self, exc: PeerUnreachable) -> None:
+        if self._on_gone is not None:
+            self._on_gone(exc.reason)
 
     def set_address(self, addr: Address) -> None:
         self.rudp.set_address(addr)
@@ -182,10 +205,7 @@ class QuicDataPeerLink:
         self._path_changes = 0
         self._heard = False
         self._gone = False  # the last connection ended; nothing new came yet
-        self._on_message: OnMessage = lambda data: None
-        self._on_heard: OnHeard = lambda: None
-        self._on_path: OnPath = lambda addr, prev: None
-        self._on_gone: OnUnreachable = lambda reason: None
+        self._listener: PeerListener = _UNBOUND
         self.sent = 0
         links.register(self)
 
@@ -211,11 +231,8 @@ class QuicDataPeerLink:
         held = sum(map(len, self._waiting))
         return held if peer is None else held + peer.connection.unacked_bytes
 
-    def bind(
-        self, on_message: OnMessage, on_heard: OnHeard, on_path: OnPath, on_gone: OnUnreachable
-    ) -> None:
-        self._on_message, self._on_heard = on_message, on_heard
-        self._on_path, self._on_gone = on_path, on_gone
+    def bind(self, listener: PeerListener) -> None:
+        self._listener = listener
 
     def set_address(self, addr: Address) -> None:
         pass  # the client comes to us; QUIC validates the paths it moves to
@@ -268,7 +285,7 @@ class QuicDataPeerLink:
             old.close("replaced by a new connection")
         self._gone = False
         self._heard = True
-        peer.on_message = self._on_message
+        peer.on_message = self._listener.on_message
         peer.on_disconnected = lambda reason: self._ended(peer, reason)
         peer.on_path_changed = self._path
         waiting, self._waiting = self._waiting, []
@@ -279,18 +296,18 @@ class QuicDataPeerLink:
         for future in futures:
             if not future.done():
                 future.set_result(None)
-        self._on_heard()
+        self._listener.on_heard()
 
     def _path(self, addr: Address, prev: Address | None) -> None:
         self._path_changes += 1
-        self._on_path(addr, prev)
+        self._listener.on_path(addr, prev)
 
     def _ended(self, peer: QuicDataPeer, reason: str) -> None:
         if peer is not self.peer:
             return
         self._gone = True
         self._fail(reason, cancel=False)
-        self._on_gone(reason)
+        self._listener.on_gone(reason)
 
     def _fail(self, reason: str, *, cancel: bool) -> None:
         futures, self._futures = self._futures, []
@@ -370,6 +387,7 @@ class UserLink:
     key: bytes
     peer: DataPeer
     session: UserSession
+    owner: LinkOwner
     sends: set[asyncio.Future[None]] | None = None  # only while sends are in flight
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
@@ -386,17 +404,48 @@ class UserLink:
         """The session's epoch: a send of another one belongs to no current connection."""
         return self.session.epoch
 
+    # ---------------------------------------------------------------- PeerListener
+
+    def on_message(self, data: bytes) -> None:
+        self.owner.link_received(self, data)
+
+    def on_heard(self) -> None:
+        self.owner.link_heard(self)
+
+    def on_path(self, addr: Address, prev: Address | None) -> None:
+        # RUDP follows a NAT rebinding by itself; the operator sees it only here.
+        prev_text = None if prev is None else addr_text(prev)
+        oplog_event("path_changed", uri=self.uri, addr=addr_text(addr), prev_addr=prev_text)
+
+    def on_gone(self, reason: str) -> None:
+        self.owner.link_gone(self, reason)
+
+
+class _Unbound:
+    """The listener of a peer not bound yet: what it reports goes nowhere."""
+
+    __slots__ = ()
+
+    def on_message(self, data: bytes) -> None:
+        pass
+
+    def on_heard(self) -> None:
+        pass
+
+    def on_path(self, addr: Address, prev: Address | None) -> None:
+        pass
+
+    def on_gone(self, reason: str) -> None:
+        pass
+
+
+_UNBOUND = _Unbound()
+
 
 def check_key(key: bytes) -> None:
     """Raises :class:`SessionKeyError` for a key RUDP cannot use (under 16 bytes)."""
     if len(key) < MIN_KEY_BYTES:
         raise SessionKeyError(f"session key of {len(key)} bytes; need {MIN_KEY_BYTES}")
-
-
-def _log_path(uri: str, addr: tuple[str, int], prev: tuple[str, int] | None) -> None:
-    # RUDP follows a NAT rebinding by itself; the operator sees it only here.
-    prev_text = None if prev is None else addr_text(prev)
-    oplog_event("path_changed", uri=uri, addr=addr_text(addr), prev_addr=prev_text)
 
 
 def _read_outcome(future: asyncio.Future[None]) -> None:

@@ -84,8 +84,10 @@ class SubscriptionMatcher:
 
     def __init__(self) -> None:
         self._subs: dict[int, CompiledSubscription] = {}
-        # The same entries, split: exact patterns by their text, wildcard ones by id.
-        self._exact: dict[str, dict[int, CompiledSubscription]] = {}
+        # The same entries, split: exact patterns by their text, wildcard ones by id. A
+        # pattern of one subscription (a device's own subject) maps to the entry itself:
+        # a dict of one costs 232 bytes per session.
+        self._exact: dict[str, CompiledSubscription | dict[int, CompiledSubscription]] = {}
         self._wild: dict[int, CompiledSubscription] = {}
         # The ids of each user's entries, for the per-user cap: a scan of every entry per
         # ``sub`` made setting up N users' subscriptions quadratic. A tuple (48 bytes for
@@ -139,7 +141,14 @@ class SubscriptionMatcher:
         if ONE_WORD in words or ANY_WORDS in words:
             self._wild[sub_id] = compiled
         else:
-            self._exact.setdefault(compiled.pattern.pattern, {})[sub_id] = compiled
+            pattern = compiled.pattern.pattern
+            same = self._exact.get(pattern)
+            if same is None:
+                self._exact[pattern] = compiled
+            elif isinstance(same, dict):
+                same[sub_id] = compiled
+            else:
+                self._exact[pattern] = {same.sub.sub_id: same, sub_id: compiled}
         heapq.heappush(self._expiry, (compiled.sub.expires_at, sub_id))
 
     def count_of(self, uri: str, now: float) -> int:
@@ -176,11 +185,14 @@ class SubscriptionMatcher:
                 del self._by_uri[uri]
             self._plain.clear()
             self._wild.pop(sub_id, None)
-            same = self._exact.get(entry.pattern.pattern)
-            if same is not None:
+            pattern = entry.pattern.pattern
+            same = self._exact.get(pattern)
+            if same is entry:
+                del self._exact[pattern]
+            elif isinstance(same, dict):
                 same.pop(sub_id, None)
-                if not same:
-                    del self._exact[entry.pattern.pattern]
+                if len(same) == 1:
+                    (self._exact[pattern],) = same.values()
         return entry
 
     def match(self, subject: str, attrs: Attrs, now: float) -> MatchResult:
@@ -201,15 +213,16 @@ class SubscriptionMatcher:
         if plain is not None:
             return MatchResult(plain, tuple(sorted(expired)))
         # An exact pattern matches exactly the subject equal to its text.
-        exact = self._exact.get(subject)
-        found = [entry for entry in exact.values() if entry.filter(attrs)] if exact else []
+        same = self._exact.get(subject)
+        exact = () if same is None else same.values() if isinstance(same, dict) else (same,)
+        found = [entry for entry in exact if entry.filter(attrs)]
         found += [e for e in self._wild.values() if e.pattern(subject) and e.filter(attrs)]
         found.sort(key=lambda entry: entry.sub.sub_id)
         targets = tuple((entry.sub.uri, entry.sub.sub_id) for entry in found)
         if (
             exact
             and not self._wild
-            and all(isinstance(entry.filter.expr, MatchAll) for entry in exact.values())
+            and all(isinstance(entry.filter.expr, MatchAll) for entry in exact)
         ):
             self._plain[subject] = targets
         return MatchResult(targets, tuple(sorted(expired)))

@@ -59,7 +59,6 @@ from mdeci.broker.links import (
     QuicLinks,
     RudpDataPeer,
     UserLink,
-    _log_path,
     check_key,
 )
 from mdeci.broker.media_answer import DataChannels
@@ -134,7 +133,8 @@ class BrokerService:
         # The transport side of each session (peer, sends in flight), by URI.
         self._users: dict[str, UserLink] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        # Frames received, not yet handled, in arrival order (_received); the task handling them.
+        # Frames received, not yet handled, in arrival order (link_received); the task
+        # handling them.
         self._inbound: list[tuple[UserLink, bytes]] = []
         self._pump: asyncio.Task[None] | None = None
         # Users whose delivery may progress (an ordered set), and the task serving them.
@@ -304,15 +304,9 @@ class BrokerService:
             self._kick(link)
             return
         if link is None:
-            link = UserLink(uri, key, self._peer(session, media_addr), session)
+            link = UserLink(uri, key, self._peer(session, media_addr), session, self)
             self._users[uri] = link
-            new = link
-            new.peer.bind(
-                lambda data: self._received(new, data),
-                lambda: self._heard(new),
-                lambda addr, prev: _log_path(new.uri, addr, prev),
-                lambda reason: self._unreachable(new, new.epoch, reason),
-            )
+            link.peer.bind(link)
         link.session = session
         if self.advertise is None or link.peer.path_changes == 0:
             link.peer.set_address(media_addr)  # behind a relay: until a path is validated
@@ -440,7 +434,7 @@ class BrokerService:
         link.peer.close()
         return tasks
 
-    def _received(self, link: UserLink, data: bytes) -> None:
+    def link_received(self, link: UserLink, data: bytes) -> None:
         # Handled once the loop has delivered what already arrived (the pump task runs
         # after the callbacks of this loop pass), so that publishes arriving together share
         # one commit (Broker.handle_frames); frames keep their arrival order. A dropped
@@ -660,7 +654,11 @@ class BrokerService:
         # The stored status follows at the next change if the database is down now.
         self.apply(self.sessions.media_failed(link.uri, epoch, reason))
 
-    def _heard(self, link: UserLink) -> None:
+    def link_gone(self, link: UserLink, reason: str) -> None:
+        """``link``'s association ended (messages written without a future failed)."""
+        self._unreachable(link, link.epoch, reason)
+
+    def link_heard(self, link: UserLink) -> None:
         """An authenticated packet (a frame, an ack or a keepalive PING) came from the
         user: the keys are confirmed, and a user we marked DISCONNECTED after RUDP
         retries ran out is reachable again, so it is connected again exactly as a

@@ -10,6 +10,7 @@ queued and are delivered: the queue does not refer to this table.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,7 +40,13 @@ _ADD = insert(SubscriptionRow).returning(*_COLUMNS)
 
 
 def _record(row: Sequence[Any]) -> Subscription:
-    return Subscription(*row)
+    # The broker keeps every live subscription: its URI is the session's (interned where
+    # the session starts) and its class one of a few; a copy of each per row is waste.
+    sub_id, uri, subject, filter_text, created_at, expires_at, qclass, in_order = row
+    return Subscription(
+        sub_id, sys.intern(uri), subject, filter_text, created_at, expires_at,
+        None if qclass is None else sys.intern(qclass), in_order,
+    )  # fmt: skip
 
 
 class SqlSubscriptionStore:

@@ -3,7 +3,7 @@
 Glue only (tests/test_layering.py checks the cores import no I/O): datagrams go to
 ``rudp.endpoint.EndpointCore``, which routes each to its peer's connection with its
 source address; what the connections emit goes out (path challenges to the address they
-name), timers are one ``loop.call_at`` per peer, waiters are futures. The cores decide.
+name), the peers' deadlines are one ``loop.call_at``, waiters are futures. The cores decide.
 
 Per wake of the event loop the endpoint reads every datagram waiting (up to
 ``rudp.sockets.READ_BATCH``) and only then asks each connection that got one for what to
@@ -50,6 +50,7 @@ class RudpEndpoint(EndpointCore[RudpPeer]):
         super().__init__()
         self._loop = asyncio.get_running_loop()
         self._socket = UdpSocket(self._loop, socket_buffer, self._read_ready)
+        self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
     async def open(
@@ -87,6 +88,13 @@ class RudpEndpoint(EndpointCore[RudpPeer]):
     async def close(self) -> None:
         self._close_peers()
         self._socket.close()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _set_timer(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, lambda: self._timers_due(self._loop.time()))
 
     def _at_turn_end(self, flush: Callable[[], None]) -> None:
         self._loop.call_soon(flush)

@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 class RudpPeer(PeerCore[asyncio.Future[None]]):
     """One peer of an endpoint (``PeerCore``). Messages go to :meth:`receive` unless
     :attr:`on_message` is set. A broker holds one peer per session: no instance
-    ``__dict__``, no inbox queue before :meth:`receive` is first used."""
+    ``__dict__``, no inbox queue before :meth:`receive` is first used, no timer handle
+    (the endpoint's one timer serves its peers)."""
 
-    __slots__ = ("_endpoint", "_inbox", "_loop", "_socket", "_timer")
+    __slots__ = ("_endpoint", "_inbox", "_loop", "_socket")
 
     def __init__(self, endpoint: RudpEndpoint, key: bytes, addr: Address, sender_id: int) -> None:
         super().__init__(key, addr, endpoint.config, endpoint.protection, sender_id)
@@ -29,7 +30,6 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         self._loop = endpoint._loop
         self._socket = endpoint._socket
         self._inbox: asyncio.Queue[bytes] | None = None
-        self._timer: asyncio.TimerHandle | None = None
 
     async def send(self, message: bytes) -> None:
         """Send one message; return when the peer acknowledged all of it. Raises
@@ -98,15 +98,4 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         self._socket.send_many(datagrams, addr)
 
     def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_at(when, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_fired()
-
-    def _close(self) -> None:
-        super()._close()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._endpoint._arm_peer(self, when)

@@ -4,7 +4,7 @@ take. Two endpoints wired by hand on a hand-stepped clock: no sockets, no event 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -236,3 +236,62 @@ def test_our_own_move_resends_what_is_in_flight_at_once() -> None:
     a._moved()
     assert len(pa.sent) == 1 and pa.stats.retransmissions == 1
     assert pa.sent[0][1] == B
+
+
+class _Timers(EndpointCore["_Timed"]):
+    """An endpoint that records where the adapter's one timer is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_at: list[float] = []
+
+    def _set_timer(self, when: float) -> None:
+        self.set_at.append(when)
+
+
+class _Timed(Peer):
+    __slots__ = ("fail", "fired")
+
+    def __init__(self, key: bytes, sender_id: int) -> None:
+        super().__init__(key, B, sender_id)
+        self.fired: list[float] = []
+        self.fail = False
+
+    def _timer_fired(self) -> None:
+        self._timer_at = None
+        self.fired.append(self.time)
+        if self.fail:
+            raise RuntimeError("a peer's timer failed")
+
+
+def _made(i: int) -> Callable[[], _Timed]:
+    return lambda: _Timed(bytes([i]) * 32, i)
+
+
+def _due_at(endpoint: _Timers, peer: _Timed, when: float) -> None:
+    peer._timer_at = when  # as PeerCore._flush does before it arms
+    endpoint._arm_peer(peer, when)
+
+
+def test_the_peers_deadlines_share_one_timer() -> None:
+    """One adapter timer for every peer, set for the earliest deadline; a deadline moved
+    earlier leaves a stale entry that fires nothing; a peer whose timer raises does not
+    keep the others due with it from firing."""
+    end = _Timers()
+    p, q, r = (end._peer(bytes([i]) * 32, _made(i)) for i in (1, 2, 3))
+    _due_at(end, p, 5.0)
+    _due_at(end, q, 3.0)
+    _due_at(end, r, 3.0)
+    assert end.set_at == [5.0, 3.0]  # only an earlier deadline moves the timer
+    _due_at(end, p, 1.0)
+    assert end.set_at[-1] == 1.0
+    end._timers_due(0.999)  # a loop may run its timer a little early: still due
+    assert (p.fired, q.fired, r.fired) == ([0.0], [], []) and end.set_at[-1] == 3.0
+    q.fail = True
+    with pytest.raises(RuntimeError):
+        end._timers_due(3.0)
+    end._timers_due(3.0)  # the timer set again at once for what was left due
+    assert len(q.fired) == len(r.fired) == 1
+    assert end.set_at[-1] == 5.0  # p's stale entry
+    end._timers_due(5.0)
+    assert len(p.fired) == 1 and end._timers == []

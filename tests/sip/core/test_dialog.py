@@ -50,12 +50,12 @@ def test_uac_dialog_from_2xx() -> None:
     d = Dialog.from_uac(req(INVITE), resp(OK))
     assert d.id == ("c1@example.org", "ftag", "ttag")
     # §12.1.2: the UAC's route set is the Record-Route list reversed.
-    assert d.route_set == ["<sip:p2.example.org;lr>", "<sip:p1.example.org;lr>"]
+    assert d.route_set == ("<sip:p2.example.org;lr>", "<sip:p1.example.org;lr>")
     assert d.remote_target == "sip:bob@127.0.0.9:5080"
     assert d.local_seq == 7 and d.remote_seq is None
     bye = d.create_request("BYE", via=VIA)
     assert bye.uri == "sip:bob@127.0.0.9:5080"  # loose routing keeps the target
-    assert bye.headers.get_all("Route") == d.route_set
+    assert bye.headers.get_all("Route") == list(d.route_set)
     assert bye.cseq.seq == 8 and bye.to.tag == "ttag" and bye.from_.tag == "ftag"
     assert d.state is DialogState.TERMINATED
     assert d.next_hop().host == "p2.example.org"
@@ -65,7 +65,7 @@ def test_uas_dialog_and_cseq_rules() -> None:
     invite = req(INVITE)
     d = Dialog.from_uas(invite, "ttag")
     assert d.id == ("c1@example.org", "ttag", "ftag")
-    assert d.route_set == ["<sip:p1.example.org;lr>", "<sip:p2.example.org;lr>"]
+    assert d.route_set == ("<sip:p1.example.org;lr>", "<sip:p2.example.org;lr>")
     assert d.remote_seq == 7
     # A lower CSeq is out of order: 500, and nothing changes (§12.2.2).
     old = req(INVITE.replace("CSeq: 7 INVITE", "CSeq: 6 INFO").replace("INVITE sip", "INFO sip"))
