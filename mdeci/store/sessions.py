@@ -111,7 +111,7 @@ class SqlSessionStore:
         Raises:
             StoreError: the database failed.
         """
-        with self.batch() as writes:
+        with self.batch("upsert_session") as writes:
             return writes.upsert(session, owner, held)
 
     def get_session(self, uri: str) -> SessionRecord | None:
@@ -148,11 +148,11 @@ class SqlSessionStore:
     def _set_status(
         self, uri: str, status: SessionStatus, now: float, epoch: int | None
     ) -> SessionRecord | Lost:
-        with self.batch() as writes:
+        with self.batch("set_status") as writes:
             return writes.set_status(uri, status, now, epoch)
 
     @contextmanager
-    def batch(self) -> Iterator[SessionWrites]:
+    def batch(self, what: str = "session writes") -> Iterator[SessionWrites]:
         """Several session writes in one transaction, committed (durable) on exit: one
         commit for a burst of them, as a broker's restart or a storm of reconnections
         makes. Nothing of it is written if any of it fails.
@@ -160,7 +160,7 @@ class SqlSessionStore:
         Raises:
             StoreError: the database failed; the transaction was rolled back.
         """
-        with transaction(self._engine, "session writes") as conn:
+        with transaction(self._engine, what) as conn:
             writes = SessionWrites(self, conn)
             yield writes
         if writes.cleared_key:
