@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from sip.errors import SipParseError
+from sip.headers import TOKEN_PATTERN
 from sip.message import REASONS
 from sip.registrar import Registrar
 from sip.uri import SipUri, parse_uri
@@ -53,7 +54,7 @@ __all__ = ["FastRegister", "FastRegistrar", "ResponseCache", "scan_register"]
 
 Address = tuple[str, int]
 
-_TOKEN = r"[A-Za-z0-9.!%*_+`'~\-]+"
+_TOKEN = TOKEN_PATTERN
 _PARAMS = rf"(?:;[a-z0-9.!%*_+`'~\-]+(?:={_TOKEN})?)*"
 _TOKEN_RE = re.compile(_TOKEN)
 _HOST = r"[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9.])?"

@@ -79,6 +79,7 @@ MDECI_FORMAT = "mdeci"
 MDECI_VERSION = 2
 KEY_BYTES = 32  # of an X25519 public value
 MAX_SDP_BYTES = 65536
+_KX_LINE = "a=mdeci-kx:"  # what stored_key looks for
 # Port of the inactive audio line in our answers: RFC 3264 §6 wants a
 # non-zero port to accept a stream; 9 (discard) is the usual "no media here"
 # port (RFC 8840 §4.1 uses it for the same reason).
@@ -403,9 +404,6 @@ def stored_key(sdp_text: str, transport: str = "rudp") -> bytes | None:
     if len(values) == 1:
         return decode_key(values.pop())
     return parse_session(sdp_text, transports=(transport,)).key
-
-
-_KX_LINE = "a=mdeci-kx:"
 
 
 def _session_dict(user: str, sess_id: int | str, version: int, addr: str) -> dict[str, Any]:

@@ -82,7 +82,6 @@ from mdeci.oplog import event as oplog_event
 from mdeci.store.errors import StoreError, StoreUnavailable
 from mdeci.store.ownership import Lost
 from mdeci.store.repo import BrokerStore
-from mdeci.store.sessions import SessionStatus
 from mdeci.tasks import spawn
 from rudp.keys import KeyExchange, KeyExchangeError, psk_from_ha1
 from sip.aio.ua import (
@@ -285,11 +284,8 @@ class BrokerSipEndpoint:
         Rows that cannot be read back are marked DISCONNECTED. Returns how many were
         restored. Raises StoreError."""
         restored, owners = 0, []
-        rows = await self.worker.run(
-            self.store.sessions.owned_sessions, SessionStatus.CONNECTED, self.store.node
-        )
-        for rec, epoch in rows:
-            self.worker.post("session held", self.service.rows.restored, rec.uri, epoch)
+        # Read and held in one call on the database thread, before anything for the users.
+        for rec, _ in await self.worker.run(self.service.rows.read_back):
             try:
                 addr = parse_addr_text(rec.media_addr)
                 check_key(rec.session_key)

@@ -83,9 +83,13 @@ class SessionRows:
         """This broker holds ``uri`` as far as its last store call knows."""
         return uri in self.held_epochs and uri not in self._gone
 
-    def restored(self, uri: str, epoch: int) -> None:
-        """``uri``'s row, read back at start, is this broker's at ``epoch``."""
-        self.held_epochs[uri] = epoch
+    def read_back(self) -> list[tuple[SessionRecord, int]]:
+        """At start: the sessions stored CONNECTED that this broker node (or no node)
+        holds, with their epochs, which this broker holds each user at from now on."""
+        rows = self._store.sessions.owned_sessions(SessionStatus.CONNECTED, self._store.node)
+        for record, epoch in rows:
+            self.held_epochs[record.uri] = epoch
+        return rows
 
     def _write_all(self, writes: list[tuple[StoreSession | SetStatus, float]]) -> None:
         """The writes in one transaction. Their effects on the epochs held are undone if

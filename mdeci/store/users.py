@@ -218,6 +218,39 @@ class SqlUserStore:
             value = conn.execute(stmt, {"username": username, "realm": realm}).scalar_one_or_none()
         return value or None  # "" = not kept
 
+    def credentials_of(
+        self, usernames: Sequence[str], realm: str, algorithms: Sequence[str]
+    ) -> dict[tuple[str, str], str | None]:
+        """:meth:`get_credentials` of each of ``usernames`` for each of ``algorithms``,
+        keyed (username, algorithm), None where there is none (also for an algorithm
+        no HA1 is kept for): one query per thousand users (a restarted broker reads its
+        sessions' owners all at once).
+
+        Raises:
+            StoreError: the database failed.
+        """
+        families: dict[str, str | None] = {}
+        for algorithm in algorithms:
+            try:
+                families[algorithm] = _column(algorithm)
+            except UnsupportedAlgorithm:
+                families[algorithm] = None
+        rows: dict[str, dict[str, str | None]] = {}
+        with reading(self._engine, "credentials_of") as conn:
+            for i in range(0, len(usernames), _CHUNK):
+                chunk = list(usernames[i : i + _CHUNK])
+                for username, md5, sha256 in conn.execute(
+                    select(UserRow.username, UserRow.ha1_md5, UserRow.ha1_sha256).where(
+                        UserRow.username.in_(chunk), UserRow.realm == realm
+                    )
+                ):
+                    rows[username] = {"md5": md5, "sha256": sha256}
+        return {
+            (username, algorithm): rows.get(username, {}).get(family or "") or None  # "": not kept
+            for username in usernames
+            for algorithm, family in families.items()
+        }
+
     def list_users(self) -> list[User]:
         """Every user, ordered by URI.
 

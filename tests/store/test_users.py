@@ -76,6 +76,25 @@ def test_known_tells_which_uris_are_users_in_one_pass(engine: Engine) -> None:
     assert users.known([]) == set()
 
 
+def test_credentials_of_many_users_are_each_ones_credentials(engine: Engine) -> None:
+    users = SqlUserStore(engine)
+    users.add_user("sip:alice@example.com", "example.com", "secret", md5=True)
+    users.add_user("sip:u1499@example.com", "example.com", "other")
+    users.add_user("sip:bob@elsewhere.org", "elsewhere.org", "secret")
+    names = [f"u{i}" for i in range(1500)] + ["alice", "bob"]
+    algorithms = ["MD5", "SHA-256", "SHA-256-sess"]
+    found = users.credentials_of(names, "example.com", algorithms)
+    assert found == {
+        (name, a): users.get_credentials(name, "example.com", a)
+        for name in names
+        for a in algorithms
+    }
+    assert found[("alice", "MD5")] is not None and found[("u1499", "MD5")] is None
+    assert users.credentials_of(["alice"], "example.com", ["SHA-512"]) == {
+        ("alice", "SHA-512"): None
+    }
+
+
 def test_duplicate_user_is_refused(engine: Engine) -> None:
     users = SqlUserStore(engine)
     users.add_user("sip:alice@example.com", "example.com", "a", md5=True)
