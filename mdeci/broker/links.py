@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -118,73 +118,61 @@ class DataPeer(Protocol):
         """Drop the association; pending futures are cancelled or failed."""
 
 
-class RudpDataPeer:
-    """:class:`DataPeer` over one :class:`~rudp.aio.RudpPeer` of the broker's endpoint."""
+class RudpDataPeer(RudpPeer):
+    """:class:`DataPeer` over RUDP: a peer of the broker's endpoint that reports to its
+    listener through ``PeerCore``'s hooks (no callback objects: the broker holds one per
+    session). Made by :meth:`open`."""
 
-    __slots__ = ("_on_gone", "endpoint", "key", "rudp")
+    __slots__ = ("_listener",)
     transport = "rudp"
 
-    def __init__(self, endpoint: RudpEndpoint, key: bytes, addr: Address) -> None:
-        self.endpoint = endpoint
-        self.key = key
-        self.rudp: RudpPeer = endpoint.peer(key, addr)
-        self._on_gone: Callable[[str], None] | None = None
+    def __init__(self, endpoint: RudpEndpoint, key: bytes, addr: Address, sender_id: int) -> None:
+        super().__init__(endpoint, key, addr, sender_id)
+        self._listener: PeerListener | None = None
 
-    @property
-    def connected(self) -> bool:
-        return self.rudp.connected
+    @classmethod
+    def open(cls, endpoint: RudpEndpoint, key: bytes, addr: Address) -> RudpDataPeer:
+        """The endpoint's peer for ``key`` (made on first use)."""
+        return endpoint.peer_of(cls, key, addr)
 
     @property
     def heard(self) -> bool:
-        return self.rudp.stats.packets_received > 0
-
-    @property
-    def addr(self) -> Address | None:
-        return self.rudp.addr
-
-    @property
-    def path_changes(self) -> int:
-        return self.rudp.path_changes
+        return self.connection.stats.packets_received > 0
 
     @property
     def backlog(self) -> int:
         return 0
 
     def bind(self, listener: PeerListener) -> None:
-        self.rudp.on_message = listener.on_message
-        self.rudp.on_heard = listener.on_heard
-        self.rudp.on_path_changed = listener.on_path
-        # Messages written without a future (write_many) fail here, with the association.
-        self._on_gone = listener.on_gone
-        self.rudp.on_failed = self._failed
-
-    def _failed(self, exc: PeerUnreachable) -> None:
-        if self._on_gone is not None:
-            self._on_gone(exc.reason)
-
-    def set_address(self, addr: Address) -> None:
-        self.rudp.set_address(addr)
-
-    def reset(self) -> None:
-        self.rudp.reset()
-
-    def send_nowait(self, data: bytes) -> asyncio.Future[None]:
-        return self.rudp.send_nowait(data)
-
-    def send_many_nowait(self, data: Sequence[bytes]) -> asyncio.Future[None]:
-        return self.rudp.send_many_nowait(data)
-
-    def write_many(self, data: Sequence[bytes]) -> None:
-        self.rudp.write_many(data)
+        self._listener = listener
 
     def observe(self) -> tuple[float | None, int, int]:
-        conn = self.rudp.connection
+        conn = self.connection
         srtt = conn.rto.srtt
         return (None if srtt is None else srtt * 1000.0, conn.stats.data_sent,
                 conn.stats.retransmissions)  # fmt: skip
 
     def close(self) -> None:
-        self.endpoint.remove_peer(self.key)
+        self._endpoint.remove_peer(self.key)
+
+    def _report_message(self, data: bytes) -> None:
+        if self._listener is not None:
+            self._listener.on_message(data)
+        else:
+            self._deliver(data)
+
+    def _report_heard(self) -> None:
+        if self._listener is not None:
+            self._listener.on_heard()
+
+    def _report_path(self, addr: Address, previous: Address | None) -> None:
+        if self._listener is not None:
+            self._listener.on_path(addr, previous)
+
+    def _report_failed(self, error: PeerUnreachable) -> None:
+        # Messages written without a future (write_many) fail here, with the association.
+        if self._listener is not None:
+            self._listener.on_gone(error.reason)
 
 
 class QuicDataPeerLink:

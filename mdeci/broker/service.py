@@ -220,7 +220,7 @@ class BrokerService:
     def peers(self) -> list[tuple[str, RudpPeer]]:
         """Each user with a live RUDP association, and its peer (for the metrics)."""
         return [
-            (uri, link.peer.rudp)
+            (uri, link.peer)
             for uri, link in self._users.items()
             if isinstance(link.peer, RudpDataPeer)
         ]
@@ -322,7 +322,7 @@ class BrokerService:
     def _peer(self, session: UserSession, media_addr: tuple[str, int]) -> DataPeer:
         if session.transport == "quic" and self.quic is not None:
             return QuicDataPeerLink(self.quic, session.key)
-        return RudpDataPeer(self.endpoint, session.key, media_addr)
+        return RudpDataPeer.open(self.endpoint, session.key, media_addr)
 
     def _detach(self, command: Detach) -> None:
         uri = command.uri

@@ -19,6 +19,7 @@ import asyncio
 import secrets
 import socket
 from collections.abc import Callable
+from typing import TypeVar
 
 from rudp import packet as wire
 from rudp import sockets
@@ -29,6 +30,8 @@ from rudp.connection import derive_connection_id
 from rudp.endpoint import EndpointCore, EndpointStats
 from rudp.errors import PeerUnreachable
 from rudp.path import Address
+
+K = TypeVar("K", bound=RudpPeer)
 
 __all__ = ["EndpointStats", "PeerUnreachable", "RudpEndpoint", "RudpPeer", "derive_connection_id"]
 
@@ -75,7 +78,15 @@ class RudpEndpoint(EndpointCore[RudpPeer]):
 
     def peer(self, key: bytes, addr: Address) -> RudpPeer:
         """The peer for ``key`` (created on first use; ``addr`` only sets a new peer's address)."""
-        return self._peer(key, lambda: RudpPeer(self, key, addr, secrets.randbits(32)))
+        return self.peer_of(RudpPeer, key, addr)
+
+    def peer_of(self, kind: type[K], key: bytes, addr: Address) -> K:
+        """:meth:`peer`, made as ``kind`` (a subclass overriding ``PeerCore``'s report
+        hooks). Raises TypeError when ``key``'s peer exists as another kind."""
+        peer = self._peer(key, lambda: kind(self, key, addr, secrets.randbits(32)))
+        if not isinstance(peer, kind):
+            raise TypeError(f"the peer of this key is a {type(peer).__name__}")
+        return peer
 
     async def rebind(self, host: str, port: int = 0) -> None:
         """Move to a new local address. Peers keep their state; what they have in flight

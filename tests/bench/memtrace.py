@@ -13,13 +13,14 @@ waiting on a file. ``python -m tests.bench.memtrace
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import runpy
 import signal
 import sys
 import tracemalloc
-from collections import Counter
+from collections import Counter, deque
 from types import FrameType
 
 NOISE = (tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>"))
@@ -49,10 +50,36 @@ def types_in_use() -> Counter[str]:
         name = type(obj).__qualname__
         sizes[name] += sys.getsizeof(obj)
         sizes["#" + name] += 1
+        # Containers are named by where they are kept too ("dict in Dialog.routes"):
+        # "dict" alone does not say whose state grew.
+        for attr, value in _attributes(obj):
+            if type(value) in (dict, list, set, deque):
+                where = f"{type(value).__qualname__} in {name}.{attr}"
+                sizes[where] += sys.getsizeof(value)
+                sizes["#" + where] += 1
     return sizes
 
 
-def census_text(now: Counter[str], before: Counter[str], count: int = 30) -> str:
+def _attributes(obj: object) -> list[tuple[str, object]]:
+    """An instance's attributes: its ``__dict__`` and its slots."""
+    out: list[tuple[str, object]] = []
+    if type(obj) in (dict, list, tuple, set, deque) or isinstance(obj, type):
+        return out
+    with contextlib.suppress(AttributeError, TypeError):
+        # Not vars(): it may run a class's __getattr__.
+        out.extend(object.__getattribute__(obj, "__dict__").items())
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            # The slot's own descriptor: getattr may run a class's __getattr__.
+            descriptor = cls.__dict__.get(slot)
+            if slot not in ("__dict__", "__weakref__") and descriptor is not None:
+                with contextlib.suppress(AttributeError):  # an empty slot
+                    out.append((slot, descriptor.__get__(obj, cls)))
+    return out
+
+
+def census_text(now: Counter[str], before: Counter[str], count: int = 50) -> str:
     """The types that grew most between two censuses."""
     grown = [(now[k] - before[k], k) for k in now if not k.startswith("#")]
     grown.sort(reverse=True)

@@ -77,9 +77,11 @@ async def test_rss_with_10000_sessions(tmp_path: Path) -> None:
     users = [f"u{i:05d}" for i in range(SESSIONS)]
     trace = os.environ.get("BENCH_MEMTRACE")
     wrapper = None if trace is None else ["-m", "tests.bench.memtrace", trace]
+    # The broker stores the configured users before it listens: ~100k take minutes.
     broker = await BrokerProc.start(
-        tmp_path, "sqlite:///broker.db", users, wrapper=wrapper, settings=SETTINGS, root=ROOT
-    )
+        tmp_path, "sqlite:///broker.db", users, wrapper=wrapper, settings=SETTINGS, root=ROOT,
+        ready=120.0 + SESSIONS / 100,
+    )  # fmt: skip
     swarm: Swarm | None = None
     try:
         swarm = await Swarm.open(HOST, DOMAIN, BROKER)

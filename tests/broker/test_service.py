@@ -336,10 +336,10 @@ async def test_idle_sessions_hold_no_task_and_a_publish_wakes_one(
         notify = await agents[3].next_notify()
         assert notify.nseq == 1
         await agents[3].send(Ack(upto=1))
-        # The frame arrived through the peer's callback: no reader task, and the inbox
+        # The frame arrived through the peer's report hook: no reader task, and the inbox
         # queue of the broker's peer was never built.
         peer = links[3].peer
-        assert isinstance(peer, RudpDataPeer) and peer.rudp._inbox is None
+        assert isinstance(peer, RudpDataPeer) and peer._inbox is None
         await _delivery_done(service)
     finally:
         for agent in agents:
