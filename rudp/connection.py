@@ -43,6 +43,7 @@ from rudp.events import (
 )
 from rudp.fields import (
     MAX_U32,
+    NO_ENTRIES,
     PN_LIMIT,
     ConnectionState,
     Event,
@@ -118,6 +119,8 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
                 )
             seq += count - 1
         self._next_seq = seq + 1
+        if self._messages is NO_ENTRIES:
+            self._messages = {}
         self._messages[message_id] = (seq, data)
         self.stats.messages_sent += 1
         return message_id
@@ -272,16 +275,9 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         return fresh
 
     def _keys_for(self, sender: int) -> wire.SenderKeys:
-        if sender == self.sender_id:
-            return self._send_keys  # a reflection authenticates; counted as such after
-        keys = self._peer_keys
-        if keys is None or keys.sender != sender:
-            # One HKDF per new sender id; the pinned peer's keys stay cached (the check
-            # against the pinned id comes after authentication, in receive_datagram).
-            keys = wire.SenderKeys(self._key, sender, self._protection)
-            if self._peer_sender is None or sender == self._peer_sender:
-                self._peer_keys = keys
-        return keys
+        # Our own id too: a reflection authenticates, and is counted as such after. The
+        # check against the pinned id comes after authentication, in receive_datagram.
+        return wire.sender_keys(self._key, sender, self._protection)
 
     # ---------------------------------------------------------------- timers
 
@@ -349,7 +345,8 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         self._next_pn += 1
         self._last_sent = now
         self.stats.packets_sent += 1
-        return wire.seal_encoded(self._send_keys, self.cid, pn, frames)
+        keys = wire.sender_keys(self._key, self.sender_id, self._protection)
+        return wire.seal_encoded(keys, self.cid, pn, frames)
 
     def _data_frame(self, out: Outgoing, now: float, pn: int) -> bytes:
         """``out`` as a DATA frame of the packet numbered ``pn`` being built."""
@@ -409,6 +406,8 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
             # New data: add()'s work without a call per frame, and _data_frame's for a
             # first transmission (a broker's drain sends a window of notifies at a time).
             limit = self._snd_una + self.config.window
+            if self._inflight is NO_ENTRIES:
+                self._inflight = {}
             inflight = self._inflight
             if self._sent_order is None:
                 self._sent_order = deque()
@@ -446,10 +445,13 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         if self._unsent is not None and not self._unsent:
             self._unsent = None  # an idle connection holds no queue
         # An emptied dict keeps the table it grew to (224 bytes for one entry, 4.7 kB after
-        # a window of 100); clear() gives it back, and costs nothing on a dict without one.
-        for table in (self._inflight, self._messages, self._buffer):
-            if not table:
-                table.clear()
+        # a window of 100): an idle connection gives its tables back.
+        if not self._inflight:
+            self._inflight = NO_ENTRIES
+        if not self._messages:
+            self._messages = NO_ENTRIES
+        if not self._buffer:
+            self._buffer = NO_ENTRIES
         if self._ack_now:
             ack = self._ack_frame()
             if frames and used + wire.ACK_FRAME.size + wire.BLOCK.size * len(ack.blocks) > room:

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rudp import packet as wire
 from rudp.config import RudpConfig
@@ -39,6 +39,21 @@ PN_LIMIT = MAX_U32 - (1 << 24)
 def derive_connection_id(key: bytes) -> int:
     """The 64-bit connection id both sides derive from the session secret."""
     return int.from_bytes(hmac.digest(key, b"mdeci-rudp v2 connection id", "sha256")[:8], "big")
+
+
+class _NoEntries(dict[Any, Any]):
+    """The table of an idle connection: empty, shared by every connection, and never
+    written (a write raises). A broker holds one connection per session; three empty
+    dicts each would be ~200 bytes of every idle one. A writer builds the connection's
+    own table first; ``datagrams_to_send`` puts this one back once a table empties."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise TypeError("the shared empty table is read-only")
+
+
+NO_ENTRIES: dict[Any, Any] = _NoEntries()
 
 
 class ConnectionState(Enum):
@@ -115,7 +130,6 @@ class ConnectionFields:
         "_path_responses",
         "_payload_size",
         "_peer_address",
-        "_peer_keys",
         "_peer_sender",
         "_ping_now",
         "_pn_bitmap",
@@ -131,7 +145,6 @@ class ConnectionFields:
         "_retries",
         "_rto_deadline",
         "_sacked_ranges",
-        "_send_keys",
         "_sent_order",
         "_snd_una",
         "_spoke_first",
@@ -166,8 +179,6 @@ class ConnectionFields:
         self.rto = RtoEstimator(config)
         self._key = key
         self._protection = protection
-        self._send_keys = wire.SenderKeys(key, self.sender_id, protection)
-        self._peer_keys: wire.SenderKeys | None = None  # of the pinned or last-seen sender
         self._path_responses: list[bytes] | None = None  # tokens of challenges to answer
         # Where datagrams go; None when the caller tracks no addresses (no path validation).
         self._peer_address = peer_address
@@ -181,9 +192,10 @@ class ConnectionFields:
         self._next_seq = 0
         self._snd_una = 0  # oldest unacknowledged (or unsent) sequence number
         self._next_message_id = 0
-        self._messages: dict[int, tuple[int, bytes]] = {}  # id -> (last seq, data)
+        # NO_ENTRIES while empty, in these three tables: an idle connection holds none.
+        self._messages: dict[int, tuple[int, bytes]] = NO_ENTRIES  # id -> (last seq, data)
         self._unsent: deque[Outgoing] | None = None  # built by send_message, dropped once sent
-        self._inflight: dict[int, Outgoing] = {}
+        self._inflight: dict[int, Outgoing] = NO_ENTRIES
         self._resend: list[Outgoing] | None = None  # None when nothing is to be resent
         self._rto_deadline: float | None = None
         # While the RTO timer runs: when the wait for the peer began, or when it was last
@@ -214,7 +226,7 @@ class ConnectionFields:
         self._probed = False  # one probe per episode without progress
         # receiver
         self._rcv_next = 0
-        self._buffer: dict[int, wire.Data] = {}
+        self._buffer: dict[int, wire.Data] = NO_ENTRIES
         self._buffer_bytes = 0
         # The buffer's seqs as sorted [start, end) runs; None when there are none.
         self._ranges: list[list[int]] | None = None

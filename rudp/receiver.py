@@ -21,7 +21,7 @@ import bisect
 
 from rudp import packet as wire
 from rudp.events import MessageReceived
-from rudp.fields import ConnectionFields
+from rudp.fields import NO_ENTRIES, ConnectionFields
 
 
 class ReceiveWindow(ConnectionFields):
@@ -97,6 +97,8 @@ class ReceiveWindow(ConnectionFields):
                 self._buffer_bytes -= len(self._buffer.pop(seq).payload)
                 self.stats.buffer_full += 1
             self._rebuild_ranges()
+        if self._buffer is NO_ENTRIES:
+            self._buffer = {}
         self._buffer[d.seq] = d
         self._buffer_bytes += len(d.payload)
         if d.seq != self._rcv_next:

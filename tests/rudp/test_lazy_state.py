@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 import tracemalloc
 from collections.abc import Callable
 
@@ -16,6 +15,7 @@ from rudp import RudpConfig
 from rudp import packet as wire
 from rudp.aio import RudpEndpoint, RudpPeer
 from rudp.connection import RudpConnection
+from rudp.fields import NO_ENTRIES
 
 from .sim import Net, pair
 
@@ -94,15 +94,20 @@ def test_an_idle_connection_gives_back_its_tables() -> None:
         net.a.send_message(b"m%d" % i, 0.0)
     net.run_until(lambda: len(net.acked["a"]) == 50)
     net.a.datagrams_to_send(net.now)
-    empty = sys.getsizeof({})
-    assert sys.getsizeof(net.a._inflight) == sys.getsizeof(net.a._messages) == empty
+    net.b.datagrams_to_send(net.now)
+    tables: list[object] = [net.a._inflight, net.a._messages, net.b._buffer]
+    assert all(table is NO_ENTRIES for table in tables)
     assert net.a._unsent is None and net.a.next_event() is None and net.a._events is None
+    assert not NO_ENTRIES
+    with pytest.raises(TypeError):
+        NO_ENTRIES[0] = b"the shared table is never written"
 
 
 # Bytes one idle connection holds after a message each way and two keepalives (the
-# cipher contexts, a bounded cache shared by all, left out): 1,730 measured (Python 3.11);
-# 2,130 when every queue and list exists from the start.
-IDLE_BYTES = 1800
+# cipher contexts and sender keys, bounded caches shared by all, left out): 1,181 measured
+# (Python 3.11); 1,730 with its own keys and tables, 2,130 when every queue and list
+# exists from the start.
+IDLE_BYTES = 1250
 
 
 def _idle(key: bytes) -> RudpConnection:
@@ -128,12 +133,14 @@ def test_an_idle_connection_holds_under_its_budget() -> None:
     count = 200
     _idle(b"\xff" * 32)  # the first one builds what all share (caches, code objects)
     wire._aead.cache_clear()
+    wire.sender_keys.cache_clear()
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         kept = [_idle(i.to_bytes(32, "big")) for i in range(count)]
         wire._aead.cache_clear()
+        wire.sender_keys.cache_clear()
         gc.collect()
         per = (tracemalloc.get_traced_memory()[0] - before) / count
     finally:
