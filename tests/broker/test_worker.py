@@ -190,6 +190,24 @@ def test_the_ha1_cache_is_bounded_and_forgets_the_least_recent(store: BrokerStor
     assert cache.ha1("a", "d", "SHA-256") is None  # dropped: one entry at most
 
 
+def test_the_ha1_cache_gives_back_the_stored_text(store: BrokerStore) -> None:
+    """Kept as bytes when its hex is lowercase, as text otherwise: read back unchanged."""
+    store.users.add_user("sip:a@d", "d", "pw-a", username="a")
+    cache = CachedCredentials(store, ("SHA-256",))
+    stored = store.users.get_credentials("a", "d", "SHA-256")
+    odd = {
+        ("b", "d", "SHA-256"): "ABCDEF",
+        ("c", "d", "SHA-256"): "not hex",
+        ("e", "d", "MD5"): None,
+    }
+    cache.keep({**cache.fetch("a", "d"), **odd})
+    assert cache.ha1("a", "d", "SHA-256") == stored is not None
+    assert cache.ha1("b", "d", "SHA-256") == "ABCDEF"
+    assert cache.ha1("c", "d", "SHA-256") == "not hex"
+    assert cache.ha1("e", "d", "MD5") is None and cache.ha1("a", "other", "SHA-256") is None
+    assert cache.knows("a", "d") and cache.knows("c", "d") and not cache.knows("e", "d")
+
+
 class RowsSink:
     """Records each call it gets, rows and single events alike."""
 
