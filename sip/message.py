@@ -250,10 +250,30 @@ def _parse_head(head_bytes: bytes) -> Request | Response:
         name = name.rstrip(" \t")
         if not colon or not is_token(name):
             raise SipParseError(skipped + pos, f"bad header line {line[:40]!r}", msg)
-        if _CONTROL.search(value) is not None:
+        if _CONTROL.search(value) is not None and not _quoted_pairs_only(value):
             raise SipParseError(skipped + pos + len(name) + 1, "control character in header", msg)
         msg.headers.add(name, value.strip(" \t"))
     return msg
+
+
+def _quoted_pairs_only(value: str) -> bool:
+    """Whether every control character of ``value`` is escaped by a quoted-pair inside a
+    quoted-string, where §25.1 allows any but CR and LF (RFC 4475 §3.1.1.2)."""
+    quoted = False
+    i, end = 0, len(value)
+    while i < end:
+        c = value[i]
+        if quoted and c == "\\":
+            if i + 1 == end or value[i + 1] in "\r\n":
+                return False
+            i += 2
+            continue
+        if c == '"':
+            quoted = not quoted
+        elif c < " " and c != "\t":
+            return False
+        i += 1
+    return True
 
 
 def _check(msg: Request | Response) -> None:

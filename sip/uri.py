@@ -101,13 +101,16 @@ class SipUri:
         offset = len(scheme) + 1
         if any(c in rest for c in ' \t\r\n<>"'):
             raise SipParseError(offset, "whitespace or delimiter in URI")
-        header_text = ""
-        if "?" in rest:
-            rest, _, header_text = rest.partition("?")
         user: str | None = None
         password: str | None = None
-        # '@' may only appear escaped in the user part, so the last '@' before params splits.
-        at = rest.rfind("@")
+        # An unescaped '@' ends the userinfo: user, password, parameters and headers may
+        # hold one only escaped (§25.1), while the user may hold '?' and ';' (RFC 4475
+        # §3.1.1.2), so the '@' is found before the headers are split off.
+        at = rest.find("@")
+        header_text = ""
+        if "?" in rest[at + 1 :]:
+            head, _, header_text = rest[at + 1 :].partition("?")
+            rest = rest[: at + 1] + head
         if at >= 0:
             userinfo = rest[:at]
             rest_host = rest[at + 1 :]
@@ -394,7 +397,8 @@ class Via:
     def stamp(self, source_host: str, source_port: int) -> None:
         """Add ``received`` and fill ``rport`` as a server must (§18.2.1, RFC 3581 §4)."""
         bare = self.host[1:-1] if self.host.startswith("[") else self.host
-        if bare != source_host or "rport" in self.params:
+        # A received the sender wrote itself is replaced too: answers would go where it says.
+        if bare != source_host or "rport" in self.params or "received" in self.params:
             self.params["received"] = source_host
         if "rport" in self.params:
             self.params["rport"] = str(source_port)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
@@ -93,3 +95,15 @@ def require_netns() -> None:
             "run as root (or with CAP_NET_ADMIN and CAP_SYS_ADMIN) with iproute2: "
             "apt-get install -y iproute2",
         )
+
+
+def conformance(name: str) -> Path:
+    """A directory of the shared conformance data (``../shared/conformance`` beside the
+    checkout, or ``$MDECI_CONFORMANCE``), or skip/fail."""
+    root = Path(os.environ.get("MDECI_CONFORMANCE", ROOT.parent / "shared" / "conformance"))
+    if not (root / name).is_dir():
+        missing(
+            f"the conformance corpus {root / name}",
+            "check the shared data out beside this one, or export MDECI_CONFORMANCE=<its path>",
+        )
+    return root / name

@@ -81,8 +81,7 @@ class RudpEndpoint(EndpointCore[RudpPeer]):
         return self.peer_of(RudpPeer, key, addr)
 
     def peer_of(self, kind: type[K], key: bytes, addr: Address) -> K:
-        """:meth:`peer`, made as ``kind`` (a subclass overriding ``PeerCore``'s report
-        hooks). Raises TypeError when ``key``'s peer exists as another kind."""
+        """:meth:`peer` made as ``kind`` (with its report hooks); TypeError: made as another."""
         peer = self._peer(key, lambda: kind(self, key, addr, secrets.randbits(32)))
         if not isinstance(peer, kind):
             raise TypeError(f"the peer of this key is a {type(peer).__name__}")

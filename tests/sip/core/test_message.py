@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -168,6 +169,10 @@ def test_via_rport_received() -> None:
     plain = Via.parse("SIP / 2.0 / UDP 192.0.2.1 : 5062 ;branch=z9hG4bKa")
     plain.stamp("192.0.2.1", 40000)
     assert plain.received is None and plain.response_address() == ("192.0.2.1", 5062)
+    # A received the sender wrote itself is not where answers go: the source replaces it.
+    forged = Via.parse("SIP/2.0/UDP 192.0.2.1:5062;branch=z9hG4bKc;received=203.0.113.9")
+    forged.stamp("192.0.2.1", 40000)
+    assert forged.response_address() == ("192.0.2.1", 5062)
     v6 = Via.parse("SIP/2.0/TCP [2001:db8::1];branch=z9hG4bKb")
     assert v6.response_address() == ("2001:db8::1", 5060)
     for bad in ["SIP/2.0 host", "SIP/2.0/UDP", "SIP/2.0/UDP h;branch=", "SIP/2.0/UDP h;rport=x"]:
@@ -415,6 +420,10 @@ def test_mutated_messages_parse_or_typed_error(data: st.DataObject) -> None:
         list(framer)
 
 
+QUOTED = re.compile(r'"(?:[^"\\]|\\[^\r\n])*(?:"|$)')
+PAIR = re.compile(r"\\[^\r\n]")
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.text(alphabet=st.characters(max_codepoint=0x2FF), max_size=12))
 def test_token_and_control_checks_are_their_character_definitions(text: str) -> None:
@@ -427,7 +436,9 @@ def test_token_and_control_checks_are_their_character_definitions(text: str) -> 
         "From: <sip:a@example.org>;tag=1\r\nTo: <sip:b@example.org>\r\nCall-ID: c\r\n"
         f"CSeq: 1 OPTIONS\r\n{line}Content-Length: 0\r\n\r\n"
     )
-    control = any(ord(c) < 32 and c != "\t" for c in text.strip(" \t"))
+    # Quoted-pairs inside quoted-strings may escape any character but CR and LF (§25.1).
+    unescaped = QUOTED.sub(lambda m: PAIR.sub("", m.group()), text.strip(" \t"))
+    control = any(ord(c) < 32 and c != "\t" for c in unescaped)
     try:
         parse_message(message.encode("utf-8", errors="surrogateescape"))
     except SipParseError as exc:
@@ -449,3 +460,25 @@ def test_split_list_without_a_scan_is_what_the_scan_gives(value: str) -> None:
             return exc.reason
 
     assert outcome(value) == outcome(value + ",")
+
+
+def test_a_user_part_may_hold_question_marks_and_semicolons() -> None:
+    """RFC 4475 §3.1.1.2: '?' and ';' are user-unreserved; the '@' ends the userinfo."""
+    uri = parse_uri("sip:a?b;c:p;w@example.com;lr?h=v")
+    assert isinstance(uri, SipUri)
+    assert (uri.user, uri.password, uri.host) == ("a?b;c", "p;w", "example.com")
+    assert uri.params == {"lr": None} and uri.headers == {"h": "v"}
+    assert parse_uri(str(uri)) == uri
+    plain = parse_uri("sip:example.com;x=1?h=v")
+    assert isinstance(plain, SipUri) and plain.user is None and plain.headers == {"h": "v"}
+
+
+def test_control_characters_only_as_quoted_pairs() -> None:
+    """§25.1: a quoted-pair may escape any character but CR and LF; elsewhere none."""
+    base = REGISTER.decode()
+    display = base.replace("To: Bob <", 'To: "a\\\x00b\\\x07" <', 1).encode()
+    msg = parse_message(display)
+    assert msg.to.display_name == "a\x00b\x07"
+    for bad in ('To: "a\x00" <', 'To: a\\\x00 <', 'To: "a\\'):
+        with pytest.raises(SipParseError, match=r"control character|quoted"):
+            parse_message(base.replace("To: Bob <", bad, 1).encode())
