@@ -16,17 +16,24 @@ class SipParseError(SipError):
     """Bytes that are not a valid SIP message (or header, URI, ...).
 
     ``position`` is the byte/character offset where parsing failed, ``reason``
-    says why. ``message`` holds the partially parsed message when the start line
-    and headers could be read (so a UAS can still answer 400 using its Via).
+    says why. ``message`` holds the partially parsed message when the method and
+    headers could be read (so a UAS can still answer using its Via), ``status`` what a
+    UAS answers (400; 505 for an unsupported SIP version).
     """
 
     def __init__(
-        self, position: int, reason: str, message: Request | Response | None = None
+        self,
+        position: int,
+        reason: str,
+        message: Request | Response | None = None,
+        *,
+        status: int = 400,
     ) -> None:
         super().__init__(f"at {position}: {reason}")
         self.position = position
         self.reason = reason
         self.message = message
+        self.status = status
 
 
 class SdpError(SipError):

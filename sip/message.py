@@ -219,7 +219,9 @@ def _parse_start(line: str) -> Request | Response:
     if not is_token(method):
         raise SipParseError(0, f"bad method {method[:20]!r}")
     if version.upper() != SIP_VERSION:
-        raise SipParseError(len(method) + len(uri) + 2, f"unsupported version {version[:20]!r}")
+        raise SipParseError(
+            len(method) + len(uri) + 2, f"unsupported version {version[:20]!r}", status=505
+        )
     try:
         parse_uri(uri)
     except SipParseError as exc:
@@ -237,13 +239,21 @@ def _parse_head(head_bytes: bytes) -> Request | Response:
     lines = _lines(stripped)
     if not lines or not lines[0][1]:
         raise SipParseError(skipped, "empty message")
-    msg = _parse_start(lines[0][1])
+    try:
+        msg = _parse_start(lines[0][1])
+    except SipParseError as exc:
+        # A request whose method reads but whose Request-URI or version does not: its
+        # readable fields let a UAS answer it (RFC 4475 §3.1.2.6-9, .15).
+        method = lines[0][1].partition(" ")[0]
+        if not is_token(method) or method.upper().startswith("SIP/"):
+            raise
+        partial = Request(method=method, uri="")
+        _keep_readable(partial, lines[1:MAX_HEADER_FIELDS])
+        position = skipped + exc.position
+        raise SipParseError(position, exc.reason, partial, status=exc.status) from None
     if len(lines) - 1 > MAX_HEADER_FIELDS:
         # Kept readable (the first fields) so a 400 can still be answered to the source.
-        for _pos, line in lines[1:MAX_HEADER_FIELDS]:
-            name, colon, value = line.partition(":")
-            if colon and is_token(name.rstrip(" \t")) and value.isprintable():
-                msg.headers.add(name.rstrip(" \t"), value.strip(" \t"))
+        _keep_readable(msg, lines[1:MAX_HEADER_FIELDS])
         raise SipParseError(skipped, f"more than {MAX_HEADER_FIELDS} header fields", msg)
     for pos, line in lines[1:]:
         name, colon, value = line.partition(":")
@@ -254,6 +264,14 @@ def _parse_head(head_bytes: bytes) -> Request | Response:
             raise SipParseError(skipped + pos + len(name) + 1, "control character in header", msg)
         msg.headers.add(name, value.strip(" \t"))
     return msg
+
+
+def _keep_readable(msg: Request | Response, lines: list[tuple[int, str]]) -> None:
+    """Add the well-formed of ``lines`` to a message that did not parse."""
+    for _pos, line in lines:
+        name, colon, value = line.partition(":")
+        if colon and is_token(name.rstrip(" \t")) and value.isprintable():
+            msg.headers.add(name.rstrip(" \t"), value.strip(" \t"))
 
 
 def _quoted_pairs_only(value: str) -> bool:

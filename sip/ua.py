@@ -344,12 +344,13 @@ def stateless_response(msg: Request, status: int, why: str, tag: str) -> Respons
 
 
 def malformed_response(exc: SipParseError, tag: str) -> Response | None:
-    """400 for a request that did not parse but whose headers were readable; None for
-    anything else (responses, ACKs, unreadable Via): those are dropped."""
+    """400 (505 for an unsupported version) for a request that did not parse but whose
+    headers were readable; None for anything else (responses, ACKs, unreadable Via):
+    those are dropped."""
     partial = exc.message
     if not isinstance(partial, Request) or partial.method == "ACK":
         return None
-    return stateless_response(partial, 400, exc.reason, tag)
+    return stateless_response(partial, exc.status, exc.reason, tag)
 
 
 def unsupported_extensions(msg: Request) -> list[str]:

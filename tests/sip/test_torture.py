@@ -199,26 +199,24 @@ CASES = [
     case(
         "Request-URI in angle brackets",
         req("OPTIONS <sip:ua@127.0.0.1> SIP/2.0", call_id="{cid}"),
-        DROP,
+        400,
     ),
     case(
         "spaces inside the Request-URI",
         req("OPTIONS sip:ua @127.0.0.1 SIP/2.0", call_id="{cid}"),
-        DROP,
+        400,
     ),
     case(
         "two spaces between elements",
         req("OPTIONS  sip:ua@127.0.0.1 SIP/2.0", call_id="{cid}"),
-        DROP,
+        400,
     ),
     case(
         "trailing space after the version",
         req("OPTIONS sip:ua@127.0.0.1 SIP/2.0 ", call_id="{cid}"),
-        DROP,
+        400,
     ),
-    case(
-        "unknown protocol version", req("OPTIONS sip:ua@127.0.0.1 SIP/7.0", call_id="{cid}"), DROP
-    ),
+    case("unknown protocol version", req("OPTIONS sip:ua@127.0.0.1 SIP/7.0", call_id="{cid}"), 505),
     case(
         "missing Call-ID",
         req(call_id="{cid}").replace("Call-ID: {cid}\r\n", ""),

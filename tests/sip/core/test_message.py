@@ -479,6 +479,6 @@ def test_control_characters_only_as_quoted_pairs() -> None:
     display = base.replace("To: Bob <", 'To: "a\\\x00b\\\x07" <', 1).encode()
     msg = parse_message(display)
     assert msg.to.display_name == "a\x00b\x07"
-    for bad in ('To: "a\x00" <', 'To: a\\\x00 <', 'To: "a\\'):
+    for bad in ('To: "a\x00" <', "To: a\\\x00 <", 'To: "a\\'):
         with pytest.raises(SipParseError, match=r"control character|quoted"):
             parse_message(base.replace("To: Bob <", bad, 1).encode())
