@@ -340,6 +340,9 @@ async def test_idle_sessions_hold_no_task_and_a_publish_wakes_one(
         # queue of the broker's peer was never built.
         peer = links[3].peer
         assert isinstance(peer, RudpDataPeer) and peer._inbox is None
+        # Nor does it hold a callback object per session: its report hooks call the link.
+        callbacks = (peer.on_message, peer.on_heard, peer.on_path_changed, peer.on_failed)
+        assert callbacks == (None, None, None, None)
         await _delivery_done(service)
     finally:
         for agent in agents:
