@@ -69,6 +69,22 @@ _CHANGED = (*(name for name in _NAMES if name != "uri"), "owner")
 _PREV_OWNER = select(SessionRow.owner).where(SessionRow.uri == bindparam("uri")).with_for_update()
 
 
+def _status_statement(fenced: bool, ended: bool) -> Any:
+    """A status change of one row: at the caller's epoch when ``fenced``; an ended
+    session's secret cleared (of no use to anyone but an attacker reading the database)."""
+    where = [SessionRow.uri == bindparam("s_uri")]
+    if fenced:
+        where.append(SessionRow.epoch == bindparam("s_epoch"))
+    values: dict[str, Any] = {"status": bindparam("s_status"), "updated_at": bindparam("s_at")}
+    if ended:
+        values["session_key"] = b""
+    return update(SessionRow).where(*where).values(values).returning(*_COLUMNS)
+
+
+# Built once (every connect and disconnect writes a status).
+_SET_STATUS = {(f, e): _status_statement(f, e) for f in (False, True) for e in (False, True)}
+
+
 def _record(row: Row[Any]) -> SessionRecord:
     values = row._asdict()
     values["status"] = SessionStatus(values["status"])
@@ -242,22 +258,14 @@ class SessionWrites:
         """The status (and ``updated_at = now``; ENDED also clears ``session_key``) of
         ``uri``'s session, by the broker that holds it at ``epoch`` (None: unfenced), in
         this transaction; the updated session, or :class:`Lost` (also when none)."""
-        where = [SessionRow.uri == uri]
-        if epoch is not None:
-            where.append(SessionRow.epoch == epoch)
         ended = status is SessionStatus.ENDED
-        row = self._conn.execute(
-            update(SessionRow)
-            .where(*where)
-            .values(
-                status=str(SessionStatus(status)),
-                updated_at=now,
-                # An ended session's secret is of no use to anyone but an attacker
-                # reading the database, so it is cleared.
-                **({"session_key": b""} if ended else {}),
-            )
-            .returning(*_COLUMNS)
-        ).one_or_none()
+        values = {
+            "s_uri": uri,
+            "s_epoch": epoch,
+            "s_status": str(SessionStatus(status)),
+            "s_at": now,
+        }
+        row = self._conn.execute(_SET_STATUS[(epoch is not None, ended)], values).one_or_none()
         if row is None:
             return holder_of(self._conn, uri)
         self.cleared_key = self.cleared_key or ended
