@@ -275,9 +275,16 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         return fresh
 
     def _keys_for(self, sender: int) -> wire.SenderKeys:
-        # Our own id too: a reflection authenticates, and is counted as such after. The
-        # check against the pinned id comes after authentication, in receive_datagram.
-        return wire.sender_keys(self._key, sender, self._protection)
+        if sender == self.sender_id:
+            return self._send_keys  # a reflection authenticates; counted as such after
+        keys = self._peer_keys
+        if keys is None or keys.sender != sender:
+            # One HKDF per new sender id; the pinned peer's keys stay cached (the check
+            # against the pinned id comes after authentication, in receive_datagram).
+            keys = wire.SenderKeys(self._key, sender, self._protection)
+            if self._peer_sender is None or sender == self._peer_sender:
+                self._peer_keys = keys
+        return keys
 
     # ---------------------------------------------------------------- timers
 
@@ -345,8 +352,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         self._next_pn += 1
         self._last_sent = now
         self.stats.packets_sent += 1
-        keys = wire.sender_keys(self._key, self.sender_id, self._protection)
-        return wire.seal_encoded(keys, self.cid, pn, frames)
+        return wire.seal_encoded(self._send_keys, self.cid, pn, frames)
 
     def _data_frame(self, out: Outgoing, now: float, pn: int) -> bytes:
         """``out`` as a DATA frame of the packet numbered ``pn`` being built."""

@@ -130,6 +130,7 @@ class ConnectionFields:
         "_path_responses",
         "_payload_size",
         "_peer_address",
+        "_peer_keys",
         "_peer_sender",
         "_ping_now",
         "_pn_bitmap",
@@ -145,6 +146,7 @@ class ConnectionFields:
         "_retries",
         "_rto_deadline",
         "_sacked_ranges",
+        "_send_keys",
         "_sent_order",
         "_snd_una",
         "_spoke_first",
@@ -179,6 +181,8 @@ class ConnectionFields:
         self.rto = RtoEstimator(config)
         self._key = key
         self._protection = protection
+        self._send_keys = wire.SenderKeys(key, self.sender_id, protection)
+        self._peer_keys: wire.SenderKeys | None = None  # of the pinned or last-seen sender
         self._path_responses: list[bytes] | None = None  # tokens of challenges to answer
         # Where datagrams go; None when the caller tracks no addresses (no path validation).
         self._peer_address = peer_address
