@@ -209,49 +209,48 @@ AEAD_CONTEXTS = 1024
 
 
 @functools.lru_cache(maxsize=AEAD_CONTEXTS)
-def _aead(material: bytes) -> AESGCM:
-    """The context of a sender's key (the first KEY_SIZE bytes of its material)."""
-    return AESGCM(material[:KEY_SIZE])
+def _aead(key: bytes) -> AESGCM:
+    return AESGCM(key)
 
 
 class SenderKeys:
-    """Key and IV of one sender id under one session secret (module docstring). They
-    are kept as the 44 bytes HKDF gives (a connection holds two of these: one object
-    and one bytes each, not a key, an IV number and their objects)."""
+    """Key and IV of one sender id under one session secret (module docstring)."""
 
-    __slots__ = ("_material", "aead", "sender")
+    __slots__ = ("_iv", "_mac_key", "aead", "protection", "sender")
 
     def __init__(self, secret: bytes, sender: int, protection: Protection) -> None:
-        self._material = HKDF(
+        material = HKDF(
             algorithm=hashes.SHA256(),
             length=KEY_SIZE + IV_SIZE,
             salt=KDF_SALT,
             info=b"mdeci-rudp sender " + sender.to_bytes(4, "big") + protection.value.encode(),
         ).derive(secret)
         self.sender = sender
+        self.protection = protection
+        self._mac_key = material[:KEY_SIZE]
         self.aead = protection is Protection.AEAD  # else HMAC-SHA-256 only (the reference)
+        self._iv = int.from_bytes(material[KEY_SIZE:], "big")
 
     def _nonce(self, pn: int) -> bytes:
-        return (int.from_bytes(self._material[KEY_SIZE:], "big") ^ pn).to_bytes(IV_SIZE, "big")
+        return (self._iv ^ pn).to_bytes(IV_SIZE, "big")
 
     def seal(self, header: bytes, pn: int, payload: bytes) -> bytes:
         """``header`` + protected ``payload`` + tag."""
         if not self.aead:
             data = header + payload
-            return data + hmac.digest(self._material[:KEY_SIZE], data, "sha256")[:TAG_SIZE]
-        return header + _aead(self._material).encrypt(self._nonce(pn), payload, header)
+            return data + hmac.digest(self._mac_key, data, "sha256")[:TAG_SIZE]
+        return header + _aead(self._mac_key).encrypt(self._nonce(pn), payload, header)
 
     def open(self, datagram: bytes, pn: int) -> bytes | None:
         """The payload of an authentic datagram, or None when the tag does not verify."""
         header = datagram[:HEADER_SIZE]
         if not self.aead:
-            mac_key = self._material[:KEY_SIZE]
-            expected = hmac.digest(mac_key, datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
+            expected = hmac.digest(self._mac_key, datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
             if not hmac.compare_digest(expected, datagram[-TAG_SIZE:]):
                 return None
             return datagram[HEADER_SIZE:-TAG_SIZE]
         try:
-            return _aead(self._material).decrypt(self._nonce(pn), datagram[HEADER_SIZE:], header)
+            return _aead(self._mac_key).decrypt(self._nonce(pn), datagram[HEADER_SIZE:], header)
         except InvalidTag:
             return None
 

