@@ -99,10 +99,19 @@ def validate_pattern(pattern: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SubjectMatcher:
-    """A compiled subscription pattern; call it with a concrete subject."""
+    """A compiled subscription pattern; call it with a concrete subject.
+
+    ``words`` is None for a pattern without wildcards: it matches its own text alone, and
+    a broker holding one such subscription per device keeps no word tuple for each.
+    """
 
     pattern: str
-    words: tuple[str, ...] = field(repr=False)
+    words: tuple[str, ...] | None = field(repr=False)
+
+    @property
+    def exact(self) -> bool:
+        """The pattern has no wildcard: it matches the one subject equal to it."""
+        return self.words is None
 
     def __call__(self, subject: str) -> bool:
         """True when ``subject`` matches.
@@ -111,6 +120,8 @@ class SubjectMatcher:
         the structural faults (empty, too long, empty word) are caught, so that matching
         one subject against many patterns stays cheap. Such a subject matches nothing.
         """
+        if self.words is None:
+            return subject == self.pattern  # a valid pattern: no empty word, not too long
         if not subject or len(subject) > MAX_SUBJECT_LENGTH:
             return False
         words = tuple(subject.split("."))
@@ -126,6 +137,8 @@ COMPILED_CACHE = 4096
 def compile_pattern(pattern: str) -> SubjectMatcher:
     """Compile a subscription pattern once; raises :class:`SubjectError` if invalid."""
     words = _split(pattern, wildcards=True)
+    if ONE_WORD not in words and ANY_WORDS not in words:
+        return SubjectMatcher(pattern=pattern, words=None)
     # '#.#' means the same as '#'; collapsing runs keeps the DP table small.
     collapsed: list[str] = []
     for word in words:

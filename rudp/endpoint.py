@@ -87,8 +87,9 @@ class PeerCore(Generic[H]):
         #: Called while DISCONNECTED when a new incarnation of the remote end speaks under
         #: our key (rudp.events.PeerRestarted): the owner may start a new association.
         self.on_restarted: Callable[[], None] | None = None
-        # What each send and drain waits for; the last id written without a waiter.
-        self._waiters: Waiters[H] = Waiters()
+        # What each send and drain waits for (built by the first: an idle peer has none);
+        # the last id written without a waiter.
+        self._waiters: Waiters[H] | None = None
         self._written = -1
         self._timer_at: float | None = None  # when the adapter's timer is set to fire
         self._flush_soon = False  # a flush is due at the end of this turn (_flush_later)
@@ -97,6 +98,12 @@ class PeerCore(Generic[H]):
     def __lt__(self, other: PeerCore[H]) -> bool:
         # Orders peers due at the same time in the endpoint's timer heap (any order does).
         return id(self) < id(other)
+
+    def _waiting(self) -> Waiters[H]:
+        """The waiters, built on the first send or drain that waits."""
+        if self._waiters is None:
+            self._waiters = Waiters()
+        return self._waiters
 
     @property
     def addr(self) -> Address:
@@ -218,12 +225,13 @@ class PeerCore(Generic[H]):
             if isinstance(event, MessageReceived):
                 self._report_message(event.data)
             elif isinstance(event, MessageAcked):
-                done = self._waiters.acked(event.last)
+                done = () if self._waiters is None else self._waiters.acked(event.last)
                 if done:
                     self._complete(done, None)
             elif isinstance(event, MessageFailed):
                 error = PeerUnreachable(_NO_ACK, event.data)
-                self._complete(self._waiters.failed(event.message_id), error)
+                if self._waiters is not None:
+                    self._complete(self._waiters.failed(event.message_id), error)
             elif isinstance(event, PathChallenged):
                 log.info("rudp peer %016x: validating new path %s (was %s)",
                          self.connection.cid, event.address, event.current)  # fmt: skip
@@ -264,7 +272,8 @@ class PeerCore(Generic[H]):
     def _close(self) -> None:
         """Stop: every waiter fails with PeerUnreachable, sends are refused."""
         self._closed = True
-        self._complete(self._waiters.close(), PeerUnreachable("endpoint closed"))
+        if self._waiters is not None:
+            self._complete(self._waiters.close(), PeerUnreachable("endpoint closed"))
 
     # ---------------------------------------------------------------- the adapter's hooks
 
@@ -331,7 +340,9 @@ class EndpointCore(Generic[P]):
         existing = self._peers.get(cid)
         if existing is not None:
             return existing
-        peer = self._peers[cid] = make()
+        peer = make()
+        # Keyed by the connection's own cid: an equal int of our own would be 36 bytes more.
+        self._peers[peer.connection.cid] = peer
         return peer
 
     def remove_peer(self, key: bytes) -> None:

@@ -3,8 +3,8 @@ its counters (``RudpConnection.stats``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, overload
 
 if TYPE_CHECKING:
     from rudp.path import Address
@@ -65,9 +65,37 @@ class PathValidated:
     previous: Address | None
 
 
+class _Rare:
+    """A counter that stays 0 on most connections (a drop, a path change, a tail probe):
+    kept in its stats' own table, built at the first count, not in a slot of every
+    connection's (a broker holds a connection per session: 16 slots are 128 bytes each)."""
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, stats: None, owner: type | None = None) -> _Rare: ...
+
+    @overload
+    def __get__(self, stats: RudpStats, owner: type | None = None) -> int: ...
+
+    def __get__(self, stats: RudpStats | None, owner: type | None = None) -> int | _Rare:
+        if stats is None:
+            return self
+        return 0 if stats.rare is None else stats.rare.get(self.name, 0)
+
+    def __set__(self, stats: RudpStats, value: int) -> None:
+        if stats.rare is None:
+            stats.rare = {}
+        stats.rare[self.name] = value
+
+
 @dataclass(slots=True)
 class RudpStats:
-    """Counters of one connection (drops are counted here, never raised)."""
+    """Counters of one connection (drops are counted here, never raised). The counters
+    most connections never move are :class:`_Rare`: ``rare`` holds those that moved."""
 
     packets_sent: int = 0
     packets_received: int = 0
@@ -80,19 +108,20 @@ class RudpStats:
     messages_failed: int = 0
     acks_sent: int = 0
     pings_sent: int = 0
-    path_challenges_sent: int = 0
-    path_responses_sent: int = 0
-    path_responses_ignored: int = 0  # not our token, or not from the challenged address
-    bad_tag: int = 0
-    unknown_cid: int = 0
-    malformed: int = 0
-    oversized: int = 0
-    reflected: int = 0
-    unknown_sender: int = 0
-    replayed: int = 0
-    duplicates: int = 0
-    out_of_window: int = 0
-    bad_fragment: int = 0
-    buffer_full: int = 0
-    skipped: int = 0
-    tail_probes: int = 0
+    rare: dict[str, int] | None = field(default=None, init=False)
+    path_challenges_sent = _Rare()
+    path_responses_sent = _Rare()
+    path_responses_ignored = _Rare()  # not our token, or not from the challenged address
+    bad_tag = _Rare()
+    unknown_cid = _Rare()
+    malformed = _Rare()
+    oversized = _Rare()
+    reflected = _Rare()
+    unknown_sender = _Rare()
+    replayed = _Rare()
+    duplicates = _Rare()
+    out_of_window = _Rare()
+    bad_fragment = _Rare()
+    buffer_full = _Rare()
+    skipped = _Rare()
+    tail_probes = _Rare()

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 from mdeci.errors import FilterError, SubjectError
 from mdeci.filters import (
-    ANY_WORDS,
-    ONE_WORD,
     And,
     Attrs,
     Expr,
@@ -137,8 +135,7 @@ class SubscriptionMatcher:
         self._subs[sub_id] = compiled
         uri = compiled.sub.uri
         self._by_uri[uri] = (*self._by_uri.get(uri, ()), sub_id)
-        words = compiled.pattern.words
-        if ONE_WORD in words or ANY_WORDS in words:
+        if not compiled.pattern.exact:
             self._wild[sub_id] = compiled
         else:
             pattern = compiled.pattern.pattern

@@ -39,10 +39,14 @@ _COLUMNS = (
 _ADD = insert(SubscriptionRow).returning(*_COLUMNS)
 
 
-def _record(row: Sequence[Any]) -> Subscription:
+def _record(row: Sequence[Any], texts: tuple[str, str] | None = None) -> Subscription:
     # The broker keeps every live subscription: its URI is the session's (interned where
     # the session starts) and its class one of a few; a copy of each per row is waste.
+    # So are the row's copies of the subject and filter ``texts`` the caller keeps too
+    # (its matcher holds them).
     sub_id, uri, subject, filter_text, created_at, expires_at, qclass, in_order = row
+    if texts is not None and texts == (subject, filter_text):
+        subject, filter_text = texts
     return Subscription(
         sub_id, sys.intern(uri), subject, filter_text, created_at, expires_at,
         None if qclass is None else sys.intern(qclass), in_order,
@@ -95,7 +99,7 @@ class SqlSubscriptionStore:
         with transaction(self._engine, "add_subscription") as conn:
             row = conn.execute(_ADD, values).one()
             self._tell_others(conn)
-        return _record(row)
+        return _record(row, (subject, filter))
 
     def remove_subscription(self, uri: str, sub_id: int) -> bool:
         """Delete subscription ``sub_id`` if it belongs to ``uri``; True if one was deleted.

@@ -42,7 +42,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         Raises PeerUnreachable (closed, DISCONNECTED) and MessageTooLarge at once."""
         message_id = self._queue(message)
         future: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.add(message_id, future)
+        self._waiting().add(message_id, future)
         return future
 
     def send_many_nowait(self, messages: Sequence[bytes]) -> asyncio.Future[None]:
@@ -52,7 +52,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         # Queued without a waiter if the sequence space runs out midway, as write()'s are.
         queued = self._queue_many(messages)
         future: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.add_batch(queued, future)
+        self._waiting().add_batch(queued, future)
         return future
 
     async def drain(self) -> None:
@@ -61,7 +61,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         if not self._drain_waits():
             return
         future: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.add_drain(self._written, future)
+        self._waiting().add_drain(self._written, future)
         await future
 
     async def receive(self) -> bytes:

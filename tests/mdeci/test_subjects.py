@@ -75,8 +75,20 @@ def test_matching_table(pattern: str, subject: str, expected: bool) -> None:
 def test_structurally_invalid_subjects_never_match(subject: str) -> None:
     assert not compile_pattern("#")(subject)
     assert not compile_pattern("#.#.*")(subject)
+    assert not compile_pattern("a.b")(subject)
     with pytest.raises(SubjectError):
         validate_subject(subject)
+
+
+def test_a_pattern_without_wildcards_keeps_no_words() -> None:
+    """A broker holds one such subscription per device: no word tuple each."""
+    exact = compile_pattern("quotes.bovespa.PETR4")
+    assert exact.exact and exact.words is None
+    assert exact("quotes.bovespa.PETR4")
+    assert not exact("quotes.bovespa.PETR3")
+    assert not exact("quotes.bovespa")
+    wild = compile_pattern("quotes.*.PETR4")
+    assert not wild.exact and wild.words == ("quotes", "*", "PETR4")
 
 
 @pytest.mark.parametrize(

@@ -114,10 +114,10 @@ def test_a_batch_of_datagrams_is_answered_once() -> None:
 
 def test_acks_complete_the_waiters_of_what_they_cover() -> None:
     a, pa, b, pb = _pair()
-    pa._waiters.add(pa._queue(b"one"), "one")
+    pa._waiting().add(pa._queue(b"one"), "one")
     pa.write(b"two")
     assert pa._drain_waits()
-    pa._waiters.add_drain(pa._written, "drain")
+    pa._waiting().add_drain(pa._written, "drain")
     pa._flush()
     _carry(pa, b, A)
     if not pb.sent:  # one packet: the ACK waits for its delay
@@ -133,7 +133,7 @@ def test_retries_run_out_fail_the_waiters_and_tell_the_owner() -> None:
     lost: list[PeerUnreachable] = []
     pa.on_disconnected = told.append
     pa.on_failed = lost.append
-    pa._waiters.add(pa._queue(b"lost"), "lost")
+    pa._waiting().add(pa._queue(b"lost"), "lost")
     pa.write_many([b"written", b"without a waiter"])
     pa._flush()
     for _ in range(10):  # nobody answers: the timer fires until the retries run out
@@ -151,7 +151,7 @@ def test_retries_run_out_fail_the_waiters_and_tell_the_owner() -> None:
 
 def test_a_removed_peer_fails_its_waiters_refuses_sends_and_sends_nothing() -> None:
     a, pa, _, _ = _pair()
-    pa._waiters.add(pa._queue(b"pending"), "pending")
+    pa._waiting().add(pa._queue(b"pending"), "pending")
     a.remove_peer(KEY)
     assert pa.completed == [("pending", "endpoint closed")]
     with pytest.raises(PeerUnreachable, match="endpoint closed"):

@@ -26,6 +26,14 @@ def test_add_assigns_ids_and_expiry(engine: Engine) -> None:
     assert subs.get_subscription(9999, 1000.0) is None
 
 
+def test_an_added_subscription_keeps_the_callers_texts(engine: Engine) -> None:
+    """The broker's matcher holds the subject and filter it passed: the record shares
+    them instead of holding the row's copies (one pair per subscription it keeps)."""
+    subject, filter_text = "".join(["stock.", "PETR4"]), "".join(["Price < ", "25"])
+    sub = SqlSubscriptionStore(engine).add_subscription(ALICE, subject, filter_text, 60.0, 0.0)
+    assert sub.subject is subject and sub.filter is filter_text
+
+
 @pytest.mark.parametrize("ttl", [0.0, -1.0, math.inf, math.nan])
 def test_bad_ttl_is_refused(engine: Engine, ttl: float) -> None:
     subs = SqlSubscriptionStore(engine)
