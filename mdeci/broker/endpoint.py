@@ -383,7 +383,7 @@ class BrokerSipEndpoint:
                 return refused
         self._guarded.discard(guarded)
         fresh = self._new_sess_id()
-        sess_id, version = self.sessions.origin(request.call_id, from_tag) or (fresh, 0)
+        sess_id, version = self.sessions.origin(uri, request.call_id, from_tag) or (fresh, 0)
         try:
             offer = read_description(request.body)  # read once: the answer reuses it
             media = read_offer(offer, self.service.channels)

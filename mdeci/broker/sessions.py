@@ -107,6 +107,8 @@ class UserSession:
     heard: bool = False  # an authentic datagram came over the current association
     proved: bool = True  # a datagram sent since the last attachment was acknowledged
     attached_key: bytes = field(default=b"", repr=False)  # the key of the association
+    # RFC 3264 §8: (o= sess-id, version) of the last answer in the current dialog.
+    origin: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +249,11 @@ class Log:
 Command = StoreSession | SetStatus | Attach | Detach | SendBye | SmsLook | SmsStop | Log
 
 
+def _in_dialog(s: UserSession, call_id: str, from_tag: str) -> bool:
+    """``s``'s current dialog is the one of this Call-ID and remote (From) tag."""
+    return s.dialog_id is not None and s.call_id == call_id and s.remote_tag == from_tag
+
+
 def addr_text(addr: Address) -> str:
     """``ip:port`` (``[v6]:port``)."""
     host, port = addr
@@ -279,7 +286,8 @@ class SessionManager:
         self._holders: dict[bytes, str] = {}  # kx -> uri, for live sessions
         self._answers: dict[tuple[str, str], _Answer] = {}  # (Call-ID, From tag)
         self._answer_kx: dict[bytes, int] = {}  # kx of the answers waiting -> how many
-        # RFC 3264 §8: each session's o= sess-id, and its version, per (Call-ID, From tag).
+        # RFC 3264 §8: the o= sess-id and version of answers whose dialog is no session's
+        # current one (yet), per (Call-ID, From tag); a session keeps its dialog's own.
         self._origins: dict[tuple[str, str], tuple[int, int]] = {}
         # One counter for every user: a user's epochs grow across its sessions too, so
         # nothing of an ended session can pass for a later one's.
@@ -308,8 +316,11 @@ class SessionManager:
         """The user whose session ``dialog_id`` is, if any."""
         return self._owners.get(dialog_id)
 
-    def origin(self, call_id: str, from_tag: str) -> tuple[int, int] | None:
-        """(sess-id, version) of the last answer in this session, if any."""
+    def origin(self, uri: str, call_id: str, from_tag: str) -> tuple[int, int] | None:
+        """(sess-id, version) of the last answer in this session of ``uri``, if any."""
+        s = self._sessions.get(uri)
+        if s is not None and s.origin is not None and _in_dialog(s, call_id, from_tag):
+            return s.origin
         return self._origins.get((call_id, from_tag))
 
     def keeps_keys(self, uri: str, dialog_id: DialogId | None, kx: bytes) -> bool:
@@ -350,13 +361,16 @@ class SessionManager:
         the new keys as soon as it has the answer, which may come before the UA reports
         the refresh (it waits for the ACK)."""
         key = (ev.call_id, ev.from_tag)
-        self._origins[key] = ev.origin
+        s = self._sessions.get(ev.uri)
+        if s is not None and _in_dialog(s, ev.call_id, ev.from_tag):
+            s.origin = ev.origin
+        else:
+            self._origins[key] = ev.origin
         self._drop_answer(key)
         self._answers[key] = _Answer(
             ev.uri, ev.media_addr, ev.offer, ev.key, ev.kx, ev.new_keys, ev.msisdn, ev.transport
         )
         self._answer_kx[ev.kx] = self._answer_kx.get(ev.kx, 0) + 1
-        s = self._sessions.get(ev.uri)
         if not ev.new_keys or s is None or s.dialog_id != ev.dialog_id:
             return []
         self._set_kx(s, ev.kx)
@@ -390,7 +404,10 @@ class SessionManager:
             s.dialog_id, s.call_id, s.remote_tag = ev.dialog_id, call_id, remote_tag
             s.started_at = ev.wall
             s.key_deadline = None
+            s.origin = None
             self._owners[ev.dialog_id] = uri
+        if (origin := self._origins.pop((call_id, remote_tag), None)) is not None:
+            s.origin = origin  # the session's dialog now: it keeps its own
         self._set_kx(s, answer.kx)
         out.append(
             StoreSession(

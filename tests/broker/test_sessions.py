@@ -90,7 +90,7 @@ class Agent:
         *,
         new: bool,
     ) -> InviteAnswered:
-        origin = self.m.origin(call_id, tag)
+        origin = self.m.origin(self.uri, call_id, tag)
         return InviteAnswered(
             uri=self.uri,
             call_id=call_id,
@@ -317,7 +317,9 @@ def test_invite_stores_the_session_once_then_delivers(
     assert isinstance(log, Log) and log.event == "session_started"
     assert manager.is_connected(ALICE) and manager.owner(alice.dialog or ("", "", "")) == ALICE
     assert manager.kx_holder(alice.kx) == ALICE
-    assert manager.origin(*alice.dialog[::2] if alice.dialog else ("", "")) == (7, 1)
+    assert manager.origin(ALICE, *alice.dialog[::2] if alice.dialog else ("", "")) == (7, 1)
+    # The session keeps its dialog's origin: no table entry per live session.
+    assert not manager._origins
 
 
 def test_move_keeps_the_association_and_sends_nothing_again(
@@ -449,7 +451,7 @@ def test_kick_ends_with_bye_and_forgets(manager: SessionManager, clock: Clock) -
     log = out[2]
     assert isinstance(log, Log) and dict(log.fields)["reason"] == "kicked"
     assert manager.get(ALICE) is None and manager.owner(alice.dialog) is None
-    assert manager.origin(alice.dialog[0], alice.dialog[2]) is None
+    assert manager.origin(ALICE, alice.dialog[0], alice.dialog[2]) is None
     assert manager.kick(ALICE) == []
 
 
