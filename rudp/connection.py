@@ -84,7 +84,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
     @property
     def payload_size(self) -> int:
         """Message bytes per DATA packet: ``mtu`` less header, DATA fields and tag."""
-        return self._payload_size
+        return self._sizes.payload
 
     def send_message(self, data: bytes, now: float) -> int:
         """Queue ``data``; return its message id.
@@ -95,11 +95,11 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
             raise PeerUnreachable("peer is disconnected; call reset()", data)
         if len(data) > self.config.max_message_size:
             raise MessageTooLarge(f"{len(data)} > {self.config.max_message_size} bytes")
-        if self._next_seq + self._max_fragments > MAX_U32 or self._next_pn > PN_LIMIT:
+        if self._next_seq + self._sizes.max_fragments > MAX_U32 or self._next_pn > PN_LIMIT:
             raise PeerUnreachable("sequence space exhausted; re-key the session", data)
         message_id = self._next_message_id
         self._next_message_id += 1
-        size = self._payload_size
+        size = self._sizes.payload
         if self._unsent is None:
             self._unsent = deque()
         seq = self._next_seq
@@ -281,7 +281,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         if keys is None or keys.sender != sender:
             # One HKDF per new sender id; the pinned peer's keys stay cached (the check
             # against the pinned id comes after authentication, in receive_datagram).
-            keys = wire.SenderKeys(self._key, sender, self._protection)
+            keys = wire.SenderKeys(self._key, sender, self._send_keys.protection)
             if self._peer_sender is None or sender == self._peer_sender:
                 self._peer_keys = keys
         return keys

@@ -36,6 +36,7 @@ from rudp.events import (
     RudpStats,
 )
 from rudp.path import Address
+from rudp.sparse import Sparse
 from rudp.waiters import Waiters
 
 log = logging.getLogger("rudp")
@@ -54,9 +55,29 @@ class PeerCore(Generic[H]):
 
     __slots__ = (
         "_closed", "_flush_soon", "_timer_at", "_waiters", "_written", "connection", "key",
-        "on_disconnected", "on_failed", "on_heard", "on_message", "on_path_changed",
-        "on_restarted",
+        "sparse",
     )  # fmt: skip
+
+    # The owner's callbacks (unset: None), kept in ``sparse``: a server holding a peer
+    # per session overrides the report hooks instead and sets none.
+    #: Called when the association fails (DISCONNECTED), with the error.
+    on_disconnected: Sparse[Callable[[PeerUnreachable], None] | None] = Sparse(None)
+    #: Called after on_disconnected when messages failed with the association (not
+    #: for a keepalive alone), with the error their waiters got: a writer without
+    #: waiters (write, write_many) hears of its loss here.
+    on_failed: Sparse[Callable[[PeerUnreachable], None] | None] = Sparse(None)
+    #: Called for every authenticated datagram: lets the owner see a peer it gave up
+    #: on talking again, before any message arrives.
+    on_heard: Sparse[Callable[[], None] | None] = Sparse(None)
+    #: Called with each message received, in order, instead of :meth:`_deliver`
+    #: (what was delivered before it was set stays where it went).
+    on_message: Sparse[Callable[[bytes], None] | None] = Sparse(None)
+    #: Called with the new address and the one before it when the remote end's new
+    #: path is validated (a NAT rebinding, a move): datagrams go there from now on.
+    on_path_changed: Sparse[Callable[[Address, Address | None], None] | None] = Sparse(None)
+    #: Called while DISCONNECTED when a new incarnation of the remote end speaks under
+    #: our key (rudp.events.PeerRestarted): the owner may start a new association.
+    on_restarted: Sparse[Callable[[], None] | None] = Sparse(None)
 
     def __init__(
         self,
@@ -70,23 +91,7 @@ class PeerCore(Generic[H]):
         self.connection = RudpConnection(
             key, config, sender_id=sender_id, protection=protection, peer_address=addr
         )
-        self.on_disconnected: Callable[[PeerUnreachable], None] | None = None
-        #: Called after on_disconnected when messages failed with the association (not
-        #: for a keepalive alone), with the error their waiters got: a writer without
-        #: waiters (write, write_many) hears of its loss here.
-        self.on_failed: Callable[[PeerUnreachable], None] | None = None
-        # Called for every authenticated datagram: lets the owner see a peer it gave up
-        # on talking again, before any message arrives.
-        self.on_heard: Callable[[], None] | None = None
-        #: Called with each message received, in order, instead of :meth:`_deliver`
-        #: (what was delivered before it was set stays where it went).
-        self.on_message: Callable[[bytes], None] | None = None
-        #: Called with the new address and the one before it when the remote end's new
-        #: path is validated (a NAT rebinding, a move): datagrams go there from now on.
-        self.on_path_changed: Callable[[Address, Address | None], None] | None = None
-        #: Called while DISCONNECTED when a new incarnation of the remote end speaks under
-        #: our key (rudp.events.PeerRestarted): the owner may start a new association.
-        self.on_restarted: Callable[[], None] | None = None
+        self.sparse: dict[str, Any] | None = None  # the callbacks set
         # What each send and drain waits for (built by the first: an idle peer has none);
         # the last id written without a waiter.
         self._waiters: Waiters[H] | None = None

@@ -4,7 +4,9 @@ its counters (``RudpConnection.stats``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any
+
+from rudp.sparse import Sparse
 
 if TYPE_CHECKING:
     from rudp.path import Address
@@ -65,63 +67,39 @@ class PathValidated:
     previous: Address | None
 
 
-class _Rare:
-    """A counter that stays 0 on most connections (a drop, a path change, a tail probe):
-    kept in its stats' own table, built at the first count, not in a slot of every
-    connection's (a broker holds a connection per session: 16 slots are 128 bytes each)."""
-
-    __slots__ = ("name",)
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, stats: None, owner: type | None = None) -> _Rare: ...
-
-    @overload
-    def __get__(self, stats: RudpStats, owner: type | None = None) -> int: ...
-
-    def __get__(self, stats: RudpStats | None, owner: type | None = None) -> int | _Rare:
-        if stats is None:
-            return self
-        return 0 if stats.rare is None else stats.rare.get(self.name, 0)
-
-    def __set__(self, stats: RudpStats, value: int) -> None:
-        if stats.rare is None:
-            stats.rare = {}
-        stats.rare[self.name] = value
-
-
 @dataclass(slots=True)
 class RudpStats:
-    """Counters of one connection (drops are counted here, never raised). The counters
-    most connections never move are :class:`_Rare`: ``rare`` holds those that moved."""
+    """Counters of one connection (drops are counted here, never raised). Those most
+    connections never move are :class:`~rudp.sparse.Sparse`: ``sparse`` holds the ones
+    that moved."""
 
     packets_sent: int = 0
     packets_received: int = 0
     data_sent: int = 0
-    retransmissions: int = 0
-    fast_retransmissions: int = 0
-    timeouts: int = 0
     messages_sent: int = 0
     messages_delivered: int = 0
-    messages_failed: int = 0
     acks_sent: int = 0
     pings_sent: int = 0
-    rare: dict[str, int] | None = field(default=None, init=False)
-    path_challenges_sent = _Rare()
-    path_responses_sent = _Rare()
-    path_responses_ignored = _Rare()  # not our token, or not from the challenged address
-    bad_tag = _Rare()
-    unknown_cid = _Rare()
-    malformed = _Rare()
-    oversized = _Rare()
-    reflected = _Rare()
-    unknown_sender = _Rare()
-    replayed = _Rare()
-    duplicates = _Rare()
-    out_of_window = _Rare()
-    bad_fragment = _Rare()
-    buffer_full = _Rare()
-    skipped = _Rare()
-    tail_probes = _Rare()
+    sparse: dict[str, Any] | None = field(default=None, init=False)
+    # Loss and failure: only on a path that loses.
+    retransmissions = Sparse(0)
+    fast_retransmissions = Sparse(0)
+    timeouts = Sparse(0)
+    messages_failed = Sparse(0)
+    # Path changes, drops and tail probes.
+    path_challenges_sent = Sparse(0)
+    path_responses_sent = Sparse(0)
+    path_responses_ignored = Sparse(0)  # not our token, or not from the challenged address
+    bad_tag = Sparse(0)
+    unknown_cid = Sparse(0)
+    malformed = Sparse(0)
+    oversized = Sparse(0)
+    reflected = Sparse(0)
+    unknown_sender = Sparse(0)
+    replayed = Sparse(0)
+    duplicates = Sparse(0)
+    out_of_window = Sparse(0)
+    bad_fragment = Sparse(0)
+    buffer_full = Sparse(0)
+    skipped = Sparse(0)
+    tail_probes = Sparse(0)

@@ -117,8 +117,6 @@ class ConnectionFields:
         "_last_sent",
         "_latest_rtt",
         "_loss_deadline",
-        "_max_fragments",
-        "_max_sack_blocks",
         "_messages",
         "_next_message_id",
         "_next_pn",
@@ -128,7 +126,6 @@ class ConnectionFields:
         "_partial_bytes",
         "_partial_count",
         "_path_responses",
-        "_payload_size",
         "_peer_address",
         "_peer_keys",
         "_peer_sender",
@@ -137,7 +134,6 @@ class ConnectionFields:
         "_probe",
         "_probe_pn",
         "_probed",
-        "_protection",
         "_pto_deadline",
         "_ranges",
         "_rcv_next",
@@ -148,6 +144,7 @@ class ConnectionFields:
         "_sacked_ranges",
         "_send_keys",
         "_sent_order",
+        "_sizes",
         "_snd_una",
         "_spoke_first",
         "_unacked_in_order",
@@ -180,7 +177,6 @@ class ConnectionFields:
         self.stats = RudpStats()
         self.rto = RtoEstimator(config)
         self._key = key
-        self._protection = protection
         self._send_keys = wire.SenderKeys(key, self.sender_id, protection)
         self._peer_keys: wire.SenderKeys | None = None  # of the pinned or last-seen sender
         self._path_responses: list[bytes] | None = None  # tokens of challenges to answer
@@ -189,7 +185,7 @@ class ConnectionFields:
         self._candidate: PathCandidate | None = None  # built when another address speaks
         self._challenges = 0  # numbers the challenge tokens
         self.path_changes = 0  # candidates validated
-        self._payload_size, self._max_fragments, self._max_sack_blocks = _sizes(config)
+        self._sizes = sizes_of(config)
         self._events: deque[Event] | None = None  # built by _emit, dropped once drained
         # sender
         self._next_pn = 0
@@ -258,14 +254,23 @@ class ConnectionFields:
         self._events.append(event)
 
 
-@functools.cache
-def _sizes(config: RudpConfig) -> tuple[int, int, int]:
+@dataclass(frozen=True, slots=True)
+class Sizes:
     """Payload bytes per DATA packet, fragments per message and SACK blocks per ACK under
-    ``config``: computed once per configuration, so its connections share the ints."""
-    payload_size = config.mtu - wire.DATA_OVERHEAD
-    max_fragments = -(-config.max_message_size // payload_size)
-    return (
-        payload_size,
-        max_fragments,
+    one configuration: computed once per configuration and shared by its connections (one
+    slot each, not three)."""
+
+    payload: int
+    max_fragments: int
+    max_sack_blocks: int
+
+
+@functools.cache
+def sizes_of(config: RudpConfig) -> Sizes:
+    """The :class:`Sizes` of ``config``."""
+    payload = config.mtu - wire.DATA_OVERHEAD
+    return Sizes(
+        payload,
+        -(-config.max_message_size // payload),
         min(config.max_sack_blocks, wire.max_sack_blocks(config.mtu)),
     )

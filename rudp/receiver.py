@@ -60,8 +60,8 @@ class ReceiveWindow(ConnectionFields):
         return not (
             d.frag_count == 0
             or d.frag_index >= d.frag_count
-            or d.frag_count > self._max_fragments
-            or len(d.payload) > self._payload_size
+            or d.frag_count > self._sizes.max_fragments
+            or len(d.payload) > self._sizes.payload
             or d.base > d.seq
         )
 
@@ -188,7 +188,7 @@ class ReceiveWindow(ConnectionFields):
 
     def _ack_frame(self) -> wire.Ack:
         ranges = self._ranges or ()
-        blocks = tuple((start, end) for start, end in ranges[: self._max_sack_blocks])
+        blocks = tuple((start, end) for start, end in ranges[: self._sizes.max_sack_blocks])
         self._ack_now = False
         self._ack_deadline = None
         self._unacked_in_order = 0

@@ -22,13 +22,11 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
     ``__dict__``, no inbox queue before :meth:`receive` is first used, no timer handle
     (the endpoint's one timer serves its peers)."""
 
-    __slots__ = ("_endpoint", "_inbox", "_loop", "_socket")
+    __slots__ = ("_endpoint", "_inbox")
 
     def __init__(self, endpoint: RudpEndpoint, key: bytes, addr: Address, sender_id: int) -> None:
         super().__init__(key, addr, endpoint.config, endpoint.protection, sender_id)
-        self._endpoint = endpoint
-        self._loop = endpoint._loop
-        self._socket = endpoint._socket
+        self._endpoint = endpoint  # its loop and socket are every peer's: no slot each
         self._inbox: asyncio.Queue[bytes] | None = None
 
     async def send(self, message: bytes) -> None:
@@ -41,7 +39,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         """Queue ``message`` now; the future :meth:`send` awaits (no task per message).
         Raises PeerUnreachable (closed, DISCONNECTED) and MessageTooLarge at once."""
         message_id = self._queue(message)
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[None] = self._endpoint._loop.create_future()
         self._waiting().add(message_id, future)
         return future
 
@@ -51,7 +49,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         PeerUnreachable and MessageTooLarge before any is queued; ValueError for none."""
         # Queued without a waiter if the sequence space runs out midway, as write()'s are.
         queued = self._queue_many(messages)
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[None] = self._endpoint._loop.create_future()
         self._waiting().add_batch(queued, future)
         return future
 
@@ -60,7 +58,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         PeerUnreachable when one of them failed or on close."""
         if not self._drain_waits():
             return
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[None] = self._endpoint._loop.create_future()
         self._waiting().add_drain(self._written, future)
         await future
 
@@ -71,7 +69,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
         return await self._inbox.get()
 
     def _now(self) -> float:
-        return self._loop.time()
+        return self._endpoint._loop.time()
 
     def _deliver(self, data: bytes) -> None:
         if self._inbox is None:
@@ -95,7 +93,7 @@ class RudpPeer(PeerCore[asyncio.Future[None]]):
             self._endpoint._flush_later(self)
 
     def _transmit(self, datagrams: list[bytes], addr: Address) -> None:
-        self._socket.send_many(datagrams, addr)
+        self._endpoint._socket.send_many(datagrams, addr)
 
     def _arm(self, when: float) -> None:
         self._endpoint._arm_peer(self, when)
