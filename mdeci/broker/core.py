@@ -50,7 +50,7 @@ from mdeci.broker.sink import ChurnSink, Row, emit_rows
 from mdeci.channels.calendar import Rule, WeeklyCalendar
 from mdeci.config import OverflowPolicyName
 from mdeci.errors import FilterError, FrameError, StoreError, SubjectError
-from mdeci.filters import compile_filter, compile_pattern
+from mdeci.filters import compile_filter
 from mdeci.frames import (
     BAD_REQUEST,
     EMPTY_ATTRS,
@@ -79,6 +79,7 @@ from mdeci.frames import (
 )
 from mdeci.store.queue_rows import PublishRequest, PublishResult, StoredRow
 from mdeci.store.subscription_rows import Subscription
+from mdeci.subjects import compile_pattern
 
 # The fields of the churn rows of a queued and a delivered notification (sink.emit_rows).
 _QUEUED_KEYS = ("nseq", "queue_depth")

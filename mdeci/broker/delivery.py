@@ -22,13 +22,11 @@ the store, as does an SMS side, which removes rows: :meth:`Delivery.forget_rows`
 
 Sans-IO: the core holds no store, thread or socket. An entry point that needs the
 store is a generator (:data:`Step`): it yields each store operation as a typed
-:class:`StoreCommand` and is resumed with its result, or with the
-:class:`~mdeci.errors.StoreError` it raised thrown in, and returns its answer.
-:class:`~mdeci.broker.glue.Broker` carries the commands out on the database thread,
-all of one call in that call (a batch of frames is one hand-off, as before); tests
-drive the generators with scripted results. Who may make progress (``Wake``) is
-collected in :attr:`Delivery.events` for the glue to hand to its
-:class:`QueueListener`.
+:class:`StoreCommand`, is resumed with its result (or the :class:`~mdeci.errors.StoreError`
+it raised, thrown in) and returns its answer. :class:`~mdeci.broker.glue.Broker` carries
+the commands of one call out on the database thread in one hand-off; tests drive the
+generators with scripted results. Who may make progress (``Wake``) is collected in
+:attr:`Delivery.events` for the glue to hand to its :class:`QueueListener`.
 
 :class:`~mdeci.broker.core.BrokerCore` is a :class:`Delivery`: it adds the frames
 (subscriptions, publishes) that fill the queues this class drains.
@@ -47,6 +45,7 @@ from mdeci.broker.sink import ChurnSink, NullSink, Row, emit_rows
 from mdeci.errors import FrameError, StoreError
 from mdeci.frames import NotifyEncoder, notify_bytes
 from mdeci.store.queue_rows import DeliveryRow, PublishResult, RowClass, StoredRow, as_delivery
+from rudp.fields import NO_ENTRIES
 
 R = TypeVar("R")
 
@@ -154,7 +153,8 @@ class _Link:
 
     open: bool  # the window is open: the Session Manager says CONNECTED
     addr: str | None
-    # nseq -> published_at of notifications sent on this connection and not yet acked.
+    # nseq -> published_at of notifications sent on this connection and not yet acked;
+    # NO_ENTRIES (shared, read-only) while there are none: no dict per idle session.
     inflight: dict[int, float]
     # nseq -> size of the frame of each of ``inflight``, and their sum (window_bytes);
     # None while nothing was sent (no dict per idle session).
@@ -327,10 +327,7 @@ class Delivery:
             emit_rows(self.log, "notify_delivered", _DELIVERED_KEYS, delivered)
             link.sent_upto = max(link.sent_upto, upto)
             if not link.inflight and link.sizes is not None:
-                # Idle again: an emptied dict keeps its table (up to a window's entries);
-                # clear() frees it (memory per session).
-                link.inflight.clear()
-                link.sizes = None
+                link.inflight, link.sizes = NO_ENTRIES, None  # idle again: no dicts
         missed = self._missed_at.get(uri)
         if missed:
             for nseq in [n for n in missed if n <= upto]:
@@ -455,7 +452,7 @@ class Delivery:
         previous = self._links.get(uri)
         prev_addr = previous.addr if previous is not None else None
         earlier = previous and {**(previous.earlier or {}), **previous.inflight}
-        self._links[uri] = _Link(open=True, addr=addr, inflight={}, earlier=earlier or None)
+        self._links[uri] = _Link(open=True, addr=addr, inflight=NO_ENTRIES, earlier=earlier or None)
         # Drops may have happened while nobody was looking (or before a restart).
         self._missed_pending.add(uri)
         self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
@@ -500,7 +497,7 @@ class Delivery:
         if link is not None:
             link.open = False
             link.earlier = {**(link.earlier or {}), **link.inflight} or None
-            link.inflight.clear()
+            link.inflight = NO_ENTRIES
             link.sizes = None
             link.inflight_bytes = 0
             link.sent_upto = 0
@@ -619,6 +616,8 @@ class Delivery:
                     break
                 room_bytes -= size
                 link.sent_upto = nseq
+                if inflight is NO_ENTRIES:
+                    inflight = link.inflight = {}
                 inflight[nseq] = row[7]  # published_at
                 sizes[nseq] = size
                 out.append(_new_tuple(OutgoingNotify, (nseq, data)))

@@ -47,6 +47,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from mdeci.broker.addresses import Address, addr_text, parse_addr_text
 from mdeci.broker.drain import draining
 from mdeci.broker.errors import BrokerError
 from mdeci.broker.links import check_key
@@ -54,17 +55,7 @@ from mdeci.broker.media_answer import answer_offer, read_offer
 from mdeci.broker.refusal import STORAGE_UNAVAILABLE, refusal
 from mdeci.broker.registrar import BrokerRegistrar, StagedBindings, StoreBindings
 from mdeci.broker.service import BrokerService
-from mdeci.broker.sessions import (
-    Address,
-    Command,
-    DialogId,
-    DialogUp,
-    InviteAnswered,
-    Log,
-    SendBye,
-    addr_text,
-    parse_addr_text,
-)
+from mdeci.broker.sessions import Command, DialogId, DialogUp, InviteAnswered, Log, SendBye
 from mdeci.broker.sink import ChurnSink, FieldValue
 from mdeci.broker.sip_auth import (
     CachedCredentials,

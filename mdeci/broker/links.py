@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mdeci.broker.addresses import addr_text
 from mdeci.broker.errors import SessionKeyError
-from mdeci.broker.sessions import Status, UserSession, addr_text
+from mdeci.broker.sessions import Status, UserSession
 from mdeci.oplog import event as oplog_event
 from quicdata.aio import QuicDataPeer, QuicDataServer
 from quicdata.binding import ProofKeys, ServerCertificate

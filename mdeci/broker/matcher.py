@@ -10,7 +10,7 @@ A publish costs a dictionary lookup, not a scan of every subscription (with a
 hundred subscribers on other subjects, a scan takes a tenth of the broker's time):
 patterns without wildcards are indexed by their text, which a subject must equal to
 match; only wildcard patterns are tried one by one. Expiry is found from a heap of
-``(expires_at, sub_id)``, so a publish looks at expired entries only, not at all of them.
+the entries by ``expires_at``, so a publish looks at expired entries only, not at all of them.
 
 The filters one user's subscriptions evaluate per publish are bounded by their cost
 (:func:`filter_cost`, the nodes a filter evaluates at most): a ``sub`` that would take
@@ -34,11 +34,10 @@ from mdeci.filters import (
     MatchAll,
     Not,
     Or,
-    SubjectMatcher,
     compile_filter,
-    compile_pattern,
 )
 from mdeci.store.subscriptions import Subscription
+from mdeci.subjects import SubjectMatcher, compile_pattern
 
 
 def filter_cost(expr: Expr) -> int:
@@ -68,6 +67,10 @@ class CompiledSubscription:
         """
         return cls(sub, compile_pattern(sub.subject), compile_filter(sub.filter))
 
+    def __lt__(self, other: CompiledSubscription) -> bool:
+        # The matcher's expiry heap holds the entries themselves, soonest first.
+        return self.sub.expires_at < other.sub.expires_at
+
 
 @dataclass(frozen=True, slots=True)
 class MatchResult:
@@ -88,13 +91,13 @@ class SubscriptionMatcher:
         self._exact: dict[str, CompiledSubscription | dict[int, CompiledSubscription]] = {}
         self._wild: dict[int, CompiledSubscription] = {}
         # The ids of each user's entries, for the per-user cap: a scan of every entry per
-        # ``sub`` made setting up N users' subscriptions quadratic. A tuple (48 bytes for
-        # the usual one id) rather than a set, since the broker's memory is budgeted
-        # per session (docs/benchmarks.md, "Memory per session").
-        self._by_uri: dict[str, tuple[int, ...]] = {}
-        # (expires_at, sub_id) of every entry added; stale pairs (discarded or replaced
-        # entries) are skipped when popped.
-        self._expiry: list[tuple[float, int]] = []
+        # ``sub`` made setting up N users' subscriptions quadratic. The usual one id as
+        # it is, several as a tuple (not a set): the broker's memory is budgeted per
+        # session (docs/benchmarks.md, "Memory per session").
+        self._by_uri: dict[str, int | tuple[int, ...]] = {}
+        # Every entry added, soonest expiry first; stale ones (discarded or replaced) are
+        # skipped when popped. The entries, not (expires_at, id) pairs: no tuple each.
+        self._expiry: list[CompiledSubscription] = []
         self.unusable: list[Subscription] = []  # stored ones that no longer compile
         # The targets of a subject, kept while they cannot depend on the attributes: its
         # exact subscriptions have no filter and no wildcard one exists (a fan-out's
@@ -134,7 +137,8 @@ class SubscriptionMatcher:
         self._plain.clear()
         self._subs[sub_id] = compiled
         uri = compiled.sub.uri
-        self._by_uri[uri] = (*self._by_uri.get(uri, ()), sub_id)
+        have = self._ids_of(uri)
+        self._by_uri[uri] = (*have, sub_id) if have else sub_id
         if not compiled.pattern.exact:
             self._wild[sub_id] = compiled
         else:
@@ -146,12 +150,16 @@ class SubscriptionMatcher:
                 same[sub_id] = compiled
             else:
                 self._exact[pattern] = {same.sub.sub_id: same, sub_id: compiled}
-        heapq.heappush(self._expiry, (compiled.sub.expires_at, sub_id))
+        heapq.heappush(self._expiry, compiled)
+
+    def _ids_of(self, uri: str) -> tuple[int, ...]:
+        ids = self._by_uri.get(uri, ())
+        return (ids,) if isinstance(ids, int) else ids
 
     def count_of(self, uri: str, now: float) -> int:
         """Live subscriptions of ``uri`` (for the per-user cap)."""
         subs = self._subs
-        return sum(1 for sub_id in self._by_uri.get(uri, ()) if subs[sub_id].sub.expires_at > now)
+        return sum(1 for sub_id in self._ids_of(uri) if subs[sub_id].sub.expires_at > now)
 
     def cost_refusal(self, uri: str, new: Filter, limit: int, now: float) -> str | None:
         """Why a subscription of ``uri`` with filter ``new`` is refused: its cost and
@@ -160,7 +168,7 @@ class SubscriptionMatcher:
         subs = self._subs
         spent = sum(
             filter_cost(subs[i].filter.expr)
-            for i in self._by_uri.get(uri, ())
+            for i in self._ids_of(uri)
             if subs[i].sub.expires_at > now
         )
         if spent + cost <= limit:
@@ -175,9 +183,9 @@ class SubscriptionMatcher:
         entry = self._subs.pop(sub_id, None)
         if entry is not None:
             uri = entry.sub.uri
-            rest = tuple(i for i in self._by_uri[uri] if i != sub_id)
+            rest = tuple(i for i in self._ids_of(uri) if i != sub_id)
             if rest:
-                self._by_uri[uri] = rest
+                self._by_uri[uri] = rest if len(rest) > 1 else rest[0]
             else:
                 del self._by_uri[uri]
             self._plain.clear()
@@ -200,10 +208,10 @@ class SubscriptionMatcher:
         """
         expired: list[int] = []
         heap = self._expiry
-        while heap and heap[0][0] <= now:
-            at, sub_id = heapq.heappop(heap)
-            entry = self._subs.get(sub_id)
-            if entry is not None and entry.sub.expires_at == at:
+        while heap and heap[0].sub.expires_at <= now:
+            entry = heapq.heappop(heap)
+            sub_id = entry.sub.sub_id
+            if self._subs.get(sub_id) is entry:
                 expired.append(sub_id)
                 self.discard(sub_id)
         plain = self._plain.get(subject)

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from mdeci.broker.sessions import addr_text
+from mdeci.broker.addresses import addr_text
 from mdeci.broker.sink import ChurnSink
 from mdeci.broker.worker import DbWorker
 from mdeci.store.bindings import Binding as StoredBinding

@@ -51,6 +51,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from mdeci.broker.addresses import addr_text
 from mdeci.broker.core import PRUNE_CHUNK
 from mdeci.broker.glue import Broker
 from mdeci.broker.links import (
@@ -74,7 +75,6 @@ from mdeci.broker.sessions import (
     Status,
     StoreSession,
     UserSession,
-    addr_text,
 )
 from mdeci.broker.sms import SmsFallback
 from mdeci.broker.worker import DbWorker, LoopQueue, LoopSink

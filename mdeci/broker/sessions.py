@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
+from mdeci.broker.addresses import Address, addr_text
 from mdeci.broker.sms_sessions import SmsSessions
 
 DialogId = tuple[str, str, str]  # (Call-ID, local tag, remote tag), as sip.dialog's
-Address = tuple[str, int]
 RUDP: Final = "rudp"
 
 
@@ -252,20 +252,6 @@ Command = StoreSession | SetStatus | Attach | Detach | SendBye | SmsLook | SmsSt
 def _in_dialog(s: UserSession, call_id: str, from_tag: str) -> bool:
     """``s``'s current dialog is the one of this Call-ID and remote (From) tag."""
     return s.dialog_id is not None and s.call_id == call_id and s.remote_tag == from_tag
-
-
-def addr_text(addr: Address) -> str:
-    """``ip:port`` (``[v6]:port``)."""
-    host, port = addr
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def parse_addr_text(text: str) -> Address:
-    """Inverse of :func:`addr_text`. Raises ValueError."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"not ip:port: {text!r}")
-    return host.strip("[]"), int(port)
 
 
 # ---------------------------------------------------------------------------- the manager

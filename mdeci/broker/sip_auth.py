@@ -21,8 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mdeci.broker.addresses import addr_text
 from mdeci.broker.login_log import LoginLog
-from mdeci.broker.sessions import addr_text
 from mdeci.broker.throttle import LoginThrottle, source_key
 from mdeci.config import LoginThrottleConfig, UserConfig
 from mdeci.oplog import event as oplog_event

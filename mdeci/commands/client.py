@@ -176,7 +176,8 @@ def check_filter_types(args: argparse.Namespace) -> None:
     :class:`~mdeci.filter_types.FilterTypeError` (a bad filter: FilterError, left to the broker)."""
     from mdeci.errors import FilterError, SubjectError
     from mdeci.filter_types import check_types, kinds_seen
-    from mdeci.filters import parse_filter, subject_matches
+    from mdeci.filters import parse_filter
+    from mdeci.subjects import subject_matches
 
     try:
         expr = parse_filter(args.filter)

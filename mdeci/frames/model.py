@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 from mdeci.channels.calendar import Rule
 from mdeci.errors import FrameError, SubjectError
-from mdeci.filters import MAX_FILTER_LENGTH, validate_pattern, validate_subject
+from mdeci.filters import MAX_FILTER_LENGTH
+from mdeci.subjects import validate_pattern, validate_subject
 
 AttrValue = str | int | float | bool
 

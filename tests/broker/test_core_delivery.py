@@ -26,6 +26,7 @@ from mdeci.frames import (
 )
 from mdeci.store.errors import StoreError
 from mdeci.store.repo import BrokerStore
+from rudp.fields import NO_ENTRIES
 from tests.broker.conftest import FakeClock, WaitingSink, add_session, make_broker
 from tests.broker.core_helpers import (
     ALICE,
@@ -367,8 +368,10 @@ def test_the_window_is_bounded_in_bytes_too(store: BrokerStore, clock: FakeClock
         tiny.handle_frame(ALICE, encode(Ack(upto=nseq)))
         assert [n.nseq for n in notifies(tiny, ALICE)] == ([nseq + 1] if nseq < 6 else [])
     assert queued(store, ALICE) == []
-    link = tiny.core._links[ALICE]  # idle again: no per-nseq sizes kept (memory per session)
-    assert link.sizes is None and link.inflight_bytes == 0
+    link = tiny.core._links[ALICE]  # idle again: no per-nseq tables kept (memory per session)
+    assert link.sizes is None and link.inflight_bytes == 0 and link.inflight is NO_ENTRIES
+    broker.mark_disconnected(ALICE, "test")
+    assert broker.core._links[ALICE].inflight is NO_ENTRIES
 
 
 def _count_acks(store: BrokerStore) -> list[list[tuple[str, int]]]:

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.broker.matcher import CompiledSubscription, SubscriptionMatcher, filter_cost
-from mdeci.filters import compile_filter, subject_matches
+from mdeci.filters import compile_filter
 from mdeci.store.subscriptions import Subscription
+from mdeci.subjects import subject_matches
 
 WORDS = st.sampled_from(["a", "b", "c"])
 PATTERN_WORDS = st.sampled_from(["a", "b", "c", "*", "#"])
@@ -101,6 +102,20 @@ def test_a_replaced_subscription_keeps_only_its_new_pattern_and_expiry() -> None
     assert matcher.match("a.c", {}, 10.0).expired == ()
     assert matcher.match("a.c", {}, 50.0).expired == (1,)
     assert len(matcher) == 0
+
+
+def test_a_user_with_one_subscription_costs_no_tuple_of_ids_or_of_expiry() -> None:
+    """A broker holds a subscription per device: its index entries are what it holds."""
+    matcher = SubscriptionMatcher()
+    one = CompiledSubscription.compile(_sub(1, "a.b", 5.0, user=7))
+    matcher.add(one)
+    assert matcher._by_uri == {"sip:u7@x": 1} and matcher._expiry == [one]
+    two = CompiledSubscription.compile(_sub(2, "a.c", 6.0, user=7))
+    matcher.add(two)
+    assert matcher._by_uri == {"sip:u7@x": (1, 2)} and matcher.count_of("sip:u7@x", 0.0) == 2
+    matcher.discard(1)
+    assert matcher._by_uri == {"sip:u7@x": 2} and matcher.count_of("sip:u7@x", 0.0) == 1
+    assert matcher.match("a.c", {}, 6.0).expired == (2,) and not matcher._by_uri
 
 
 def test_load_replaces_everything() -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdeci.errors import SubjectError
-from mdeci.filters import (
+from mdeci.subjects import (
     MAX_SUBJECT_LENGTH,
     compile_pattern,
     subject_matches,
