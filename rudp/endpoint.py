@@ -92,8 +92,8 @@ class PeerCore(Generic[H]):
             key, config, sender_id=sender_id, protection=protection, peer_address=addr
         )
         self.sparse: dict[str, Any] | None = None  # the callbacks set
-        # What each send and drain waits for (built by the first: an idle peer has none);
-        # the last id written without a waiter.
+        # What each send and drain waits for (built by the first, dropped once nothing
+        # waits: an idle peer has none); the last id written without a waiter.
         self._waiters: Waiters[H] | None = None
         self._written = -1
         self._timer_at: float | None = None  # when the adapter's timer is set to fire
@@ -229,8 +229,10 @@ class PeerCore(Generic[H]):
         while (event := self.connection.next_event()) is not None:
             if isinstance(event, MessageReceived):
                 self._report_message(event.data)
-            elif isinstance(event, MessageAcked):
-                done = () if self._waiters is None else self._waiters.acked(event.last)
+            elif isinstance(event, MessageAcked) and self._waiters is not None:
+                done = self._waiters.acked(event.last)
+                if not self._waiters:
+                    self._waiters = None  # nothing waits: an idle peer keeps none
                 if done:
                     self._complete(done, None)
             elif isinstance(event, MessageFailed):

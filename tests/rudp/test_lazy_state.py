@@ -87,8 +87,8 @@ def test_rare_counters_take_no_slot_until_they_count() -> None:
 
 
 async def test_a_peer_builds_its_waiters_and_table_key_on_use() -> None:
-    """Nothing waits on an idle peer, it keeps no slot per callback, and the endpoint's
-    table shares its cid int."""
+    """Nothing waits on an idle peer (the waiters go once the last send is acknowledged),
+    it keeps no slot per callback, and the endpoint's table shares its cid int."""
     a = await RudpEndpoint.open("127.0.0.1")
     b = await RudpEndpoint.open("127.0.0.1")
     try:
@@ -101,8 +101,11 @@ async def test_a_peer_builds_its_waiters_and_table_key_on_use() -> None:
         pa.on_message = got.append
         assert pa.on_message == got.append and pa.on_heard is None
         assert pa.sparse == {"on_message": got.append}
-        await asyncio.wait_for(pa.send(b"one"), 5)
-        assert pa._waiters is not None and len(pa._waiters) == 0
+        sent = pa.send_nowait(b"one")
+        busy = pa._waiters
+        assert busy is not None and len(busy) == 1
+        await asyncio.wait_for(sent, 5)
+        assert pa._waiters is None  # given back once nothing waits
     finally:
         await a.close()
         await b.close()
