@@ -208,15 +208,22 @@ def pull_frames(payload: bytes) -> list[Frame]:
 AEAD_CONTEXTS = 1024
 
 
+# A sender's key and IV as one int, the key above the IV's 96 bits: a broker holds two
+# keys per session, and key bytes beside an IV int cost ~50 bytes more each.
+IV_BITS = IV_SIZE * 8
+IV_MASK = (1 << IV_BITS) - 1
+
+
 @functools.lru_cache(maxsize=AEAD_CONTEXTS)
-def _aead(key: bytes) -> AESGCM:
-    return AESGCM(key)
+def _aead(key_iv: int) -> AESGCM:
+    return AESGCM((key_iv >> IV_BITS).to_bytes(KEY_SIZE, "big"))
 
 
 class SenderKeys:
-    """Key and IV of one sender id under one session secret (module docstring)."""
+    """Key and IV of one sender id under one session secret (module docstring), kept as
+    the one int ``key || IV`` (see IV_BITS), which also finds the cached AEAD context."""
 
-    __slots__ = ("_iv", "_mac_key", "aead", "protection", "sender")
+    __slots__ = ("_key_iv", "aead", "sender")
 
     def __init__(self, secret: bytes, sender: int, protection: Protection) -> None:
         material = HKDF(
@@ -225,32 +232,37 @@ class SenderKeys:
             salt=KDF_SALT,
             info=b"mdeci-rudp sender " + sender.to_bytes(4, "big") + protection.value.encode(),
         ).derive(secret)
+        self._key_iv = int.from_bytes(material, "big")
         self.sender = sender
-        self.protection = protection
-        self._mac_key = material[:KEY_SIZE]
         self.aead = protection is Protection.AEAD  # else HMAC-SHA-256 only (the reference)
-        self._iv = int.from_bytes(material[KEY_SIZE:], "big")
+
+    @property
+    def protection(self) -> Protection:
+        return Protection.AEAD if self.aead else Protection.INTEGRITY_ONLY
 
     def _nonce(self, pn: int) -> bytes:
-        return (self._iv ^ pn).to_bytes(IV_SIZE, "big")
+        return ((self._key_iv ^ pn) & IV_MASK).to_bytes(IV_SIZE, "big")
+
+    def _mac_key(self) -> bytes:
+        return (self._key_iv >> IV_BITS).to_bytes(KEY_SIZE, "big")
 
     def seal(self, header: bytes, pn: int, payload: bytes) -> bytes:
         """``header`` + protected ``payload`` + tag."""
         if not self.aead:
             data = header + payload
-            return data + hmac.digest(self._mac_key, data, "sha256")[:TAG_SIZE]
-        return header + _aead(self._mac_key).encrypt(self._nonce(pn), payload, header)
+            return data + hmac.digest(self._mac_key(), data, "sha256")[:TAG_SIZE]
+        return header + _aead(self._key_iv).encrypt(self._nonce(pn), payload, header)
 
     def open(self, datagram: bytes, pn: int) -> bytes | None:
         """The payload of an authentic datagram, or None when the tag does not verify."""
         header = datagram[:HEADER_SIZE]
         if not self.aead:
-            expected = hmac.digest(self._mac_key, datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
+            expected = hmac.digest(self._mac_key(), datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
             if not hmac.compare_digest(expected, datagram[-TAG_SIZE:]):
                 return None
             return datagram[HEADER_SIZE:-TAG_SIZE]
         try:
-            return _aead(self._mac_key).decrypt(self._nonce(pn), datagram[HEADER_SIZE:], header)
+            return _aead(self._key_iv).decrypt(self._nonce(pn), datagram[HEADER_SIZE:], header)
         except InvalidTag:
             return None
 
