@@ -551,7 +551,7 @@ class BrokerCore(Delivery):
                 emit_rows(self.log, "notify_queued", _QUEUED_KEYS, queued_rows)
                 queued_rows = []
             for dropped in result.dropped:
-                self._missed_pending.add(dropped.uri)
+                self.missed_dropped(dropped.uri)
                 self.log.emit(
                     "notify_dropped",
                     dropped.uri,

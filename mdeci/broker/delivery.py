@@ -176,6 +176,9 @@ class _Link:
     # Something was sent below an nseq already in flight (a notification held for a
     # cheaper network, then released): ``inflight`` is not in nseq order.
     unordered: bool = False
+    # Overflow drops may be queued that no notify reported yet (see _missed): so from the
+    # connection on, as they may have happened while nobody was looking.
+    missed: bool = True
 
     def forget(self) -> None:
         """The queue after ``sent_upto`` is no longer known: the next take reads it."""
@@ -208,10 +211,8 @@ class Delivery:
         #: Users whose delivery may progress, in order, since the glue last took them.
         self.events: list[Wake] = []
         self._links: dict[str, _Link] = {}
-        # Users whose queue may have overflow drops not yet reported in a notify's missed.
-        self._missed_pending: set[str] = set()
-        # missed counts already taken from the store, by user and nseq, kept until acked
-        # so that a notify re-sent after a reconnection still carries its count.
+        # missed counts taken from the store, by user and nseq, kept until acked: a notify
+        # re-sent after a reconnection still carries its count.
         self._missed_at: dict[str, dict[int, int]] = {}
         # The highest ack of each user not yet applied to the store (see the docstring).
         self._acks: dict[str, int] = {}
@@ -446,15 +447,12 @@ class Delivery:
 
     def mark_connected(self, uri: str, addr: str | None = None) -> Step[None]:
         """``uri``'s media is CONNECTED (INVITE or re-INVITE done): open its delivery
-        window, empty, from the lowest queued nseq again. The session's status is the
-        Session Manager's (it writes it)."""
+        window, empty, from the lowest queued nseq again (the status is the Session Manager's)."""
         yield from self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
         previous = self._links.get(uri)
         prev_addr = previous.addr if previous is not None else None
         earlier = previous and {**(previous.earlier or {}), **previous.inflight}
         self._links[uri] = _Link(open=True, addr=addr, inflight=NO_ENTRIES, earlier=earlier or None)
-        # Drops may have happened while nobody was looking (or before a restart).
-        self._missed_pending.add(uri)
         self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
 
     def mark_moved(self, uri: str, addr: str) -> bool:
@@ -567,10 +565,9 @@ class Delivery:
             if lost:
                 # Not ours to send: the Session Manager drops them (the fence told it).
                 rows_of = [() if p[0] in lost else r for p, r in zip(plan, rows_of, strict=True)]
-        if self._missed_pending:
-            yield from self._missed_none(
-                [uri for (uri, _, _), rows in zip(plan, rows_of, strict=True) if rows]
-            )
+        yield from self._missed_none(
+            [(uri, link) for (uri, link, _), rows in zip(plan, rows_of, strict=True) if rows]
+        )
         holds = self.holds
         for (uri, link, room), rows in zip(plan, rows_of, strict=True):
             ahead = link.ahead
@@ -581,11 +578,11 @@ class Delivery:
                 except StoreError as exc:
                     error = exc
                     continue
-            if rows and uri in self._missed_pending:
+            if rows and link.missed:
                 try:
                     # The only other store call; made before this user's state changes
                     # so that a StoreError leaves its link as it was.
-                    yield from self._missed(uri, rows[0][0])
+                    yield from self._missed(uri, link, rows[0][0])
                 except StoreError as exc:
                     error = exc
                     continue
@@ -656,30 +653,35 @@ class Delivery:
             gate.classify((yield from call(RowClasses(uri, gate.fresh))))
         return gate
 
-    def _missed_none(self, uris: list[str]) -> Step[None]:
-        """Of ``uris``, those whose missed count is still to be taken from the store
-        (see _missed) and is 0 there are no longer pending: one read for all, not a
-        ``take_missed`` each (a hundred users connecting, then a fan-out). The
-        others keep their own ``take_missed``; so does everyone if this read fails."""
-        pending = [uri for uri in uris if uri in self._missed_pending]
+    def _missed_none(self, links: list[tuple[str, _Link]]) -> Step[None]:
+        """Of ``links``, those whose missed count is to be taken (see _missed) and is 0 in
+        the store are no longer pending: one read for all, not a ``take_missed`` each (a
+        hundred users connect, then a fan-out); if it fails, each takes its own."""
+        pending = [(uri, link) for uri, link in links if link.missed]
         if len(pending) < 2:
             return
         try:
-            counted = yield from call(MissedMany(pending))
+            counted = yield from call(MissedMany([uri for uri, _ in pending]))
         except StoreError:
             return
-        for uri in pending:
+        for uri, link in pending:
             if uri not in counted:
-                self._missed_pending.discard(uri)
+                link.missed = False
 
-    def _missed(self, uri: str, nseq: int) -> Step[int]:
+    def missed_dropped(self, uri: str) -> None:
+        """An overflow dropped a row of ``uri``: its next notify reports it (_Link.missed)."""
+        link = self._links.get(uri)
+        if link is not None:
+            link.missed = True
+
+    def _missed(self, uri: str, link: _Link, nseq: int) -> Step[int]:
         known = self._missed_at.setdefault(uri, {})
         if nseq in known:
             return known[nseq]
-        if uri not in self._missed_pending:
+        if not link.missed:
             return 0
         count = yield from call(TakeMissed(uri))
-        self._missed_pending.discard(uri)
+        link.missed = False
         if count:
             known[nseq] = count
         return count

@@ -143,6 +143,39 @@ def test_overflow_drops_are_reported_in_missed_once(store: BrokerStore, clock: F
     assert [(n.nseq, n.missed) for n in notifies(broker, ALICE)] == [(6, 0)]
 
 
+def test_a_connected_user_is_held_by_its_link_alone(store: BrokerStore, clock: FakeClock) -> None:
+    """An idle connected user, never sent anything, costs the delivery core its link and
+    no entry in any other table (a broker holds 100,000 of them)."""
+    broker = make_broker(store, clock, MemorySink())
+    subscribe(broker, ALICE, "a")
+    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    assert broker.take_batch(ALICE) == []
+    holding = [
+        name
+        for name, table in vars(broker.core).items()
+        if isinstance(table, dict | set | list) and ALICE in table
+    ]
+    assert holding == ["_links"]
+
+
+def test_a_drop_while_connected_is_reported_in_the_next_missed(
+    store: BrokerStore, clock: FakeClock
+) -> None:
+    """The missed count taken at the first notify after the connection is not the last
+    word: an overflow while connected is reported by the next notify."""
+    sink = WaitingSink()
+    broker = make_broker(store, clock, sink, queue=QueueConfig(max_per_uri=2, window=1))
+    subscribe(broker, ALICE, "a")
+    broker.mark_connected(ALICE)
+    publish(broker, "m0", "a")
+    assert [(n.nseq, n.missed) for n in notifies(broker, ALICE)] == [(1, 0)]
+    for n in range(1, 4):
+        publish(broker, f"m{n}", "a")
+    assert [e.fields["nseq"] for e in sink.named("notify_dropped")] == [1, 2]
+    broker.handle_frame(ALICE, encode(Ack(upto=1)))
+    assert [(n.nseq, n.missed) for n in notifies(broker, ALICE)] == [(3, 2)]
+
+
 def test_users_just_connected_have_their_missed_counts_read_once_for_all(
     store: BrokerStore, clock: FakeClock
 ) -> None:
