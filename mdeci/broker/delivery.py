@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
+from mdeci.broker.addresses import Address, addr_text
 from mdeci.broker.config import BrokerCoreConfig
 from mdeci.broker.network_holds import Gate, NetworkHolds
 from mdeci.broker.sink import ChurnSink, NullSink, Row, emit_rows
@@ -152,7 +153,7 @@ class _Link:
     """Delivery state of one user for the current connection (reset on each connect)."""
 
     open: bool  # the window is open: the Session Manager says CONNECTED
-    addr: str | None
+    addr: Address | None  # the session's own tuple: logged as text, kept as it is
     # nseq -> published_at of notifications sent on this connection and not yet acked;
     # NO_ENTRIES (shared, read-only) while there are none: no dict per idle session.
     inflight: dict[int, float]
@@ -442,33 +443,32 @@ class Delivery:
 
     def in_flight(self, uri: str) -> tuple[int, ...]:
         """The nseqs sent to ``uri`` on this connection and not yet acked, in order."""
-        link = self._links.get(uri)
-        return () if link is None else tuple(sorted(link.inflight))
+        return tuple(sorted(link.inflight)) if (link := self._links.get(uri)) else ()
 
-    def mark_connected(self, uri: str, addr: str | None = None) -> Step[None]:
+    def mark_connected(self, uri: str, addr: Address | None = None) -> Step[None]:
         """``uri``'s media is CONNECTED (INVITE or re-INVITE done): open its delivery
         window, empty, from the lowest queued nseq again (the status is the Session Manager's)."""
         yield from self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
         previous = self._links.get(uri)
-        prev_addr = previous.addr if previous is not None else None
         earlier = previous and {**(previous.earlier or {}), **previous.inflight}
         self._links[uri] = _Link(open=True, addr=addr, inflight=NO_ENTRIES, earlier=earlier or None)
-        self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
+        self._log_connected(uri, addr, None if previous is None else previous.addr)
 
-    def mark_moved(self, uri: str, addr: str) -> bool:
+    def mark_moved(self, uri: str, addr: Address) -> bool:
         """``uri``'s re-INVITE moved its media to ``addr`` on the same association while
-        it was CONNECTED: delivery carries on where it is (the transport resends what is
-        in flight to the new address), so nothing is sent twice; only the address and the
-        churn log change (the same ``media_connected`` event as :meth:`mark_connected`,
-        with ``prev_addr``). False, changing nothing, when ``uri`` is not CONNECTED: the
-        caller then uses :meth:`mark_connected`.
-        """
+        CONNECTED: delivery carries on (the transport resends what is in flight there),
+        nothing is sent twice; only the address and the churn log (``media_connected``
+        with ``prev_addr``) change. False, changing nothing, when not CONNECTED."""
         link = self._links.get(uri)
         if link is None or not link.open:
             return False
         prev_addr, link.addr = link.addr, addr
-        self.log.emit("media_connected", uri, addr=addr, prev_addr=prev_addr, channel="ip")
+        self._log_connected(uri, addr, prev_addr)
         return True
+
+    def _log_connected(self, uri: str, addr: Address | None, prev: Address | None) -> None:
+        text, prev_text = (None if a is None else addr_text(a) for a in (addr, prev))
+        self.log.emit("media_connected", uri, addr=text, prev_addr=prev_text, channel="ip")
 
     def delivered_elsewhere(self, uri: str, nseq: int) -> None:
         """``uri``'s notification ``nseq`` was delivered, and logged, by another channel
@@ -501,7 +501,7 @@ class Delivery:
             link.sent_upto = 0
             link.forget()
         if was_connected:
-            addr = link.addr if link is not None else None
+            addr = None if link is None or link.addr is None else addr_text(link.addr)
             self.log.emit("media_disconnected", uri, addr=addr, channel="ip", reason=reason)
 
     # ------------------------------------------------------------------ delivery

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar, cast
 
+from mdeci.broker.addresses import Address
 from mdeci.broker.config import BrokerCoreConfig
 from mdeci.broker.core import (
     ActiveSubscriptions,
@@ -323,12 +324,12 @@ class Broker:
         self._owned()
         return self.core.in_flight(uri)
 
-    def mark_connected(self, uri: str, addr: str | None = None) -> None:
+    def mark_connected(self, uri: str, addr: Address | None = None) -> None:
         """:meth:`~mdeci.broker.delivery.Delivery.mark_connected`."""
         self._owned()
         self._run(self.core.mark_connected(uri, addr))
 
-    def mark_moved(self, uri: str, addr: str) -> bool:
+    def mark_moved(self, uri: str, addr: Address) -> bool:
         """:meth:`~mdeci.broker.delivery.Delivery.mark_moved`."""
         self._owned()
         return self.core.mark_moved(uri, addr)

@@ -51,7 +51,6 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from mdeci.broker.addresses import addr_text
 from mdeci.broker.core import PRUNE_CHUNK
 from mdeci.broker.glue import Broker
 from mdeci.broker.links import (
@@ -300,7 +299,7 @@ class BrokerService:
             # path validation follows it instead (it also resends what is in flight).
             if self.advertise is None:
                 link.peer.set_address(media_addr)
-            self.worker.post("media moved", self.broker.mark_moved, uri, addr_text(media_addr))
+            self.worker.post("media moved", self.broker.mark_moved, uri, media_addr)
             self._kick(link)
             return
         if link is None:
@@ -316,7 +315,7 @@ class BrokerService:
         # believes it is CONNECTED, has no reason to re-INVITE).
         link.peer.reset()
         # Posted before the delivery task's next take_batches: the worker runs them in order.
-        self.worker.post("session status", self.broker.mark_connected, uri, addr_text(media_addr))
+        self.worker.post("session status", self.broker.mark_connected, uri, media_addr)
         self._kick(link)
 
     def _peer(self, session: UserSession, media_addr: tuple[str, int]) -> DataPeer:

@@ -53,7 +53,7 @@ def test_take_batch_respects_order_window_and_acks(
     for n in range(5):
         publish(broker, f"m{n}", "a")
     assert broker.take_batch(ALICE) == []  # not connected yet
-    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4000))
     assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2, 3]
     assert broker.take_batch(ALICE) == []  # window full
     assert broker.in_flight(ALICE) == (1, 2, 3)
@@ -69,7 +69,7 @@ def test_take_batch_respects_order_window_and_acks(
     # A reconnection starts again from the lowest un-acked nseq.
     broker.mark_disconnected(ALICE, "test")
     assert broker.take_batch(ALICE) == []
-    broker.mark_connected(ALICE, "127.0.0.1:4001")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4001))
     assert [n.nseq for n in notifies(broker, ALICE)] == [3, 4, 5]
     connected = sink.named("media_connected")[-1]
     assert (connected.fields["addr"], connected.fields["prev_addr"]) == (
@@ -91,15 +91,15 @@ def test_ack_after_a_reconnection_logs_what_an_earlier_connection_sent(
     subscribe(broker, ALICE, "a")
     for n in range(6):
         publish(broker, f"m{n}", "a")
-    broker.mark_connected(ALICE, "127.0.0.2:4000")
+    broker.mark_connected(ALICE, ("127.0.0.2", 4000))
     assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2, 3, 4]
-    broker.mark_connected(ALICE, "127.0.0.3:4000")  # the re-INVITE after a move
+    broker.mark_connected(ALICE, ("127.0.0.3", 4000))  # the re-INVITE after a move
     clock.advance(0.5)
     broker.handle_frame(ALICE, encode(Ack(upto=2)))  # sent at 127.0.0.2, acked now
     assert [n.nseq for n in notifies(broker, ALICE)] == [3, 4, 5, 6]
     broker.mark_disconnected(ALICE, "rudp: no ACK after retries")
     broker.handle_frame(ALICE, encode(Ack(upto=4)))  # it got them before failing
-    broker.mark_connected(ALICE, "127.0.0.4:4000")
+    broker.mark_connected(ALICE, ("127.0.0.4", 4000))
     assert [n.nseq for n in notifies(broker, ALICE)] == [5, 6]
     broker.handle_frame(ALICE, encode(Ack(upto=6)))
     delivered = [(e.fields["nseq"], e.fields["latency_ms"]) for e in sink.named("notify_delivered")]
@@ -117,11 +117,11 @@ def test_an_ack_over_ip_of_what_sms_delivered_is_not_a_second_delivery(
     subscribe(broker, ALICE, "a")
     for n in range(3):
         publish(broker, f"m{n}", "a")
-    broker.mark_connected(ALICE, "127.0.0.2:4000")
+    broker.mark_connected(ALICE, ("127.0.0.2", 4000))
     assert [n.nseq for n in notifies(broker, ALICE)] == [1, 2, 3]
     broker.mark_disconnected(ALICE, "rudp: no ACK after retries")
     broker.delivered_elsewhere(ALICE, 2)  # the SMS side delivered and logged nseq 2
-    broker.mark_connected(ALICE, "127.0.0.3:4000")
+    broker.mark_connected(ALICE, ("127.0.0.3", 4000))
     broker.handle_frame(ALICE, encode(Ack(upto=3)))
     assert [e.fields["nseq"] for e in sink.named("notify_delivered")] == [1, 3]
 
@@ -148,7 +148,7 @@ def test_a_connected_user_is_held_by_its_link_alone(store: BrokerStore, clock: F
     no entry in any other table (a broker holds 100,000 of them)."""
     broker = make_broker(store, clock, MemorySink())
     subscribe(broker, ALICE, "a")
-    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4000))
     assert broker.take_batch(ALICE) == []
     holding = [
         name

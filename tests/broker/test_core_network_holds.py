@@ -46,7 +46,7 @@ def test_held_row_is_skipped_and_the_ack_stays_below_it(
     store: BrokerStore, clock: FakeClock, sink: MemorySink
 ) -> None:
     broker = holding_broker(store, clock, sink)
-    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4000))
     pub(broker, "big", "bulk")
     pub(broker, "n1")
     pub(broker, "n2")
@@ -71,14 +71,14 @@ def test_held_row_is_skipped_and_the_ack_stays_below_it(
 
 def test_deadline_and_reconnection(store: BrokerStore, clock: FakeClock, sink: MemorySink) -> None:
     broker = holding_broker(store, clock, sink)
-    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4000))
     pub(broker, "big", "bulk")
     pub(broker, "n1")
     assert [n.nseq for n in notifies(broker, ALICE)] == [2]
     broker.handle_frame(ALICE, encode(Ack(upto=2)))
     # A reconnection: 2 was acknowledged (not sent again), 1 is still held.
     broker.mark_disconnected(ALICE, "test")
-    broker.mark_connected(ALICE, "127.0.0.1:4001")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4001))
     assert notifies(broker, ALICE) == []
     clock.advance(0.5 * BULK_DMAX - 0.001)
     broker.release_due()
@@ -95,7 +95,7 @@ def test_a_held_row_gone_another_way_does_not_keep_the_acks_back(
     store: BrokerStore, clock: FakeClock, sink: MemorySink
 ) -> None:
     broker = holding_broker(store, clock, sink)
-    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4000))
     pub(broker, "big", "bulk")
     pub(broker, "n1")
     assert [n.nseq for n in notifies(broker, ALICE)] == [2]
@@ -112,7 +112,7 @@ def test_a_held_row_goes_before_it_falls_out_of_the_agents_window(
 ) -> None:
     monkeypatch.setattr(network_holds, "MAX_HOLD_SPAN", 2)
     broker = holding_broker(store, clock, sink)
-    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4000))
     pub(broker, "big", "bulk")
     for n in range(4):
         pub(broker, f"n{n}")

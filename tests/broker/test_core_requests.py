@@ -416,7 +416,7 @@ def test_queued_notifications_of_an_expired_subscription_are_still_delivered(
     broker.sweep()
     assert publish(broker, "m2", "a").matched == 0
     add_session(store, ALICE)
-    broker.mark_connected(ALICE, "127.0.0.1:4000")
+    broker.mark_connected(ALICE, ("127.0.0.1", 4000))
     [notify] = notifies(broker, ALICE)
     assert (notify.nseq, notify.sub_id, notify.msg_id, notify.subject) == (1, sub.sub_id, "m1", "a")
     assert dict(notify.attrs) == {"k": 1} and notify.payload == b"p-m1"

@@ -162,7 +162,7 @@ def test_a_subscription_is_added_only_with_the_stores_answer(clock: FakeClock) -
 
 def test_a_connected_user_is_served_from_the_store_then_from_memory(clock: FakeClock) -> None:
     core = loaded(clock, sub(1, ALICE, "news.*"))
-    drive(core.mark_connected(ALICE, "10.0.0.1:5000"))
+    drive(core.mark_connected(ALICE, ("10.0.0.1", 5000)))
     # First take: the queue is read, and the missed count taken once (a new connection).
     taken, commands = drive(core.take_batches([ALICE]), returns([[]]))
     assert commands == [PendingMany([(ALICE, 0, 256)])]
@@ -181,7 +181,7 @@ def test_a_connected_user_is_served_from_the_store_then_from_memory(clock: FakeC
 
 def test_acks_are_held_and_applied_once_per_batch(clock: FakeClock) -> None:
     core = loaded(clock, sub(1, ALICE, "news.*"))
-    drive(core.mark_connected(ALICE, "10.0.0.1:5000"))
+    drive(core.mark_connected(ALICE, ("10.0.0.1", 5000)))
     drive(core.take_batches([ALICE]), returns([[]]))
     drive(core.handle_decoded([(PUBLISHER, pub(i)) for i in (1, 2, 3)]), published)
     taken, _ = drive(core.take_batches([ALICE]), returns(0))
@@ -218,7 +218,7 @@ def test_a_failed_ack_stays_held_and_is_applied_with_the_next_one(clock: FakeClo
 
 def test_an_acking_user_is_refilled_in_the_same_call(clock: FakeClock) -> None:
     core = loaded(clock, sub(1, ALICE, "news.*"), window=2)
-    drive(core.mark_connected(ALICE, "10.0.0.1:5000"))
+    drive(core.mark_connected(ALICE, ("10.0.0.1", 5000)))
     drive(core.take_batches([ALICE]), returns([[]]))
     drive(core.handle_decoded([(PUBLISHER, pub(i)) for i in (1, 2, 3)]), published)
     taken, _ = drive(core.take_batches([ALICE]), returns(0))
@@ -252,7 +252,7 @@ def test_a_user_whose_missed_count_fails_is_left_out_and_the_others_served(
 ) -> None:
     core = loaded(clock, sub(1, ALICE, "news.*"), sub(2, BOB, "news.*"))
     for uri in (ALICE, BOB):
-        drive(core.mark_connected(uri, "10.0.0.1:5000"))
+        drive(core.mark_connected(uri, ("10.0.0.1", 5000)))
     drive(core.take_batches([ALICE, BOB]), returns([[], []]))
     drive(core.handle_decoded([(PUBLISHER, pub(1))]), published)
     # Both are new connections: one read of the counts for both, then a take for the

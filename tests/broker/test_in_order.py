@@ -52,7 +52,7 @@ class Device_:
         calendar = encode(Calendar(req=2, rules=rules))
         assert isinstance(one(broker.handle_frame(self.uri, calendar)), CalendarOk)
         assert broker.handle_frame(self.uri, encode(Device(network="cellular"))) == []
-        broker.mark_connected(self.uri, "127.0.0.1:4000")
+        broker.mark_connected(self.uri, ("127.0.0.1", 4000))
         self.published: dict[int, tuple[int, str, float]] = {}  # nseq: sub, class, at
         self.received: list[int] = []
         self._msg = itertools.count()
