@@ -3,12 +3,13 @@ is for, and what each peer makes of its connection's events.
 
 :class:`EndpointCore` holds the peers by connection id (derived from each one's session
 key; an address never names a peer) and routes each datagram received to one of them, or
-counts why it went nowhere; it keeps the peers' deadlines in one heap under the one timer
-the adapter sets for the earliest. :class:`PeerCore` is one peer: its connection, the waiters
-its sends left (``rudp.waiters``) and the owner's callbacks; it turns events into waiter
-results, deliveries and callbacks. Neither reads a clock, a socket or a random source:
-the adapter (``rudp.aio``) gives the time through :meth:`PeerCore._now` and the sender id
-at creation, and does what the hooks ask (send datagrams, set the timer, flush at the end
+counts why it went nowhere; it keeps the peers' deadlines (a heap for the near ones, a
+wheel of seconds for the far ones) under the one timer the adapter sets for the
+earliest. :class:`PeerCore` is one peer: its connection, the waiters its sends left
+(``rudp.waiters``) and the owner's callbacks; it turns events into waiter results,
+deliveries and callbacks. Neither reads a clock, a socket or a random source: the
+adapter (``rudp.aio``) gives the time through :meth:`PeerCore._now` and the sender id at
+creation, and does what the hooks ask (send datagrams, set the timer, flush at the end
 of the loop's turn, keep a message for a reader, complete waiters).
 """
 
@@ -41,6 +42,9 @@ from rudp.waiters import Waiters
 
 log = logging.getLogger("rudp")
 _NO_ACK = "no ACK after retries"  # why a message failed
+# Seconds ahead from which a deadline waits in the endpoint's wheel rather than its heap
+# (see EndpointCore): past an RTO and an ACK delay, short of a keepalive.
+WHEEL_AFTER = 2.0
 
 H = TypeVar("H")  # the adapter's waiter handle (an asyncio future)
 
@@ -338,7 +342,12 @@ class EndpointCore(Generic[P]):
         # Every peer's next deadline, under one adapter timer set for the earliest: a
         # timer handle per peer costs ~240 bytes, and a broker holds a peer per session.
         # An entry whose peer moved its deadline since is dropped when it comes up.
-        self._timers: list[tuple[float, P]] = []
+        self._timers: list[tuple[float, P]] = []  # the near deadlines, a heap
+        # The far ones (an idle peer's keepalive: most of a broker's peers) by the whole
+        # second they fall in, a list slot each instead of a heap tuple (~64 bytes). A
+        # second's peers move into the heap when it begins: each fires at its deadline.
+        self._wheel: dict[int, list[P]] = {}
+        self._wheel_first: float = math.inf  # the wheel's earliest second
         self._timer_when = math.inf  # when the adapter's timer is set to fire
 
     def _peer(self, key: bytes, make: Callable[[], P]) -> P:
@@ -389,10 +398,31 @@ class EndpointCore(Generic[P]):
 
     def _arm_peer(self, peer: P, when: float) -> None:
         """Call ``peer._timer_fired`` at ``when`` (its ``_timer_at``)."""
-        heapq.heappush(self._timers, (when, peer))
+        if when - peer._now() < WHEEL_AFTER:
+            heapq.heappush(self._timers, (when, peer))
+        else:
+            second = math.floor(when)
+            bucket = self._wheel.get(second)
+            if bucket is not None:
+                bucket.append(peer)
+                return  # the timer is set for this second already, or sooner
+            self._wheel[second] = [peer]
+            self._wheel_first = min(self._wheel_first, second)
+            when = second  # the adapter wakes when the second begins
         if when < self._timer_when:
             self._timer_when = when
             self._set_timer(when)
+
+    def _wheel_due(self, limit: float) -> None:
+        """Move the peers of the wheel's seconds begun by ``limit`` into the heap (those
+        whose deadline is still in their second: a later one has its own entry)."""
+        while self._wheel_first <= limit:
+            second = int(self._wheel_first)
+            for peer in self._wheel.pop(second):
+                at = peer._timer_at
+                if at is not None and at < second + 1 and not peer._closed:
+                    heapq.heappush(self._timers, (at, peer))
+            self._wheel_first = min(self._wheel, default=math.inf)
 
     def _timers_due(self, now: float) -> None:
         """The adapter's timer went off at ``now``: fire every peer whose deadline came
@@ -400,6 +430,7 @@ class EndpointCore(Generic[P]):
         early), then set the timer for the next deadline."""
         limit = max(self._timer_when, now)
         self._timer_when = math.inf
+        self._wheel_due(limit)
         timers, due = self._timers, []
         while timers and timers[0][0] <= limit:
             due.append(heapq.heappop(timers))
@@ -414,9 +445,10 @@ class EndpointCore(Generic[P]):
                 self._timer_when = now
                 self._set_timer(now)
                 raise
-        if timers and timers[0][0] < self._timer_when:
-            self._timer_when = timers[0][0]
-            self._set_timer(self._timer_when)
+        when = min(timers[0][0] if timers else math.inf, self._wheel_first)
+        if when < self._timer_when:
+            self._timer_when = when
+            self._set_timer(when)
 
     def _set_timer(self, when: float) -> None:
         """The adapter's hook: call :meth:`_timers_due` at ``when`` instead of at the time

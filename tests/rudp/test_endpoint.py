@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rudp import PeerUnreachable, RudpConfig
 from rudp import packet as wire
@@ -295,3 +297,61 @@ def test_the_peers_deadlines_share_one_timer() -> None:
     assert end.set_at[-1] == 5.0  # p's stale entry
     end._timers_due(5.0)
     assert len(p.fired) == 1 and end._timers == []
+
+
+def test_a_far_deadline_waits_in_the_wheel_and_fires_on_time() -> None:
+    """An idle peer's keepalive is a list slot in the wheel, not a heap tuple; when its
+    second begins it moves to the heap, and it fires at its deadline, not at the second."""
+    end = _Timers()
+    peers = [end._peer(bytes([i]) * 32, _made(i)) for i in range(1, 101)]
+    for i, peer in enumerate(peers):
+        _due_at(end, peer, 15.0 + i / 100)
+    assert end._timers == [] and sum(map(len, end._wheel.values())) == 100
+    assert end.set_at == [15.0]
+    for peer in peers:
+        peer.time = 15.0
+    end._timers_due(15.0)  # the second begins: its peers wait in the heap for their time
+    assert peers[0].fired == [15.0] and not peers[1].fired
+    assert len(end._timers) == 99 and end.set_at[-1] == 15.01
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.floats(0.0, 40.0), st.floats(0.0, 5.0)),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_every_deadline_fires_once_when_due_and_never_before(
+    steps: list[tuple[int, float, float]],
+) -> None:
+    """Against the model: after each wake of the adapter's timer, exactly the peers whose
+    deadline came have fired, and the timer is never set later than a live deadline."""
+    end = _Timers()
+    peers = [end._peer(bytes([i + 1]) * 32, _made(i + 1)) for i in range(4)]
+    now = 0.0
+
+    def wake(at: float) -> None:
+        for peer in peers:
+            peer.time = at
+        due = {id(p) for p in peers if p._timer_at is not None and p._timer_at <= at}
+        before = {id(p): len(p.fired) for p in peers}
+        end._timers_due(at)
+        fired = {id(p) for p in peers if len(p.fired) > before[id(p)]}
+        assert fired == due
+        assert all(len(p.fired) - before[id(p)] <= 1 for p in peers)
+
+    for index, ahead, advance in steps:
+        peer = peers[index]
+        for p in peers:
+            p.time = now
+        when = now + ahead
+        if peer._timer_at is None or when < peer._timer_at:  # as PeerCore._flush arms
+            _due_at(end, peer, when)
+        live = [p._timer_at for p in peers if p._timer_at is not None]
+        assert not live or end._timer_when <= min(live)
+        now += advance
+        while end._timer_when <= now:
+            wake(end._timer_when)
+        assert all(p._timer_at is None or p._timer_at > now for p in peers)
