@@ -71,6 +71,7 @@ class DataPeer(Protocol):
     """One session's peer on a data channel (module docstring)."""
 
     transport: str
+    key: bytes  # the session key it was made with
 
     @property
     def connected(self) -> bool:
@@ -370,10 +371,9 @@ class QuicLinks:
 class UserLink:
     """The transport side of ``uri``'s session: its data channel's peer and what is in
     flight on it. Whether it is delivered to, and its epoch, are the Session Manager's
-    (``session``, read here, changed only there)."""
+    (``session``, read here, changed only there). Its user and key are its session's
+    and its peer's (a broker holds one link per session: no copies)."""
 
-    uri: str
-    key: bytes
     peer: DataPeer
     session: UserSession
     owner: LinkOwner
@@ -382,6 +382,15 @@ class UserLink:
     reply_bytes: int = 0
     listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
     refusing: bool = False  # over the cap: its requests are answered 503, logged once
+
+    @property
+    def uri(self) -> str:
+        return self.session.uri
+
+    @property
+    def key(self) -> bytes:
+        """The key the peer was made with (a re-key makes another link)."""
+        return self.peer.key
 
     @property
     def delivering(self) -> bool:

@@ -303,7 +303,7 @@ class BrokerService:
             self._kick(link)
             return
         if link is None:
-            link = UserLink(uri, key, self._peer(session, media_addr), session, self)
+            link = UserLink(self._peer(session, media_addr), session, self)
             self._users[uri] = link
             link.peer.bind(link)
         link.session = session
