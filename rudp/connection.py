@@ -82,6 +82,11 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         return self.state is ConnectionState.CONNECTED
 
     @property
+    def key(self) -> bytes:
+        """The session key the connection was made with."""
+        return self._key
+
+    @property
     def payload_size(self) -> int:
         """Message bytes per DATA packet: ``mtu`` less header, DATA fields and tag."""
         return self._sizes.payload

@@ -58,8 +58,7 @@ class PeerCore(Generic[H]):
     """
 
     __slots__ = (
-        "_closed", "_flush_soon", "_timer_at", "_waiters", "_written", "connection", "key",
-        "sparse",
+        "_closed", "_flush_soon", "_timer_at", "_waiters", "_written", "connection", "sparse",
     )  # fmt: skip
 
     # The owner's callbacks (unset: None), kept in ``sparse``: a server holding a peer
@@ -91,7 +90,6 @@ class PeerCore(Generic[H]):
         protection: wire.Protection,
         sender_id: int,
     ) -> None:
-        self.key = key
         self.connection = RudpConnection(
             key, config, sender_id=sender_id, protection=protection, peer_address=addr
         )
@@ -120,6 +118,11 @@ class PeerCore(Generic[H]):
         addr = self.connection.peer_address
         assert addr is not None  # given to the connection at creation
         return addr
+
+    @property
+    def key(self) -> bytes:
+        """The session key (the connection's: a server holds a peer per session)."""
+        return self.connection.key
 
     @property
     def path_changes(self) -> int:

@@ -71,7 +71,11 @@ class DataPeer(Protocol):
     """One session's peer on a data channel (module docstring)."""
 
     transport: str
-    key: bytes  # the session key it was made with
+
+    @property
+    def key(self) -> bytes:
+        """The session key it was made with."""
+        ...
 
     @property
     def connected(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hmac
+import sys
 import tracemalloc
 from collections.abc import Callable
 
@@ -91,11 +92,13 @@ def test_rare_counters_take_no_slot_until_they_count() -> None:
 
 async def test_a_peer_builds_its_waiters_and_table_key_on_use() -> None:
     """Nothing waits on an idle peer (the waiters go once the last send is acknowledged),
-    it keeps no slot per callback, and the endpoint's table shares its cid int."""
+    it keeps no slot per callback nor for the key (its connection's), and the endpoint's
+    table shares its cid int."""
     a = await RudpEndpoint.open("127.0.0.1")
     b = await RudpEndpoint.open("127.0.0.1")
     try:
         pa = a.peer(KEY, b.local_addr)
+        assert pa.key is pa.connection.key == KEY and sys.getsizeof(pa) <= 104  # nine slots
         b.peer(KEY, a.local_addr)
         idle, callbacks = pa._waiters, pa.sparse
         assert idle is None and callbacks is None and pa.on_message is None
