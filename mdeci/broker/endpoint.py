@@ -18,9 +18,9 @@ and its commands are carried out here (BYE, churn events) or by the service.
   :mod:`mdeci.broker.media_answer` on the data channels ``[media] transports`` accepts
   (488 + Warning when no line is usable), a key-exchange value another session holds is
   refused (488), and the answer names the accepted line's address (RUDP's, or the QUIC
-  server's with its fingerprint) with the SDP origin the manager keeps (RFC 3264: one
-  sess-id per session, version + 1 per answer). The UA creates the dialog after the
-  handler returns: the session is stored and delivered to when it
+  server's with its fingerprint) with an SDP origin (RFC 3264: one sess-id per dialog,
+  derived from it, and version + 1 per answer, which the manager keeps). The UA creates
+  the dialog after the handler returns: the session is stored and delivered to when it
   reports ``DialogStarted`` or ``DialogRefreshed``.
 - In-dialog BYE, re-INVITE, UPDATE and INFO first pass :meth:`_guard` (the UA calls it
   before the dialog changes): digest credentials of the session's owner, else 401/403
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 import sys
@@ -119,6 +120,15 @@ def _store_refusal(exc: StoreError) -> Reply:
 # ---------------------------------------------------------------------------- endpoint
 
 
+def sess_id(salt: bytes, call_id: str, from_tag: str) -> int:
+    """The o= sess-id of a dialog's answers: the same for all of them, as RFC 3264 §8
+    asks, with none kept per session. ``salt`` is the process's random one: a dialog
+    answered again after a restart (its versions are gone) gets another."""
+    text = f"{call_id}\0{from_tag}".encode()  # neither holds a NUL (RFC 3261 §25.1)
+    digest = hashlib.blake2b(text, digest_size=6, key=salt).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFFFFFF
+
+
 class BrokerSipEndpoint:
     """The broker's SIP endpoint; :meth:`start`, then :meth:`close` at the end.
 
@@ -172,6 +182,7 @@ class BrokerSipEndpoint:
         self._registrar: BrokerRegistrar | None = None  # the registrar's glue
         self.ua = UserAgent(ua_config(config), self.handle, random=random, guard=self._guard)
         self._random = random
+        self._sess_salt = random(16)  # see sess_id
         # Every user's session is the Session Manager's (the service holds it): this
         # endpoint hands it the SIP events and carries out its BYEs and churn events.
         self.sessions = service.sessions
@@ -373,8 +384,8 @@ class BrokerSipEndpoint:
             if refused is not None:
                 return refused
         self._guarded.discard(guarded)
-        fresh = self._new_sess_id()
-        sess_id, version = self.sessions.origin(uri, request.call_id, from_tag) or (fresh, 0)
+        version = self.sessions.version(uri, request.call_id, from_tag) or 0
+        origin = (sess_id(self._sess_salt, request.call_id, from_tag), version + 1)
         try:
             offer = read_description(request.body)  # read once: the answer reuses it
             media = read_offer(offer, self.service.channels)
@@ -395,7 +406,7 @@ class BrokerSipEndpoint:
                     holder,
                 )
                 return _refuse(488, "key-exchange value already in use; draw a new one")
-        return self._answer(req, uri, user, from_tag, offer, media, (sess_id, version + 1), keep)
+        return self._answer(req, uri, user, from_tag, offer, media, origin, keep)
 
     def _inviter(self, req: IncomingRequest) -> tuple[str, str, str] | Reply:
         """(AOR, user, From tag) of an INVITE's sender, or the refusal: 404 for another
@@ -471,16 +482,13 @@ class BrokerSipEndpoint:
             new_keys=kx is not None,
             transport=media.transport,
             offer=request.body.decode("utf-8", "replace"),
-            origin=origin,
+            version=origin[1],
             # The operator's record only: a number announced in SDP is the user's claim,
             # and SMS to it would be paid by the operator.
             msisdn=self._msisdns.get(uri),
         )
         self._run(self.sessions.answered(answered))
         return Reply(200, body=answer)
-
-    def _new_sess_id(self) -> int:
-        return int.from_bytes(self._random(6), "big") & 0x7FFFFFFFFFFF
 
     def _authenticate(self, request: Request, user: str, attempt: LoginAttempt) -> Reply | None:
         """Digest for ``request`` (``attempt``) as ``user``: None when good, else the

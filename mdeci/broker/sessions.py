@@ -16,7 +16,7 @@ new, larger value from one counter for every user at each new association of the
 transport: a new session, a takeover by a new dialog, a re-key, a reconnection; and at
 the end), the key-confirmation deadline and whether the path was proved since the last
 attachment (what the SMS side waits for). Per (Call-ID, From tag) the manager also keeps
-the SDP origin of the session's answers and the answers waiting for their dialog. Per
+the SDP origin version of the session's answers and the answers waiting for their dialog. Per
 URI, beside the sessions, it keeps the SMS fallback's fields (:attr:`SessionManager.sms`,
 :mod:`mdeci.broker.sms_sessions`): :class:`SmsLook` and :class:`SmsStop` start and stop
 what those fields drive.
@@ -107,8 +107,9 @@ class UserSession:
     heard: bool = False  # an authentic datagram came over the current association
     proved: bool = True  # a datagram sent since the last attachment was acknowledged
     attached_key: bytes = field(default=b"", repr=False)  # the key of the association
-    # RFC 3264 §8: (o= sess-id, version) of the last answer in the current dialog.
-    origin: tuple[int, int] | None = None
+    # RFC 3264 §8: the o= version of the last answer in the current dialog (its sess-id
+    # is the endpoint's, derived from the dialog: none kept per session).
+    version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ class _Answer:
 
 @dataclass(frozen=True, slots=True)
 class InviteAnswered:
-    """The endpoint answers ``uri``'s (re-)INVITE 2xx with these keys and this origin;
+    """The endpoint answers ``uri``'s (re-)INVITE 2xx with these keys and SDP version;
     ``dialog_id``: the dialog a re-INVITE came in, None for a new one."""
 
     uri: str
@@ -142,7 +143,7 @@ class InviteAnswered:
     key: bytes = field(repr=False)
     new_keys: bool
     offer: str
-    origin: tuple[int, int]  # (o= sess-id, version) of the answer
+    version: int  # the o= version of the answer
     msisdn: str | None = None  # the operator's record of the user's number
     transport: str = RUDP  # the data channel the answer accepted ("rudp" or "quic")
 
@@ -272,9 +273,9 @@ class SessionManager:
         self._holders: dict[bytes, str] = {}  # kx -> uri, for live sessions
         self._answers: dict[tuple[str, str], _Answer] = {}  # (Call-ID, From tag)
         self._answer_kx: dict[bytes, int] = {}  # kx of the answers waiting -> how many
-        # RFC 3264 §8: the o= sess-id and version of answers whose dialog is no session's
-        # current one (yet), per (Call-ID, From tag); a session keeps its dialog's own.
-        self._origins: dict[tuple[str, str], tuple[int, int]] = {}
+        # RFC 3264 §8: the o= version of answers whose dialog is no session's current
+        # one (yet), per (Call-ID, From tag); a session keeps its dialog's own.
+        self._versions: dict[tuple[str, str], int] = {}
         # One counter for every user: a user's epochs grow across its sessions too, so
         # nothing of an ended session can pass for a later one's.
         self._epochs = 0
@@ -302,12 +303,12 @@ class SessionManager:
         """The user whose session ``dialog_id`` is, if any."""
         return self._owners.get(dialog_id)
 
-    def origin(self, uri: str, call_id: str, from_tag: str) -> tuple[int, int] | None:
-        """(sess-id, version) of the last answer in this session of ``uri``, if any."""
+    def version(self, uri: str, call_id: str, from_tag: str) -> int | None:
+        """The SDP version of the last answer in this dialog of ``uri``, if any."""
         s = self._sessions.get(uri)
-        if s is not None and s.origin is not None and _in_dialog(s, call_id, from_tag):
-            return s.origin
-        return self._origins.get((call_id, from_tag))
+        if s is not None and s.version is not None and _in_dialog(s, call_id, from_tag):
+            return s.version
+        return self._versions.get((call_id, from_tag))
 
     def keeps_keys(self, uri: str, dialog_id: DialogId | None, kx: bytes) -> bool:
         """A re-INVITE of ``uri``'s session offering the value its keys came from."""
@@ -349,9 +350,9 @@ class SessionManager:
         key = (ev.call_id, ev.from_tag)
         s = self._sessions.get(ev.uri)
         if s is not None and _in_dialog(s, ev.call_id, ev.from_tag):
-            s.origin = ev.origin
+            s.version = ev.version
         else:
-            self._origins[key] = ev.origin
+            self._versions[key] = ev.version
         self._drop_answer(key)
         self._answers[key] = _Answer(
             ev.uri, ev.media_addr, ev.offer, ev.key, ev.kx, ev.new_keys, ev.msisdn, ev.transport
@@ -390,10 +391,10 @@ class SessionManager:
             s.dialog_id, s.call_id, s.remote_tag = ev.dialog_id, call_id, remote_tag
             s.started_at = ev.wall
             s.key_deadline = None
-            s.origin = None
+            s.version = None
             self._owners[ev.dialog_id] = uri
-        if (origin := self._origins.pop((call_id, remote_tag), None)) is not None:
-            s.origin = origin  # the session's dialog now: it keeps its own
+        if (version := self._versions.pop((call_id, remote_tag), None)) is not None:
+            s.version = version  # the session's dialog now: it keeps its own
         self._set_kx(s, answer.kx)
         out.append(
             StoreSession(
@@ -646,7 +647,7 @@ class SessionManager:
         del self._sessions[s.uri]
         if s.dialog_id is not None:
             self._owners.pop(s.dialog_id, None)
-        self._origins.pop((s.call_id, s.remote_tag), None)
+        self._versions.pop((s.call_id, s.remote_tag), None)
         self._set_kx(s, None)
         s.epoch = self._next_epoch()  # whatever still completes belongs to no connection
 

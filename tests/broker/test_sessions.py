@@ -90,7 +90,7 @@ class Agent:
         *,
         new: bool,
     ) -> InviteAnswered:
-        origin = self.m.origin(self.uri, call_id, tag)
+        version = self.m.version(self.uri, call_id, tag)
         return InviteAnswered(
             uri=self.uri,
             call_id=call_id,
@@ -101,7 +101,7 @@ class Agent:
             key=key,
             new_keys=new,
             offer="v=0",
-            origin=(7, 1 if origin is None else origin[1] + 1),
+            version=1 if version is None else version + 1,
             msisdn="+5511",
         )
 
@@ -317,9 +317,9 @@ def test_invite_stores_the_session_once_then_delivers(
     assert isinstance(log, Log) and log.event == "session_started"
     assert manager.is_connected(ALICE) and manager.owner(alice.dialog or ("", "", "")) == ALICE
     assert manager.kx_holder(alice.kx) == ALICE
-    assert manager.origin(ALICE, *alice.dialog[::2] if alice.dialog else ("", "")) == (7, 1)
-    # The session keeps its dialog's origin: no table entry per live session.
-    assert not manager._origins
+    assert manager.version(ALICE, *alice.dialog[::2] if alice.dialog else ("", "")) == 1
+    # The session keeps its dialog's version: no table entry per live session.
+    assert not manager._versions
 
 
 def test_move_keeps_the_association_and_sends_nothing_again(
@@ -451,7 +451,7 @@ def test_kick_ends_with_bye_and_forgets(manager: SessionManager, clock: Clock) -
     log = out[2]
     assert isinstance(log, Log) and dict(log.fields)["reason"] == "kicked"
     assert manager.get(ALICE) is None and manager.owner(alice.dialog) is None
-    assert manager.origin(ALICE, alice.dialog[0], alice.dialog[2]) is None
+    assert manager.version(ALICE, alice.dialog[0], alice.dialog[2]) is None
     assert manager.kick(ALICE) == []
 
 
@@ -513,7 +513,7 @@ def test_kx_value_of_an_answer_in_progress_is_held(manager: SessionManager) -> N
         key=b"k" * 16,
         new_keys=True,
         offer="v=0",
-        origin=(1, 1),
+        version=1,
     )
     assert manager.answered(answer) == []
     assert manager.kx_holder(b"shared") == BOB

@@ -17,6 +17,7 @@ import secrets
 import socket
 
 from mdeci.broker.app import RunningBroker
+from mdeci.broker.endpoint import sess_id
 from sip.aio.ua import UaConfig, UserAgent
 from sip.auth import DigestClient
 from tests.broker.conftest import WaitingSink
@@ -123,6 +124,16 @@ async def test_sdp_origin_is_per_session(running: RunningBroker, devices: list[D
         b1[0],
         2,
     )
+
+
+def test_a_dialogs_sess_id_is_derived_and_salted_per_process() -> None:
+    """No sess-id is kept per session: each dialog's is derived from its Call-ID and From
+    tag under the process's salt (another dialog, or the same after a restart, differs)."""
+    salt, other = b"s" * 16, b"t" * 16
+    one = sess_id(salt, "call-1", "tag-1")
+    assert one == sess_id(salt, "call-1", "tag-1") and 0 <= one < 1 << 47
+    assert len({one, sess_id(salt, "call-2", "tag-1"), sess_id(salt, "call-1", "tag-2")}) == 3
+    assert sess_id(other, "call-1", "tag-1") != one
 
 
 async def test_unauthenticated_bye_from_elsewhere_does_not_end_the_session(
