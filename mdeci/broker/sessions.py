@@ -94,8 +94,6 @@ class UserSession:
 
     uri: str
     dialog_id: DialogId | None  # None: a session made without SIP (BrokerService.connected)
-    call_id: str
-    remote_tag: str
     media_addr: Address
     key: bytes = field(repr=False)  # the session secret (rudp.keys)
     kx: bytes | None  # the agent's public value the keys were agreed with
@@ -110,6 +108,16 @@ class UserSession:
     # RFC 3264 §8: the o= version of the last answer in the current dialog (its sess-id
     # is the endpoint's, derived from the dialog: none kept per session).
     version: int | None = None
+
+    @property
+    def call_id(self) -> str:
+        """The dialog's Call-ID ("" without one): read from ``dialog_id``, not kept twice."""
+        return "" if self.dialog_id is None else self.dialog_id[0]
+
+    @property
+    def remote_tag(self) -> str:
+        """The agent's tag in the dialog ("" without one)."""
+        return "" if self.dialog_id is None else self.dialog_id[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,10 +396,7 @@ class SessionManager:
             if s.dialog_id is not None:
                 out.append(SendBye(s.dialog_id))
                 self._owners.pop(s.dialog_id, None)
-            s.dialog_id, s.call_id, s.remote_tag = ev.dialog_id, call_id, remote_tag
-            s.started_at = ev.wall
-            s.key_deadline = None
-            s.version = None
+            s.dialog_id, s.started_at, s.key_deadline, s.version = ev.dialog_id, ev.wall, None, None
             self._owners[ev.dialog_id] = uri
         if (version := self._versions.pop((call_id, remote_tag), None)) is not None:
             s.version = version  # the session's dialog now: it keeps its own
@@ -587,8 +592,7 @@ class SessionManager:
     def _new(
         self, uri: str, dialog_id: DialogId | None, addr: Address, key: bytes, started: float
     ) -> UserSession:
-        call_id, remote_tag = ("", "") if dialog_id is None else (dialog_id[0], dialog_id[2])
-        s = UserSession(uri, dialog_id, call_id, remote_tag, addr, key, None, started)
+        s = UserSession(uri, dialog_id, addr, key, None, started)
         self._sessions[uri] = s
         if dialog_id is not None:
             self._owners[dialog_id] = uri

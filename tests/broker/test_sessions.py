@@ -5,6 +5,7 @@ confirmation timeout)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 
 import pytest
@@ -318,8 +319,13 @@ def test_invite_stores_the_session_once_then_delivers(
     assert manager.is_connected(ALICE) and manager.owner(alice.dialog or ("", "", "")) == ALICE
     assert manager.kx_holder(alice.kx) == ALICE
     assert manager.version(ALICE, *alice.dialog[::2] if alice.dialog else ("", "")) == 1
-    # The session keeps its dialog's version: no table entry per live session.
+    # The session keeps its dialog's version: no table entry per live session; its
+    # Call-ID and tag are its dialog id's (14 slots, no copies).
     assert not manager._versions
+    session = manager.get(ALICE)
+    assert session is not None and alice.dialog is not None
+    assert (session.call_id, session.remote_tag) == (alice.dialog[0], alice.dialog[2])
+    assert sys.getsizeof(session) <= 144
 
 
 def test_move_keeps_the_association_and_sends_nothing_again(
