@@ -283,11 +283,11 @@ def _attach_holds(broker: Broker, config: BrokerConfig, sink: ChurnSink) -> None
 
     def sub_class(sub_id: int) -> str | None:
         compiled = broker.core.matcher.get(sub_id)
-        return None if compiled is None else compiled.sub.qclass or None
+        return None if compiled is None else compiled.qclass or None
 
     def sub_in_order(sub_id: int) -> bool:
         compiled = broker.core.matcher.get(sub_id)
-        return compiled is not None and compiled.sub.in_order
+        return compiled is not None and compiled.in_order
 
     broker.core.holds = NetworkHolds(
         channels.networks,

@@ -348,7 +348,7 @@ class BrokerCore(Delivery):
                 frame.in_order,
             )
         )
-        self.matcher.add(CompiledSubscription(sub, pattern, compiled_filter))
+        self.matcher.add(CompiledSubscription.of(sub, pattern, compiled_filter))
         self.log.emit("subscription_added", uri, reason=_describe(sub))
         return SubOk(req=frame.req, sub_id=str(sub.sub_id), expires_at=sub.expires_at, ttl=ttl)
 
@@ -363,7 +363,7 @@ class BrokerCore(Delivery):
             return _error(frame.req, NOT_FOUND, f"no live subscription {frame.sub_id!r}")
         cached = self.matcher.get(sub.sub_id)
         if cached is not None:
-            self.matcher.add(CompiledSubscription(sub, cached.pattern, cached.filter))
+            self.matcher.add(CompiledSubscription.of(sub, cached.matcher, cached.accepts))
         else:  # not cached: made by another broker on this store, or no longer compiles
             with contextlib.suppress(SubjectError, FilterError):
                 self.matcher.add(CompiledSubscription.compile(sub))
@@ -383,7 +383,7 @@ class BrokerCore(Delivery):
         cached = None if sub_id is None else self.matcher.get(sub_id)
         # Another user's id is answered exactly like an unknown one: ids are not secrets,
         # but whether someone else subscribed is none of this user's business.
-        if sub_id is None or (cached is not None and cached.sub.uri != uri):
+        if sub_id is None or (cached is not None and cached.uri != uri):
             return _error(frame.req, NOT_FOUND, f"no subscription {frame.sub_id!r}")
         if not (yield from call(RemoveSubscription(uri, sub_id))):
             return _error(frame.req, NOT_FOUND, f"no subscription {frame.sub_id!r}")
@@ -578,7 +578,7 @@ class BrokerCore(Delivery):
         found = set()
         for _, sub_id in targets:
             compiled = self.matcher.get(sub_id)
-            if compiled is not None and compiled.sub.qclass in self.sms_classes:
+            if compiled is not None and compiled.qclass in self.sms_classes:
                 found.add(sub_id)
         return frozenset(found)
 

@@ -392,7 +392,7 @@ class BrokerService:
     def sub_class(self, sub_id: int) -> str | None:
         """The queue class live subscription ``sub_id`` asked for, if any."""
         compiled = self.broker.matcher.get(sub_id)
-        return None if compiled is None else compiled.sub.qclass
+        return None if compiled is None else compiled.qclass
 
     def handle_sms_frame(self, uri: str, data: bytes) -> None:
         """A ``pub`` or ``ack`` from ``uri``'s phone by SMS: handled as over IP (on the

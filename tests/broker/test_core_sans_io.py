@@ -277,7 +277,7 @@ def test_a_renewal_moves_the_expiry_the_store_answers(clock: FakeClock) -> None:
     assert commands == [RenewSubscription(ALICE, 1, 600.0, T0 + 100.0)]
     assert replies == [SubOk(req=5, sub_id="1", expires_at=T0 + 700.0, ttl=600.0)]
     cached = core.matcher.get(1)
-    assert cached is not None and cached.sub.expires_at == T0 + 700.0
+    assert cached is not None and cached.expires_at == T0 + 700.0
     # The store has no live one of that id: 404, the matcher unchanged.
     replies, _ = drive(core.handle(ALICE, Renew(req=6, sub_id="1", ttl=600)), returns(None))
     assert isinstance(replies[0], Error) and replies[0].code == 404

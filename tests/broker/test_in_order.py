@@ -40,7 +40,7 @@ class Device_:
 
         def in_order(sub_id: int) -> bool:
             compiled = broker.core.matcher.get(sub_id)
-            return compiled is not None and compiled.sub.in_order
+            return compiled is not None and compiled.in_order
 
         broker.core.holds = NetworkHolds(
             THESIS_NETWORKS, CLASSES, sink, clock, sub_in_order=in_order

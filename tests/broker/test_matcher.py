@@ -36,7 +36,7 @@ def _scan(
         sub = subs[sub_id]
         if sub.expires_at > now and subject_matches(sub.subject, subject):
             compiled = CompiledSubscription.compile(sub)
-            if compiled.filter(attrs):
+            if compiled.accepts(attrs):
                 targets.append((sub.uri, sub_id))
     return targets, expired
 
@@ -208,3 +208,17 @@ def test_the_cost_refusal_counts_only_the_users_live_subscriptions() -> None:
     refused = matcher.cost_refusal(uri, three, 8, 0.0)
     assert refused is not None and "costs 3" in refused and "subscriptions 6" in refused
     assert matcher.cost_refusal(uri, three, 6, 15.0) is None  # the first one expired
+
+
+def test_an_entry_is_its_row_compiled_in_one_object() -> None:
+    """A broker holds an entry per session: it is the stored row itself with the
+    compiled filter, and a pattern without wildcards keeps no matcher object."""
+    exact = CompiledSubscription.compile(_sub(1, "a.b", 5.0, "n > 1", user=0))
+    assert isinstance(exact, Subscription) and exact.exact and exact.matcher is None
+    assert (exact.sub_id, exact.uri, exact.subject, exact.filter) == (1, "sip:u0@x", "a.b", "n > 1")
+    assert exact.matches("a.b") and not exact.matches("a.c")
+    assert exact.accepts({"n": 2}) and not exact.accepts({"n": 1})
+    wild = CompiledSubscription.compile(_sub(2, "a.*", 5.0))
+    assert wild.matcher is not None and wild.matches("a.c") and not wild.matches("b.c")
+    later = CompiledSubscription.of(_sub(2, "a.*", 9.0), wild.matcher, wild.accepts)
+    assert later.expires_at == 9.0 and later.matcher is wild.matcher and wild < later
