@@ -203,7 +203,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         if header.cid != self.cid:
             self.stats.unknown_cid += 1
             return False
-        payload = self._keys_for(header.sender).open(data, header.pn)
+        payload = wire.unprotect(self._key_iv_of(header.sender), self._send_aead, data, header.pn)
         if payload is None:
             self.stats.bad_tag += 1
             return False
@@ -279,17 +279,18 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
             self._on_new_source(source, now)
         return fresh
 
-    def _keys_for(self, sender: int) -> wire.SenderKeys:
+    def _key_iv_of(self, sender: int) -> int:
         if sender == self.sender_id:
-            return self._send_keys  # a reflection authenticates; counted as such after
-        keys = self._peer_keys
-        if keys is None or keys.sender != sender:
-            # One HKDF per new sender id; the pinned peer's keys stay cached (the check
-            # against the pinned id comes after authentication, in receive_datagram).
-            keys = wire.SenderKeys(self._key, sender, self._send_keys.protection)
-            if self._peer_sender is None or sender == self._peer_sender:
-                self._peer_keys = keys
-        return keys
+            return self._send_key_iv  # a reflection authenticates; counted as such after
+        if sender == self._peer_keys_of:
+            return self._peer_key_iv
+        # One HKDF per new sender id; the pinned peer's keys stay cached (the check
+        # against the pinned id comes after authentication, in receive_datagram).
+        protection = wire.Protection.AEAD if self._send_aead else wire.Protection.INTEGRITY_ONLY
+        key_iv = wire.key_iv(self._key, sender, protection)
+        if self._peer_sender is None or sender == self._peer_sender:
+            self._peer_key_iv, self._peer_keys_of = key_iv, sender
+        return key_iv
 
     # ---------------------------------------------------------------- timers
 
@@ -357,7 +358,9 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         self._next_pn += 1
         self._last_sent = now
         self.stats.packets_sent += 1
-        return wire.seal_encoded(self._send_keys, self.cid, pn, frames)
+        return wire.seal_encoded(
+            self._send_key_iv, self._send_aead, self.cid, self.sender_id, pn, frames
+        )
 
     def _data_frame(self, out: Outgoing, now: float, pn: int) -> bytes:
         """``out`` as a DATA frame of the packet numbered ``pn`` being built."""

@@ -127,7 +127,8 @@ class ConnectionFields:
         "_partial_count",
         "_path_responses",
         "_peer_address",
-        "_peer_keys",
+        "_peer_key_iv",
+        "_peer_keys_of",
         "_peer_sender",
         "_ping_now",
         "_pn_bitmap",
@@ -142,7 +143,8 @@ class ConnectionFields:
         "_retries",
         "_rto_deadline",
         "_sacked_ranges",
-        "_send_keys",
+        "_send_aead",
+        "_send_key_iv",
         "_sent_order",
         "_sizes",
         "_snd_una",
@@ -177,8 +179,12 @@ class ConnectionFields:
         self.stats = RudpStats()
         self.rto = RtoEstimator(config)
         self._key = key
-        self._send_keys = wire.SenderKeys(key, self.sender_id, protection)
-        self._peer_keys: wire.SenderKeys | None = None  # of the pinned or last-seen sender
+        # Keys as wire.key_iv ints, not wire.SenderKeys objects (64 bytes each, two per
+        # session in a broker): ours, and those of the pinned or last-seen peer sender.
+        self._send_key_iv = wire.key_iv(key, self.sender_id, protection)
+        self._send_aead = protection is wire.Protection.AEAD
+        self._peer_key_iv = 0
+        self._peer_keys_of: int | None = None  # the sender _peer_key_iv is for
         self._path_responses: list[bytes] | None = None  # tokens of challenges to answer
         # Where datagrams go; None when the caller tracks no addresses (no path validation).
         self._peer_address = peer_address

@@ -216,23 +216,59 @@ IV_MASK = (1 << IV_BITS) - 1
 
 @functools.lru_cache(maxsize=AEAD_CONTEXTS)
 def _aead(key_iv: int) -> AESGCM:
-    return AESGCM((key_iv >> IV_BITS).to_bytes(KEY_SIZE, "big"))
+    return AESGCM(_mac_key(key_iv))
+
+
+def key_iv(secret: bytes, sender: int, protection: Protection) -> int:
+    """The key and IV of ``sender`` under ``secret`` (module docstring) as one int."""
+    material = HKDF(
+        algorithm=hashes.SHA256(),
+        length=KEY_SIZE + IV_SIZE,
+        salt=KDF_SALT,
+        info=b"mdeci-rudp sender " + sender.to_bytes(4, "big") + protection.value.encode(),
+    ).derive(secret)
+    return int.from_bytes(material, "big")
+
+
+def _mac_key(key_iv: int) -> bytes:
+    return (key_iv >> IV_BITS).to_bytes(KEY_SIZE, "big")
+
+
+def protect(key_iv: int, aead: bool, header: bytes, pn: int, payload: bytes) -> bytes:
+    """``header`` + ``payload`` protected under ``key_iv`` + tag (``aead``: AES-256-GCM,
+    the nonce the IV xor ``pn``; else HMAC-SHA-256 over the clear frames)."""
+    if not aead:
+        data = header + payload
+        return data + hmac.digest(_mac_key(key_iv), data, "sha256")[:TAG_SIZE]
+    nonce = ((key_iv ^ pn) & IV_MASK).to_bytes(IV_SIZE, "big")
+    return header + _aead(key_iv).encrypt(nonce, payload, header)
+
+
+def unprotect(key_iv: int, aead: bool, datagram: bytes, pn: int) -> bytes | None:
+    """The payload of a datagram :func:`protect` made, or None when its tag does not
+    verify."""
+    header = datagram[:HEADER_SIZE]
+    if not aead:
+        expected = hmac.digest(_mac_key(key_iv), datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
+        if not hmac.compare_digest(expected, datagram[-TAG_SIZE:]):
+            return None
+        return datagram[HEADER_SIZE:-TAG_SIZE]
+    nonce = ((key_iv ^ pn) & IV_MASK).to_bytes(IV_SIZE, "big")
+    try:
+        return _aead(key_iv).decrypt(nonce, datagram[HEADER_SIZE:], header)
+    except InvalidTag:
+        return None
 
 
 class SenderKeys:
-    """Key and IV of one sender id under one session secret (module docstring), kept as
-    the one int ``key || IV`` (see IV_BITS), which also finds the cached AEAD context."""
+    """Key and IV of one sender id under one session secret (module docstring). A
+    connection keeps the int (:func:`key_iv`) itself: a broker holds two per session,
+    and this object around each costs 64 bytes."""
 
-    __slots__ = ("_key_iv", "aead", "sender")
+    __slots__ = ("aead", "key_iv", "sender")
 
     def __init__(self, secret: bytes, sender: int, protection: Protection) -> None:
-        material = HKDF(
-            algorithm=hashes.SHA256(),
-            length=KEY_SIZE + IV_SIZE,
-            salt=KDF_SALT,
-            info=b"mdeci-rudp sender " + sender.to_bytes(4, "big") + protection.value.encode(),
-        ).derive(secret)
-        self._key_iv = int.from_bytes(material, "big")
+        self.key_iv = key_iv(secret, sender, protection)
         self.sender = sender
         self.aead = protection is Protection.AEAD  # else HMAC-SHA-256 only (the reference)
 
@@ -240,31 +276,13 @@ class SenderKeys:
     def protection(self) -> Protection:
         return Protection.AEAD if self.aead else Protection.INTEGRITY_ONLY
 
-    def _nonce(self, pn: int) -> bytes:
-        return ((self._key_iv ^ pn) & IV_MASK).to_bytes(IV_SIZE, "big")
-
-    def _mac_key(self) -> bytes:
-        return (self._key_iv >> IV_BITS).to_bytes(KEY_SIZE, "big")
-
     def seal(self, header: bytes, pn: int, payload: bytes) -> bytes:
         """``header`` + protected ``payload`` + tag."""
-        if not self.aead:
-            data = header + payload
-            return data + hmac.digest(self._mac_key(), data, "sha256")[:TAG_SIZE]
-        return header + _aead(self._key_iv).encrypt(self._nonce(pn), payload, header)
+        return protect(self.key_iv, self.aead, header, pn, payload)
 
     def open(self, datagram: bytes, pn: int) -> bytes | None:
         """The payload of an authentic datagram, or None when the tag does not verify."""
-        header = datagram[:HEADER_SIZE]
-        if not self.aead:
-            expected = hmac.digest(self._mac_key(), datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
-            if not hmac.compare_digest(expected, datagram[-TAG_SIZE:]):
-                return None
-            return datagram[HEADER_SIZE:-TAG_SIZE]
-        try:
-            return _aead(self._key_iv).decrypt(self._nonce(pn), datagram[HEADER_SIZE:], header)
-        except InvalidTag:
-            return None
+        return unprotect(self.key_iv, self.aead, datagram, pn)
 
 
 def push_header(header: Header) -> bytes:
@@ -276,10 +294,13 @@ def seal(keys: SenderKeys, header: Header, frames: list[Frame]) -> bytes:
     return keys.seal(push_header(header), header.pn, b"".join(push_frame(f) for f in frames))
 
 
-def seal_encoded(keys: SenderKeys, cid: int, pn: int, frames: list[bytes]) -> bytes:
+def seal_encoded(
+    key_iv: int, aead: bool, cid: int, sender: int, pn: int, frames: list[bytes]
+) -> bytes:
     """One protected datagram from frames already encoded (``push_data``/``push_frame``):
-    the same bytes as :func:`seal`, with no Header or frame objects on the way."""
-    return keys.seal(HEADER.pack(VERSION, 0, cid, keys.sender, pn), pn, b"".join(frames))
+    the same bytes as :func:`seal`, with no Header, frame or key objects on the way."""
+    header = HEADER.pack(VERSION, 0, cid, sender, pn)
+    return protect(key_iv, aead, header, pn, b"".join(frames))
 
 
 def peek_cid(datagram: bytes) -> int:
