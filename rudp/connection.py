@@ -15,7 +15,7 @@ as one connection is one object with one state.
 
 Security: every datagram is encrypted and authenticated (AES-256-GCM, header as
 associated data) under a key derived from the session secret and the sender id
-(``rudp.packet.SenderKeys``), and carries a per-sender packet number checked
+(``rudp.packet.key_iv``), and carries a per-sender packet number checked
 against a sliding replay window.
 The peer's sender id is pinned by its first authenticated packet: a packet
 with another sender id (our own: a reflection; any other: a replay from an

@@ -11,7 +11,7 @@ ephemeral X25519 key pair and put only the *public* value in their SDP
                          info = "mdeci session" || th, length = 32)
 
 ``secret`` is the RUDP session secret: :class:`rudp.RudpConnection` derives the
-connection id and per-sender AEAD keys from it (``rudp.packet.SenderKeys``).
+connection id and per-sender AEAD keys from it (``rudp.packet.key_iv``).
 
 Why each input: Z gives forward secrecy (the private values live in memory for one
 exchange only); psk binds the exchange to the user's password, so an on-path party
