@@ -190,6 +190,25 @@ def test_the_ha1_cache_is_bounded_and_forgets_the_least_recent(store: BrokerStor
     assert cache.ha1("a", "d", "SHA-256") is None  # dropped: one entry at most
 
 
+def test_the_ha1_cache_drops_the_first_fetched_and_keeps_digests_as_ints(
+    store: BrokerStore,
+) -> None:
+    """A broker caches every session owner's HA1: a plain table of ints (an OrderedDict
+    of bytes cost ~60 bytes more per user); a fetch again refreshes the value in place."""
+    for name in "abc":
+        store.users.add_user(f"sip:{name}@d", "d", f"pw-{name}", username=name)
+    cache = CachedCredentials(store, ("SHA-256",), size=2)
+    cache.keep(cache.fetch("a", "d"))
+    cache.keep(cache.fetch("b", "d"))
+    cache.keep(cache.fetch("a", "d"))  # refetched: still the first fetched
+    cache.keep(cache.fetch("c", "d"))
+    assert [cache.knows(name, "d") for name in "abc"] == [False, True, True]
+    table = cache._tables[("d", "SHA-256")]
+    assert type(table) is dict and all(isinstance(v, int) for v in table.values())
+    assert cache.ha1("b", "d", "SHA-256") == store.users.get_credentials("b", "d", "SHA-256")
+    assert list(cache._order[("d", "SHA-256")]) == list(table) == ["b", "c"]
+
+
 def test_the_ha1_cache_gives_back_the_stored_text(store: BrokerStore) -> None:
     """Kept as bytes when its hex is lowercase, as text otherwise: read back unchanged."""
     store.users.add_user("sip:a@d", "d", "pw-a", username="a")
@@ -199,11 +218,16 @@ def test_the_ha1_cache_gives_back_the_stored_text(store: BrokerStore) -> None:
         ("b", "d", "SHA-256"): "ABCDEF",
         ("c", "d", "SHA-256"): "not hex",
         ("e", "d", "MD5"): None,
+        ("f", "d", "SHA-256"): "00" + "0a" * 31,  # leading zeros, kept as an int
+        ("g", "d", "SHA-256"): "0x" + "0a" * 31,  # int() would read it: not lowercase hex
     }
     cache.keep({**cache.fetch("a", "d"), **odd})
     assert cache.ha1("a", "d", "SHA-256") == stored is not None
     assert cache.ha1("b", "d", "SHA-256") == "ABCDEF"
     assert cache.ha1("c", "d", "SHA-256") == "not hex"
+    assert cache.ha1("f", "d", "SHA-256") == "00" + "0a" * 31
+    assert cache.ha1("g", "d", "SHA-256") == "0x" + "0a" * 31
+    assert isinstance(cache._tables[("d", "SHA-256")]["f"], int)
     assert cache.ha1("e", "d", "MD5") is None and cache.ha1("a", "other", "SHA-256") is None
     assert cache.knows("a", "d") and cache.knows("c", "d") and not cache.knows("e", "d")
 
