@@ -156,7 +156,8 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         key but not our sender id (a restarted broker reaches its agents so)."""
         if self.state is ConnectionState.CONNECTED:
             self._ping_now = True
-            self._spoke_first = self._spoke_first or self._peer_sender is None
+            if self._peer_sender is None and not self._spoke_first:
+                self._spoke_first = True
 
     def path_changed(self, now: float) -> None:
         """The peer is reachable at another address from now on (or we are: our own
@@ -221,7 +222,8 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         if fresh is None:
             self.stats.replayed += 1
             return False
-        self._restarted = None  # the pinned peer speaks: what we heard was not its successor
+        if self._restarted is not None:  # the pinned peer speaks: not its successor
+            self._restarted = None
         try:
             frames = wire.pull_frames(payload)
         except PacketError:

@@ -26,6 +26,7 @@ from rudp.events import (
     RudpStats,
 )
 from rudp.rto import RtoEstimator
+from rudp.sparse import Sparse
 
 if TYPE_CHECKING:
     from rudp.path import Address, PathCandidate
@@ -107,7 +108,6 @@ class ConnectionFields:
         "_buffer",
         "_buffer_bytes",
         "_candidate",
-        "_challenges",
         "_events",
         "_highest_pn",
         "_highest_reported",
@@ -139,7 +139,6 @@ class ConnectionFields:
         "_ranges",
         "_rcv_next",
         "_resend",
-        "_restarted",
         "_retries",
         "_rto_deadline",
         "_sacked_ranges",
@@ -148,18 +147,27 @@ class ConnectionFields:
         "_sent_order",
         "_sizes",
         "_snd_una",
-        "_spoke_first",
         "_unacked_in_order",
         "_unsent",
         "_waiting_since",
         "cid",
         "config",
-        "path_changes",
         "rto",
         "sender_id",
+        "sparse",
         "state",
         "stats",
     )
+
+    # What nearly every connection leaves at its default, kept in ``sparse`` once set
+    # (rudp.sparse): a broker holds a connection per session.
+    path_changes: Sparse[int] = Sparse(0)  # candidates validated
+    _challenges: Sparse[int] = Sparse(0)  # numbers the challenge tokens
+    # Another incarnation heard under our key while the pinned peer still counted as
+    # alive: reported (PeerRestarted) the moment we give the pinned one up.
+    _restarted: Sparse[int | None] = Sparse(None)
+    # We announced ourselves before hearing the peer: only DATA pins its sender.
+    _spoke_first: Sparse[bool] = Sparse(False)
 
     def __init__(
         self,
@@ -189,8 +197,7 @@ class ConnectionFields:
         # Where datagrams go; None when the caller tracks no addresses (no path validation).
         self._peer_address = peer_address
         self._candidate: PathCandidate | None = None  # built when another address speaks
-        self._challenges = 0  # numbers the challenge tokens
-        self.path_changes = 0  # candidates validated
+        self.sparse: dict[str, Any] | None = None  # the Sparse attributes set
         self._sizes = sizes_of(config)
         self._events: deque[Event] | None = None  # built by _emit, dropped once drained
         # sender
@@ -243,11 +250,6 @@ class ConnectionFields:
         self._ack_now = False
         self._unacked_in_order = 0
         self._peer_sender: int | None = None
-        # Another incarnation heard under our key while the pinned peer still counted as
-        # alive: reported (PeerRestarted) the moment we give the pinned one up.
-        self._restarted: int | None = None
-        # We announced ourselves before hearing the peer: only DATA pins its sender.
-        self._spoke_first = False
         self._highest_pn = -1
         self._pn_bitmap = 0
 
