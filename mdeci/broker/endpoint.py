@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 import sys
@@ -52,7 +51,7 @@ from mdeci.broker.addresses import Address, addr_text, parse_addr_text
 from mdeci.broker.drain import draining
 from mdeci.broker.errors import BrokerError
 from mdeci.broker.links import check_key
-from mdeci.broker.media_answer import answer_offer, read_offer
+from mdeci.broker.media_answer import answer_offer, read_offer, sess_id
 from mdeci.broker.refusal import STORAGE_UNAVAILABLE, refusal
 from mdeci.broker.registrar import BrokerRegistrar, StagedBindings, StoreBindings
 from mdeci.broker.service import BrokerService
@@ -120,13 +119,14 @@ def _store_refusal(exc: StoreError) -> Reply:
 # ---------------------------------------------------------------------------- endpoint
 
 
-def sess_id(salt: bytes, call_id: str, from_tag: str) -> int:
-    """The o= sess-id of a dialog's answers: the same for all of them, as RFC 3264 §8
-    asks, with none kept per session. ``salt`` is the process's random one: a dialog
-    answered again after a restart (its versions are gone) gets another."""
-    text = f"{call_id}\0{from_tag}".encode()  # neither holds a NUL (RFC 3261 §25.1)
-    digest = hashlib.blake2b(text, digest_size=6, key=salt).digest()
-    return int.from_bytes(digest, "big") & 0x7FFFFFFFFFFF
+def remote_aor(dialog: Dialog) -> str:
+    """The AOR of ``dialog``'s remote URI ("" when it has none): an agent's session is
+    keyed by it (the From of the INVITE that made the dialog)."""
+    try:
+        remote = parse_uri(dialog.remote_uri)
+    except SipParseError:
+        return ""
+    return remote.aor if isinstance(remote, SipUri) and remote.user is not None else ""
 
 
 class BrokerSipEndpoint:
@@ -426,7 +426,7 @@ class BrokerSipEndpoint:
         if from_uri.host.lower() != self.config.domain.lower():
             return _refuse(403, f"{uri} is not of domain {self.config.domain}")
         if req.dialog is not None:
-            owner = self.sessions.owner(req.dialog.id)
+            owner = self.sessions.owner(req.dialog.id, remote_aor(req.dialog))
             if owner is not None and owner != uri:
                 self.stats_refused += 1
                 return _refuse(403, f"{uri} may not act in the session of {owner}")
@@ -508,7 +508,7 @@ class BrokerSipEndpoint:
         """An in-dialog request changes nothing until it is authenticated as
         the session's owner (a BYE or re-INVITE from anyone else gets 401/403 and the
         session goes on). Requests of dialogs we did not make with an agent pass."""
-        owner = self.sessions.owner(dialog.id)
+        owner = self.sessions.owner(dialog.id, remote_aor(dialog))
         if owner is None or request.method not in ("BYE", "INVITE", "UPDATE", "INFO"):
             return None
         try:
@@ -568,7 +568,7 @@ class BrokerSipEndpoint:
             )
             self._run(self.sessions.dialog_up(up, asyncio.get_running_loop().time()))
         elif isinstance(event, DialogEnded):
-            self._run(self.sessions.dialog_ended(dialog.id, event.reason))
+            self._run(self.sessions.dialog_ended(dialog.id, remote_aor(dialog), event.reason))
 
     def _run(self, commands: list[Command]) -> None:
         """Carry out the Session Manager's commands in order: BYEs and churn events here,

@@ -12,6 +12,7 @@ the store's incarnation (``a=mdeci-store``, docs/agent.md).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from sip.sdp import MdeciMedia, SessionDescription, build_answer, parse_session
@@ -74,3 +75,12 @@ def answer_offer(
         ),
         store_id,
     )
+
+
+def sess_id(salt: bytes, call_id: str, from_tag: str) -> int:
+    """The o= sess-id of a dialog's answers: the same for all of them, as RFC 3264 §8
+    asks, with none kept per session. ``salt`` is the process's random one: a dialog
+    answered again after a restart (its versions are gone) gets another."""
+    text = f"{call_id}\0{from_tag}".encode()  # neither holds a NUL (RFC 3261 §25.1)
+    digest = hashlib.blake2b(text, digest_size=6, key=salt).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFFFFFF

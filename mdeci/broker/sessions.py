@@ -277,7 +277,6 @@ class SessionManager:
     def __init__(self, key_confirm_timeout: float = 10.0) -> None:
         self.key_confirm_timeout = key_confirm_timeout
         self._sessions: dict[str, UserSession] = {}
-        self._owners: dict[DialogId, str] = {}
         self._holders: dict[bytes, str] = {}  # kx -> uri, for live sessions
         self._answers: dict[tuple[str, str], _Answer] = {}  # (Call-ID, From tag)
         self._answer_kx: dict[bytes, int] = {}  # kx of the answers waiting -> how many
@@ -307,9 +306,12 @@ class SessionManager:
         s = self._sessions.get(uri)
         return s is not None and s.status is Status.CONNECTED
 
-    def owner(self, dialog_id: DialogId) -> str | None:
-        """The user whose session ``dialog_id`` is, if any."""
-        return self._owners.get(dialog_id)
+    def owner(self, dialog_id: DialogId, uri: str) -> str | None:
+        """``uri`` when its session is dialog ``dialog_id``, else None. ``uri``: the
+        dialog's remote AOR (an agent's dialog is its own INVITE's): no table of dialogs
+        per session is kept beside the UA's."""
+        s = self._sessions.get(uri)
+        return uri if s is not None and s.dialog_id == dialog_id else None
 
     def version(self, uri: str, call_id: str, from_tag: str) -> int | None:
         """The SDP version of the last answer in this dialog of ``uri``, if any."""
@@ -395,9 +397,7 @@ class SessionManager:
             # A new dialog of the same user (e.g. a restarted agent) replaces the old one.
             if s.dialog_id is not None:
                 out.append(SendBye(s.dialog_id))
-                self._owners.pop(s.dialog_id, None)
             s.dialog_id, s.started_at, s.key_deadline, s.version = ev.dialog_id, ev.wall, None, None
-            self._owners[ev.dialog_id] = uri
         if (version := self._versions.pop((call_id, remote_tag), None)) is not None:
             s.version = version  # the session's dialog now: it keeps its own
         self._set_kx(s, answer.kx)
@@ -435,10 +435,10 @@ class SessionManager:
             heapq.heappush(self._deadlines, (s.key_deadline, uri, id(s)))
         return out
 
-    def dialog_ended(self, dialog_id: DialogId, reason: str) -> list[Command]:
-        """BYE (or the UA's end of the dialog) for ``dialog_id``."""
-        uri = self._owners.get(dialog_id)
-        if uri is None:
+    def dialog_ended(self, dialog_id: DialogId, uri: str, reason: str) -> list[Command]:
+        """BYE (or the UA's end of the dialog) for ``dialog_id``, whose remote AOR is
+        ``uri`` (see :meth:`owner`)."""
+        if self.owner(dialog_id, uri) is None:
             return []  # a dialog that was already replaced, or never a session
         return self._end(self._sessions[uri], reason, bye=False)
 
@@ -594,8 +594,6 @@ class SessionManager:
     ) -> UserSession:
         s = UserSession(uri, dialog_id, addr, key, None, started)
         self._sessions[uri] = s
-        if dialog_id is not None:
-            self._owners[dialog_id] = uri
         return s
 
     def _connect(
@@ -649,8 +647,6 @@ class SessionManager:
 
     def _forget(self, s: UserSession) -> None:
         del self._sessions[s.uri]
-        if s.dialog_id is not None:
-            self._owners.pop(s.dialog_id, None)
         self._versions.pop((s.call_id, s.remote_tag), None)
         self._set_kx(s, None)
         s.epoch = self._next_epoch()  # whatever still completes belongs to no connection

@@ -78,7 +78,7 @@ class Agent:
 
     def bye(self) -> list[Command]:
         assert self.dialog is not None
-        return self.m.dialog_ended(self.dialog, "bye")
+        return self.m.dialog_ended(self.dialog, self.uri, "bye")
 
     def _answer(
         self,
@@ -167,7 +167,11 @@ def _fire(m: SessionManager, clock: Clock, agent: Agent, event: Event) -> list[C
     if event is Event.PROVED:
         return m.path_proved(ALICE, epoch)
     if event is Event.ENDED:
-        return agent.bye() if agent.dialog is not None else m.dialog_ended(("c", "l", "r"), "bye")
+        return (
+            agent.bye()
+            if agent.dialog is not None
+            else m.dialog_ended(("c", "l", "r"), ALICE, "bye")
+        )
     if event is Event.LOST:
         return m.lost(ALICE, "broker-b", 9)
     assert event is Event.RESTORED
@@ -290,7 +294,7 @@ def test_random_runs_keep_the_invariants(steps: list[tuple[int, str]]) -> None:
             if session is None:
                 continue
             assert session.dialog_id is not None
-            assert m.owner(session.dialog_id) == agent.uri
+            assert m.owner(session.dialog_id, agent.uri) == agent.uri
             if session.kx is not None:
                 assert m.kx_holder(session.kx) == agent.uri
         timer = m.next_timer()
@@ -316,7 +320,9 @@ def test_invite_stores_the_session_once_then_delivers(
     )
     log = out[1]
     assert isinstance(log, Log) and log.event == "session_started"
-    assert manager.is_connected(ALICE) and manager.owner(alice.dialog or ("", "", "")) == ALICE
+    assert (
+        manager.is_connected(ALICE) and manager.owner(alice.dialog or ("", "", ""), ALICE) == ALICE
+    )
     assert manager.kx_holder(alice.kx) == ALICE
     assert manager.version(ALICE, *alice.dialog[::2] if alice.dialog else ("", "")) == 1
     # The session keeps its dialog's version: no table entry per live session; its
@@ -326,6 +332,9 @@ def test_invite_stores_the_session_once_then_delivers(
     assert session is not None and alice.dialog is not None
     assert (session.call_id, session.remote_tag) == (alice.dialog[0], alice.dialog[2])
     assert sys.getsizeof(session) <= 144
+    # Nor is the session found by its dialog through a table of the manager's own: the
+    # UA holds the dialogs, and the dialog names its user (its remote AOR).
+    assert not [t for t in vars(manager).values() if isinstance(t, dict) and alice.dialog in t]
 
 
 def test_move_keeps_the_association_and_sends_nothing_again(
@@ -396,7 +405,7 @@ def test_restart_restores_stored_sessions_and_marks_unreadable_ones(
     dialog = ("call-1", "ours", "from-1")
     out = manager.restored(ALICE, dialog, ("10.0.0.1", 4000), b"k" * 16, b"kx", 5.0)
     assert [type(c) for c in out] == [Attach]  # stored CONNECTED: nothing to write
-    assert manager.owner(dialog) == ALICE and manager.kx_holder(b"kx") == ALICE
+    assert manager.owner(dialog, ALICE) == ALICE and manager.kx_holder(b"kx") == ALICE
     assert manager.unrestorable(BOB) == [SetStatus(BOB, Status.DISCONNECTED)]
     assert manager.unrestorable(ALICE) == []  # a live session is not marked
 
@@ -412,7 +421,7 @@ def test_a_restored_quic_session_ends_with_a_bye_so_its_agent_invites_again(
     assert out[0] == SetStatus(ALICE, Status.NONE) and out[2] == SendBye(dialog)
     log = out[1]
     assert isinstance(log, Log) and "QUIC" in str(dict(log.fields)["reason"])
-    assert manager.get(ALICE) is None and manager.owner(dialog) is None
+    assert manager.get(ALICE) is None and manager.owner(dialog, ALICE) is None
     assert manager.kx_holder(b"kx") is None
 
 
@@ -438,13 +447,13 @@ def test_new_dialog_of_the_same_user_takes_over_and_byes_the_old(
     assert out[0] == SendBye(old_dialog or ("", "", ""))
     row = of(StoreSession, out)[0]
     assert isinstance(row, StoreSession) and row.started_at == clock.now
-    assert manager.owner(old_dialog or ("", "", "")) is None
+    assert manager.owner(old_dialog or ("", "", ""), ALICE) is None
     assert manager.kx_holder(old_kx) is None and alice.epoch > epoch
     # The old dialog's late refresh must not put the user back on its keys.
     late = DialogUp(old_dialog or ("", "", ""), "t", "", 1, 2, True, wall=clock.now)
     assert manager.dialog_up(late, clock.now) == []
     # Nor does its BYE end the new session.
-    assert manager.dialog_ended(old_dialog or ("", "", ""), "bye") == []
+    assert manager.dialog_ended(old_dialog or ("", "", ""), ALICE, "bye") == []
     assert manager.is_connected(ALICE)
 
 
@@ -456,7 +465,7 @@ def test_kick_ends_with_bye_and_forgets(manager: SessionManager, clock: Clock) -
     assert [type(c) for c in out] == [SetStatus, Detach, Log, SendBye]
     log = out[2]
     assert isinstance(log, Log) and dict(log.fields)["reason"] == "kicked"
-    assert manager.get(ALICE) is None and manager.owner(alice.dialog) is None
+    assert manager.get(ALICE) is None and manager.owner(alice.dialog, ALICE) is None
     assert manager.version(ALICE, alice.dialog[0], alice.dialog[2]) is None
     assert manager.kick(ALICE) == []
 

@@ -15,11 +15,14 @@ import asyncio
 import copy
 import secrets
 import socket
+from dataclasses import replace
 
 from mdeci.broker.app import RunningBroker
-from mdeci.broker.endpoint import sess_id
+from mdeci.broker.endpoint import remote_aor
+from mdeci.broker.media_answer import sess_id
 from sip.aio.ua import UaConfig, UserAgent
 from sip.auth import DigestClient
+from sip.dialog import Dialog
 from tests.broker.conftest import WaitingSink
 from tests.broker.test_service import GUARD
 from tests.broker.test_sip_endpoint import (
@@ -134,6 +137,14 @@ def test_a_dialogs_sess_id_is_derived_and_salted_per_process() -> None:
     assert one == sess_id(salt, "call-1", "tag-1") and 0 <= one < 1 << 47
     assert len({one, sess_id(salt, "call-2", "tag-1"), sess_id(salt, "call-1", "tag-2")}) == 3
     assert sess_id(other, "call-1", "tag-1") != one
+
+
+def test_a_dialog_names_its_user_by_its_remote_aor() -> None:
+    """The Session Manager finds a dialog's session by the dialog's remote AOR."""
+    dialog = Dialog("c", "l", "r", "sip:broker@d", "sip:Alice@D;transport=udp", "sip:a@1.2.3.4")
+    assert remote_aor(dialog) == "sip:Alice@d"
+    assert remote_aor(replace(dialog, remote_uri="tel:+5511")) == ""
+    assert remote_aor(replace(dialog, remote_uri="sip:d")) == ""
 
 
 async def test_unauthenticated_bye_from_elsewhere_does_not_end_the_session(
