@@ -21,7 +21,7 @@ and sends what it builds. The RFC answers it gives are listed in docs/sip.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, MutableMapping, ValuesView
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 
 from sip.dialog import Dialog, DialogId, TwoXxRetransmitter
@@ -215,25 +215,29 @@ class DialogRecord:
 
 
 class DialogTable(MutableMapping[DialogId, Dialog]):
-    """The UA's dialogs by id, each in one :class:`DialogRecord`.
+    """The UA's dialogs by id, and what is kept beside each (:class:`DialogRecord`).
 
-    As a mapping it holds dialogs (storing a dialog gives it a fresh record unless it is
-    already the one stored); :meth:`record` gives the rest.
+    As a mapping it holds dialogs (storing a dialog starts it with nothing beside it
+    unless it is already the one stored). A dialog with nothing beside it (the usual one,
+    once its 2xx is acknowledged) is held as it is, not in a record: a broker holds a
+    dialog per session. :meth:`record` reads what is kept; it is written through
+    :meth:`set_ack`, :meth:`set_flow` and :meth:`retransmit`.
     """
 
     def __init__(self) -> None:
-        self._records: dict[DialogId, DialogRecord] = {}
+        self._records: dict[DialogId, Dialog | DialogRecord] = {}
         # The records whose 2xx is being re-sent: the timer looks at these only, not at
         # every dialog of a broker holding thousands.
         self._retransmitting: set[DialogId] = set()
 
     def __getitem__(self, key: DialogId) -> Dialog:
-        return self._records[key].dialog
+        held = self._records[key]
+        return held.dialog if isinstance(held, DialogRecord) else held
 
     def __setitem__(self, key: DialogId, dialog: Dialog) -> None:
-        record = self._records.get(key)
-        if record is None or record.dialog is not dialog:
-            self._records[key] = DialogRecord(dialog)
+        held = self._records.get(key)
+        if held is not dialog and not (isinstance(held, DialogRecord) and held.dialog is dialog):
+            self._records[key] = dialog
             self._retransmitting.discard(key)
 
     def __delitem__(self, key: DialogId) -> None:
@@ -247,25 +251,39 @@ class DialogTable(MutableMapping[DialogId, Dialog]):
         return len(self._records)
 
     def record(self, key: DialogId) -> DialogRecord | None:
-        """The record of dialog ``key``, if it is held."""
-        return self._records.get(key)
+        """What is kept beside dialog ``key``, if it is held (read only: a dialog held
+        bare gives a record of its own with nothing set)."""
+        held = self._records.get(key)
+        return DialogRecord(held) if isinstance(held, Dialog) else held
 
-    def add(self, dialog: Dialog) -> DialogRecord:
-        """Hold ``dialog``; returns its record."""
+    def add(self, dialog: Dialog) -> None:
+        """Hold ``dialog``."""
         self[dialog.id] = dialog
-        return self._records[dialog.id]
 
-    def records(self) -> ValuesView[DialogRecord]:
-        return self._records.values()
+    def records(self) -> list[DialogRecord]:
+        return [r for r in map(self.record, self._records) if r is not None]
+
+    def set_ack(self, key: DialogId, ack: Send | None) -> None:
+        """Keep (None: forget) the ACK of dialog ``key``'s 2xx, if it is held."""
+        if (record := self._kept(key)) is not None:
+            record.ack = ack
+            self._settle(key, record)
+
+    def set_flow(self, key: DialogId, flow: tuple[str, Address] | None) -> None:
+        """Keep (None: forget) the flow of dialog ``key``, if it is held."""
+        if (record := self._kept(key)) is not None:
+            record.flow = flow
+            self._settle(key, record)
 
     def retransmit(self, key: DialogId, retransmitter: TwoXxRetransmitter | None) -> None:
         """Set (or with None, clear) the 2xx retransmitter of dialog ``key``'s record."""
-        record = self._records.get(key)
+        record = self._kept(key)
         if record is None:
             return
         record.retransmitter = retransmitter
         if retransmitter is None:
             self._retransmitting.discard(key)
+            self._settle(key, record)
         else:
             self._retransmitting.add(key)
 
@@ -273,10 +291,22 @@ class DialogTable(MutableMapping[DialogId, Dialog]):
         """The 2xx retransmitters running now."""
         out = []
         for key in self._retransmitting:
-            retransmitter = self._records[key].retransmitter
-            if retransmitter is not None:
-                out.append(retransmitter)
+            held = self._records[key]
+            if isinstance(held, DialogRecord) and held.retransmitter is not None:
+                out.append(held.retransmitter)
         return out
+
+    def _kept(self, key: DialogId) -> DialogRecord | None:
+        """Dialog ``key``'s record to write to (held from now on), if it is held."""
+        held = self._records.get(key)
+        if isinstance(held, Dialog):
+            held = self._records[key] = DialogRecord(held)
+        return held
+
+    def _settle(self, key: DialogId, record: DialogRecord) -> None:
+        """Hold the dialog bare again once nothing is kept beside it."""
+        if record.ack is None and record.retransmitter is None and record.flow is None:
+            self._records[key] = record.dialog
 
 
 def answer_address(response: Response, source: Address, transport: str) -> Address:
@@ -453,10 +483,9 @@ class UasCore:
         """Our 2xx to an INVITE went out from ``dialog``: over a stream the peer's
         connection becomes the dialog's flow (RFC 5626 §5.3); over UDP the 2xx is re-sent
         until the ACK (§13.3.1.4), to the address returned."""
-        record = self.dialogs.record(dialog.id)
-        if record is None:
+        if dialog.id not in self.dialogs:
             return None
-        record.flow = (transport, source) if transport != "udp" else None
+        self.dialogs.set_flow(dialog.id, (transport, source) if transport != "udp" else None)
         return answer_address(response, source, transport) if transport == "udp" else None
 
     def new_dialog(self, msg: Request, tag: str) -> Dialog | Reply:

@@ -391,9 +391,7 @@ class UacCore:
         keeps it for the 2xx's retransmissions."""
         ack = dialog.create_request("ACK", via=self.via(transport), cseq=response.cseq.seq)
         send = Send(serialize(ack), dest, transport)
-        record = self.dialogs.record(dialog.id)
-        if record is not None:
-            record.ack = send
+        self.dialogs.set_ack(dialog.id, send)
         return send
 
     def reack(self, response: Response) -> Send | None:

@@ -350,6 +350,8 @@ def test_ack_stops_the_2xx_retransmission_and_confirms_once() -> None:
     assert core.acked(ack) is made
     assert retransmitter.get_timer() is None  # stopped
     assert core.dialogs.retransmitting() == []
+    # Nothing is kept beside the dialog now: it is held bare (a broker holds thousands).
+    assert core.dialogs._records[made.id] is made
     retransmitter.handle_timer(10.0)
     assert resent == []
     assert core.acked(ack) is None  # a repeated ACK confirms nothing more

@@ -24,7 +24,7 @@ from sip.dialog import Dialog, TwoXxRetransmitter
 from sip.headers import Headers
 from sip.message import Request, Response, make_response, parse_message, serialize
 from sip.timers import TimerConfig
-from sip.ua import DialogTable, Reply, UaConfig, UasCore
+from sip.ua import DialogTable, Reply, Send, UaConfig, UasCore
 from sip.uac import DialogCreated, Refused, Registered, Unregistered
 from tests.sip.core.test_uac_core import (
     BOB,
@@ -273,26 +273,32 @@ def dialog(n: int) -> Dialog:
     return Dialog.from_uas(Request("INVITE", "sip:b@example.org", headers), f"b{n}")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["add", "store-new", "drop", "retransmit"]), st.integers(0, 3))
+        st.tuples(
+            st.sampled_from(["add", "store-new", "drop", "retransmit", "acked", "ack", "flow"]),
+            st.integers(0, 3),
+        )
     )
 )
 def test_dialog_table_keeps_one_record_per_dialog(ops: list[tuple[str, int]]) -> None:
+    """Against a model: what is kept beside each dialog, and a dialog with nothing beside
+    it held bare (no record object: a broker holds a dialog per session)."""
     table = DialogTable()
     model: dict[object, Dialog] = {}
     retransmitting: dict[object, TwoXxRetransmitter] = {}
+    acks: dict[object, Send] = {}
+    flows: dict[object, tuple[str, tuple[str, int]]] = {}
     for op, n in ops:
-        current = model.get(dialog(n).id)
+        key = dialog(n).id
+        current = model.get(key)
         if op == "add" and current is None:
             made = dialog(n)
-            assert table.add(made).dialog is made
+            table.add(made)
             model[made.id] = made
         elif op == "add" and current is not None:
-            record_before = table.record(current.id)
-            table[current.id] = current  # the same dialog again keeps its record
-            assert table.record(current.id) is record_before
+            table[current.id] = current  # the same dialog again keeps what is beside it
         elif op == "store-new":
             made = dialog(n)
             table[made.id] = made
@@ -301,15 +307,39 @@ def test_dialog_table_keeps_one_record_per_dialog(ops: list[tuple[str, int]]) ->
             retransmitter = TwoXxRetransmitter(
                 b"", 0.0, TimerConfig(), lambda _: None, lambda: None
             )
-            table.retransmit(dialog(n).id, retransmitter)
+            table.retransmit(key, retransmitter)
             if current is not None:
-                retransmitting[current.id] = retransmitter
+                retransmitting[key] = retransmitter
+        elif op == "acked":
+            table.retransmit(key, None)
+            retransmitting.pop(key, None)
+        elif op == "ack":
+            send = Send(b"ACK", ("192.0.2.7", 5060), "udp")
+            table.set_ack(key, None if key in acks else send)
+            if current is not None and key not in acks:
+                acks[key] = send
+            else:
+                acks.pop(key, None)
+        elif op == "flow":
+            flow = ("tcp", ("192.0.2.7", 5060 + n))
+            table.set_flow(key, None if key in flows else flow)
+            if current is not None and key not in flows:
+                flows[key] = flow
+            else:
+                flows.pop(key, None)
         else:
-            table.pop(dialog(n).id, None)
-            model.pop(dialog(n).id, None)
+            table.pop(key, None)
+            model.pop(key, None)
         if op in ("store-new", "drop"):
-            retransmitting.pop(dialog(n).id, None)  # a new or no record: nothing re-sent
+            for kept in (retransmitting, acks, flows):
+                kept.pop(key, None)  # a new dialog, or none: nothing beside it
         assert dict(table) == model
         assert sorted(map(id, table.retransmitting())) == sorted(map(id, retransmitting.values()))
-        assert all(r.dialog is model[r.dialog.id] for r in table.records())
+        for record in table.records():
+            held = record.dialog.id
+            assert record.dialog is model[held]
+            assert record.retransmitter is retransmitting.get(held)
+            assert (record.ack, record.flow) == (acks.get(held), flows.get(held))
+            bare = held not in retransmitting and held not in acks and held not in flows
+            assert (table._records[held] is record.dialog) == bare
         assert len(table.records()) == len(model)
