@@ -165,12 +165,11 @@ class _Link:
     # The last read filled the window's room: more may wait in the store (see take_batch).
     backlog: bool = False
     # True while this core knows every row of the user's queue after ``sent_upto``: they
-    # are ``ahead`` (None: there are none), queued by this core's publishes since a read
-    # of the store found no more. take_batches then serves the user without reading the
-    # store (a fan-out read back each recipient's rows it had just written, and
-    # read every acking user's empty queue again). Anything else that may change the
-    # queue (an overflow drop, a disconnection, a sweep, a side that removes rows)
-    # clears it, and the next read of the store sets it again.
+    # are ``ahead`` (None: none), queued by this core's publishes since a read of the
+    # store found no more; take_batches then reads no store (a fan-out read back the
+    # rows it had just written, every acking user's empty queue again). Anything else
+    # that may change the queue (an overflow drop, a disconnection, a sweep, a side that
+    # removes rows) clears it; the next read of the store sets it again.
     known: bool = False
     ahead: list[DeliveryRow] | None = None
     ahead_bytes: int = 0  # their payloads' and attrs' bytes (bounded: see _remember)
@@ -183,14 +182,7 @@ class _Link:
 
     def forget(self) -> None:
         """The queue after ``sent_upto`` is no longer known: the next take reads it."""
-        self.known = False
-        self.ahead = None
-        self.ahead_bytes = 0
-
-    # The same for notifications sent on earlier connections: their ack may come after a
-    # reconnection, before they are sent again (then never), and is logged all the same.
-    # None while there are none (no dict per idle session).
-    earlier: dict[int, float] | None = None
+        self.known, self.ahead, self.ahead_bytes = False, None, 0
 
 
 class Delivery:
@@ -212,6 +204,9 @@ class Delivery:
         #: Users whose delivery may progress, in order, since the glue last took them.
         self.events: list[Wake] = []
         self._links: dict[str, _Link] = {}
+        # nseq -> published_at of notifications sent on a user's earlier connections (their
+        # ack may come after a reconnection, and is logged): only users with some.
+        self._earlier: dict[str, dict[int, float]] = {}
         # missed counts taken from the store, by user and nseq, kept until acked: a notify
         # re-sent after a reconnection still carries its count.
         self._missed_at: dict[str, dict[int, int]] = {}
@@ -299,8 +294,9 @@ class Delivery:
             if upto > link.sent_upto:
                 link.forget()  # acked what was not sent: its rows ahead may be gone
             now = self.clock()
-            if link.earlier or link.unordered:
-                acked = sorted(n for n in {*link.inflight, *(link.earlier or ())} if n <= upto)
+            earlier = self._earlier.get(uri)
+            if earlier or link.unordered:
+                acked = sorted(n for n in {*link.inflight, *(earlier or ())} if n <= upto)
             else:
                 # The common case, without a set and a sort per ack: ``inflight`` gets
                 # its nseqs in increasing order (take_batches), so those acked lead it.
@@ -313,13 +309,14 @@ class Delivery:
             sizes = link.sizes or {}
             inflight = link.inflight
             freed = 0
-            if link.earlier:
+            if earlier:
                 for nseq in acked:
-                    published_at = link.earlier.pop(nseq, 0.0)
+                    published_at = earlier.pop(nseq, 0.0)
                     published_at = inflight.pop(nseq, published_at)
                     freed += sizes.pop(nseq, 0)
                     delivered.append((uri, nseq, max(0.0, (now - published_at) * 1000.0)))
-                link.earlier = link.earlier or None
+                if not earlier:
+                    del self._earlier[uri]
             else:  # the same without a lookup in the empty ``earlier`` per notification
                 for nseq in acked:
                     latency = (now - inflight.pop(nseq)) * 1000.0
@@ -450,8 +447,9 @@ class Delivery:
         window, empty, from the lowest queued nseq again (the status is the Session Manager's)."""
         yield from self._try_flush_acks(uri)  # the stream restarts from the lowest queued nseq
         previous = self._links.get(uri)
-        earlier = previous and {**(previous.earlier or {}), **previous.inflight}
-        self._links[uri] = _Link(open=True, addr=addr, inflight=NO_ENTRIES, earlier=earlier or None)
+        if previous is not None and previous.inflight:
+            self._earlier[uri] = {**self._earlier.get(uri, {}), **previous.inflight}
+        self._links[uri] = _Link(open=True, addr=addr, inflight=NO_ENTRIES)
         self._log_connected(uri, addr, None if previous is None else previous.addr)
 
     def mark_moved(self, uri: str, addr: Address) -> bool:
@@ -479,22 +477,24 @@ class Delivery:
             link.inflight.pop(nseq, None)
             if link.sizes is not None:
                 link.inflight_bytes -= link.sizes.pop(nseq, 0)
-            (link.earlier or {}).pop(nseq, None)
+            earlier = self._earlier.get(uri, {})
+            if earlier.pop(nseq, None) is not None and not earlier:
+                del self._earlier[uri]
         if self.holds is not None:
             self.holds.drop(uri, nseq)
             self._released.get(uri, set()).discard(nseq)
 
     def mark_disconnected(self, uri: str, reason: str) -> Step[None]:
-        """``uri``'s media stopped answering (or the dialog ended): close its delivery
-        window; what was sent and not acked is sent again after the next
-        :meth:`mark_connected`. The session's status is the Session Manager's (it writes
-        it before this call: whoever reads the event finds the status stored)."""
+        """``uri``'s media stopped answering (or the dialog ended): close its window;
+        what was sent and not acked goes again after the next :meth:`mark_connected`. The
+        Session Manager writes the status before this call (the event finds it stored)."""
         yield from self._try_flush_acks(uri)  # the SMS fallback reads the queue next
         link = self._links.get(uri)
         was_connected = link is not None and link.open
         if link is not None:
             link.open = False
-            link.earlier = {**(link.earlier or {}), **link.inflight} or None
+            if link.inflight:
+                self._earlier[uri] = {**self._earlier.get(uri, {}), **link.inflight}
             link.inflight = NO_ENTRIES
             link.sizes = None
             link.inflight_bytes = 0
@@ -508,10 +508,9 @@ class Delivery:
 
     def take_batches(self, uris: Sequence[str]) -> Step[dict[str, list[OutgoingNotify]]]:
         """The next notify frames of each of ``uris``, in nseq order, as many as each
-        window allows (none unless CONNECTED); they count as in flight until acked.
-        Their held acks are applied in one transaction, their queues read on one
-        connection (a fan-out wakes every subscriber together). Users with nothing to
-        send are left out.
+        window allows (none unless CONNECTED), in flight until acked. Their held acks are
+        applied in one transaction, their queues read on one connection (a fan-out wakes
+        every subscriber together). Users with nothing to send are left out.
 
         Raises:
             StoreError: the database failed; nothing was taken. (If only the ``missed``

@@ -4,6 +4,7 @@ commits), on a migrated store with a fake clock."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,9 @@ def test_ack_after_a_reconnection_logs_what_an_earlier_connection_sent(
     delivered = [(e.fields["nseq"], e.fields["latency_ms"]) for e in sink.named("notify_delivered")]
     assert delivered == [(1, 500.0), (2, 500.0), (3, 500.0), (4, 500.0), (5, 500.0), (6, 500.0)]
     assert store.queues.depth(ALICE) == 0
+    # What earlier connections sent is kept beside the links, and only while some is
+    # unacknowledged: a link is twelve slots.
+    assert broker.core._earlier == {} and sys.getsizeof(broker.core._links[ALICE]) <= 128
 
 
 def test_an_ack_over_ip_of_what_sms_delivered_is_not_a_second_delivery(
