@@ -271,12 +271,14 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
                 self._on_path_response(frame.token, source, now)
         self._commit_replay(header.pn)
         self._peer_sender = header.sender
-        self._waiting_since = now  # the peer is alive: dead_after counts from here
         self.stats.packets_received += 1
         if self._rto_deadline is not None and not self._inflight:
             # Only a keepalive probe was outstanding, and the peer is alive.
             self._rto_deadline = None
             self._retries = 0
+        # The peer is alive: dead_after counts from here while something waits (an idle
+        # connection keeps no time of its own for it: a broker holds one per session).
+        self._waiting_since = now if self._rto_deadline is not None else 0.0
         if fresh and source != self._peer_address and source is not None:
             self._on_new_source(source, now)
         return fresh
