@@ -87,3 +87,10 @@ class KeyExchange:
             salt=SALT,
             info=b"mdeci session" + transcript_hash(offer, answer),
         ).derive(shared + psk)
+
+
+def public_tag(public: bytes) -> int:
+    """A 64-bit digest of a public value, for a holder that needs only to tell values
+    apart: two values share one by chance with probability 2^-64, and finding a value
+    with a given one's tag is a second preimage of BLAKE2b."""
+    return int.from_bytes(hashlib.blake2b(public, digest_size=8).digest(), "big")

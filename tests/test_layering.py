@@ -156,9 +156,9 @@ SESSION_FIELDS = {"status", "epoch", "delivering", "connected", "ip_proved", "pr
 # SIP endpoint's and the service's, then the SMS fallback's (in flight by user, holds
 # logged, highest nseq decided, limits told and waiting for IP, RUDP counters seen,
 # looks running and asked again, plan epochs, numbers seen).
-SESSION_MAPS = {"_sessions", "_owners", "_origins", "_key_checks", "_accepted", "_links_by_uri",
-                "_by_user", "_noted", "_decided", "_told", "_untold", "_ip_seen", "_looking",
-                "_again", "_epochs", "_users_by_number"}  # fmt: skip
+SESSION_MAPS = {"_sessions", "_owners", "_origins", "_versions", "_key_checks", "_accepted",
+                "_links_by_uri", "_by_user", "_noted", "_decided", "_told", "_untold",
+                "_ip_seen", "_looking", "_again", "_epochs", "_users_by_number"}  # fmt: skip
 SESSION_TYPES = {"UserSession", "SessionRecord", "_Session", "SessionStatus", "SmsSession"}
 
 

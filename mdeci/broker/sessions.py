@@ -36,6 +36,7 @@ from typing import Final
 
 from mdeci.broker.addresses import Address, addr_text
 from mdeci.broker.sms_sessions import SmsSessions
+from rudp.keys import public_tag
 
 DialogId = tuple[str, str, str]  # (Call-ID, local tag, remote tag), as sip.dialog's
 RUDP: Final = "rudp"
@@ -96,7 +97,9 @@ class UserSession:
     dialog_id: DialogId | None  # None: a session made without SIP (BrokerService.connected)
     media_addr: Address
     key: bytes = field(repr=False)  # the session secret (rudp.keys)
-    kx: bytes | None  # the agent's public value the keys were agreed with
+    # A 64-bit digest of the agent's public value the keys were agreed with (rudp.keys
+    # public_tag): the value and a table keyed by it cost ~50 bytes more per session.
+    kx: int | None
     started_at: float  # wall-clock seconds, as stored
     status: Status = Status.NONE
     epoch: int = 0
@@ -277,7 +280,7 @@ class SessionManager:
     def __init__(self, key_confirm_timeout: float = 10.0) -> None:
         self.key_confirm_timeout = key_confirm_timeout
         self._sessions: dict[str, UserSession] = {}
-        self._holders: dict[bytes, str] = {}  # kx -> uri, for live sessions
+        self._holders: dict[int, str] = {}  # kx_tag -> uri, for live sessions
         self._answers: dict[tuple[str, str], _Answer] = {}  # (Call-ID, From tag)
         self._answer_kx: dict[bytes, int] = {}  # kx of the answers waiting -> how many
         # RFC 3264 §8: the o= version of answers whose dialog is no session's current
@@ -323,11 +326,12 @@ class SessionManager:
     def keeps_keys(self, uri: str, dialog_id: DialogId | None, kx: bytes) -> bool:
         """A re-INVITE of ``uri``'s session offering the value its keys came from."""
         s = self._sessions.get(uri)
-        return s is not None and dialog_id is not None and s.dialog_id == dialog_id and s.kx == kx
+        same = s is not None and dialog_id is not None and s.dialog_id == dialog_id
+        return same and s is not None and s.kx == public_tag(kx)
 
     def kx_holder(self, kx: bytes) -> str | None:
         """The user whose live or answered session was agreed with ``kx``, if any."""
-        holder = self._holders.get(kx)
+        holder = self._holders.get(public_tag(kx))
         if holder is not None or kx not in self._answer_kx:
             return holder
         return next(a.uri for a in self._answers.values() if a.kx == kx)
@@ -658,9 +662,9 @@ class SessionManager:
     def _set_kx(self, s: UserSession, kx: bytes | None) -> None:
         if s.kx is not None and self._holders.get(s.kx) == s.uri:
             del self._holders[s.kx]
-        s.kx = kx
-        if kx is not None:
-            self._holders[kx] = s.uri
+        s.kx = None if kx is None else public_tag(kx)
+        if s.kx is not None:
+            self._holders[s.kx] = s.uri
 
     def _drop_answer(self, key: tuple[str, str]) -> _Answer | None:
         answer = self._answers.pop(key, None)

@@ -30,6 +30,7 @@ from mdeci.broker.sessions import (
     Status,
     StoreSession,
 )
+from rudp.keys import public_tag
 
 ALICE = "sip:alice@example.org"
 BOB = "sip:bob@example.org"
@@ -296,7 +297,7 @@ def test_random_runs_keep_the_invariants(steps: list[tuple[int, str]]) -> None:
             assert session.dialog_id is not None
             assert m.owner(session.dialog_id, agent.uri) == agent.uri
             if session.kx is not None:
-                assert m.kx_holder(session.kx) == agent.uri
+                assert session.kx == public_tag(agent.kx) and m.kx_holder(agent.kx) == agent.uri
         timer = m.next_timer()
         assert timer is None or timer > clock.now - TIMEOUT
 
