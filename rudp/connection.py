@@ -264,9 +264,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
             elif isinstance(frame, wire.Ping):
                 self._ack_now = True
             elif isinstance(frame, wire.PathChallenge):
-                if self._path_responses is None:
-                    self._path_responses = []
-                self._path_responses.append(frame.token)
+                self._challenged(frame.token)
             else:
                 self._on_path_response(frame.token, source, now)
         self._commit_replay(header.pn)
@@ -390,12 +388,11 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
         ACK rides in the last one when it fits.
         """
         out: list[bytes] = []
-        if self._path_responses is not None:
-            for token in self._path_responses:
+        if self._path is not None and (tokens := self._responses_due()) is not None:
+            for token in tokens:
                 # Answered at once, to the peer's current address (the adapter's choice).
                 self.stats.path_responses_sent += 1
                 out.append(self._packet([wire.push_frame(wire.PathResponse(token))], now))
-            self._path_responses = None
         frames: list[bytes] = []
         room = self.config.mtu - wire.HEADER_SIZE - wire.TAG_SIZE
         used = 0

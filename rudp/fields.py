@@ -9,7 +9,7 @@ import functools
 import hmac
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from rudp.rto import RtoEstimator
 from rudp.sparse import Sparse
 
 if TYPE_CHECKING:
-    from rudp.path import Address, PathCandidate
+    from rudp.path import Address, PathWork
 
 MAX_U32 = 0xFFFFFFFF
 # New messages are refused past this packet number, leaving 2**24 numbers for the
@@ -95,6 +95,16 @@ class Outgoing:
     sacked: bool = False
 
 
+@dataclass(slots=True)
+class Reassembly:
+    """The fragments of the message being received, in order: built by its first
+    fragment (a connection holds None between messages)."""
+
+    count: int  # the message's fragments
+    fragments: list[bytes] = field(default_factory=list)
+    size: int = 0  # their bytes (the receive buffer's cap counts them)
+
+
 class ConnectionFields:
     """The fields of one connection and the two writes every part makes: an event, a
     state transition."""
@@ -107,7 +117,6 @@ class ConnectionFields:
         "_ack_now",
         "_buffer",
         "_buffer_bytes",
-        "_candidate",
         "_events",
         "_highest_pn",
         "_highest_reported",
@@ -123,9 +132,7 @@ class ConnectionFields:
         "_next_seq",
         "_parked",
         "_partial",
-        "_partial_bytes",
-        "_partial_count",
-        "_path_responses",
+        "_path",
         "_peer_address",
         "_peer_key_iv",
         "_peer_keys_of",
@@ -193,10 +200,9 @@ class ConnectionFields:
         self._send_aead = protection is wire.Protection.AEAD
         self._peer_key_iv = 0
         self._peer_keys_of: int | None = None  # the sender _peer_key_iv is for
-        self._path_responses: list[bytes] | None = None  # tokens of challenges to answer
         # Where datagrams go; None when the caller tracks no addresses (no path validation).
         self._peer_address = peer_address
-        self._candidate: PathCandidate | None = None  # built when another address speaks
+        self._path: PathWork | None = None  # built when another address speaks or we are challenged
         self.sparse: dict[str, Any] | None = None  # the Sparse attributes set
         self._sizes = sizes_of(config)
         self._events: deque[Event] | None = None  # built by _emit, dropped once drained
@@ -243,9 +249,7 @@ class ConnectionFields:
         self._buffer_bytes = 0
         # The buffer's seqs as sorted [start, end) runs; None when there are none.
         self._ranges: list[list[int]] | None = None
-        self._partial: list[bytes] | None = None  # the fragments of a message so far
-        self._partial_count = 0
-        self._partial_bytes = 0
+        self._partial: Reassembly | None = None  # the fragments of a message so far
         self._ack_deadline: float | None = None
         self._ack_now = False
         self._unacked_in_order = 0

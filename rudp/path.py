@@ -60,6 +60,18 @@ class PathCandidate:
         return source == self.address and hmac.compare_digest(token, self.token)
 
 
+class PathWork:
+    """A connection's path work in progress: the candidate address being validated and
+    the peer's challenges to answer. The connection holds None while there is neither:
+    one slot of every connection, not two."""
+
+    __slots__ = ("candidate", "responses")
+
+    def __init__(self) -> None:
+        self.candidate: PathCandidate | None = None
+        self.responses: list[bytes] | None = None  # tokens of challenges to answer
+
+
 class PathValidation(ConnectionFields):
     """The connection's peer address and the validation of a candidate."""
 
@@ -82,8 +94,41 @@ class PathValidation(ConnectionFields):
         if address != self._peer_address:
             self.path_changed(now)
         self._peer_address = address
-        if self._candidate is not None and self._candidate.address == address:
-            self._candidate = None
+        candidate = self._candidate
+        if candidate is not None and candidate.address == address:
+            self._set_candidate(None)
+
+    @property
+    def _candidate(self) -> PathCandidate | None:
+        return None if self._path is None else self._path.candidate
+
+    def _set_candidate(self, candidate: PathCandidate | None) -> None:
+        path = self._path
+        if path is None:
+            if candidate is None:
+                return
+            path = self._path = PathWork()
+        path.candidate = candidate
+        if candidate is None and path.responses is None:
+            self._path = None
+
+    def _challenged(self, token: bytes) -> None:
+        """The peer challenged our path with ``token``: answered with the next datagrams."""
+        if self._path is None:
+            self._path = PathWork()
+        if self._path.responses is None:
+            self._path.responses = []
+        self._path.responses.append(token)
+
+    def _responses_due(self) -> list[bytes] | None:
+        """The tokens to answer now, taken (None: none)."""
+        path = self._path
+        if path is None or path.responses is None:
+            return None
+        tokens, path.responses = path.responses, None
+        if path.candidate is None:
+            self._path = None
+        return tokens
 
     def _on_new_source(self, source: Address, now: float) -> None:
         """An authentic, newest datagram from ``source``, not the peer's address."""
@@ -95,7 +140,7 @@ class PathValidation(ConnectionFields):
             return
         self._challenges += 1
         token = challenge_token(self._key, self.sender_id, self._challenges)
-        self._candidate = PathCandidate(source, token)
+        self._set_candidate(PathCandidate(source, token))
         self._emit(PathChallenged(source, self._peer_address))
 
     def _on_path_response(self, token: bytes, source: Address | None, now: float) -> None:
@@ -104,7 +149,7 @@ class PathValidation(ConnectionFields):
             self.stats.path_responses_ignored += 1
             return
         previous = self._peer_address
-        self._candidate = None
+        self._set_candidate(None)
         self._peer_address = source
         self.path_changes += 1
         self.path_changed(now)  # what is in flight goes to the validated address at once
@@ -113,7 +158,8 @@ class PathValidation(ConnectionFields):
     def path_challenge_to_send(self, now: float) -> tuple[bytes, Address] | None:
         """The PATH_CHALLENGE datagram due to the candidate address, with that address,
         or None (``rudp.path`` says when one is due)."""
-        candidate = self._candidate
+        path = self._path  # read once per flush: no property call on the usual None
+        candidate = None if path is None else path.candidate
         if candidate is None or not candidate.due:
             return None
         candidate.sent(now)

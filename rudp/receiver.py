@@ -21,7 +21,7 @@ import bisect
 
 from rudp import packet as wire
 from rudp.events import MessageReceived
-from rudp.fields import NO_ENTRIES, ConnectionFields
+from rudp.fields import NO_ENTRIES, ConnectionFields, Reassembly
 
 
 class ReceiveWindow(ConnectionFields):
@@ -32,7 +32,8 @@ class ReceiveWindow(ConnectionFields):
     @property
     def buffered_bytes(self) -> int:
         """Payload bytes held for the peer: reordering buffer plus partial reassembly."""
-        return self._buffer_bytes + self._partial_bytes
+        partial = self._partial
+        return self._buffer_bytes + (0 if partial is None else partial.size)
 
     def _check_replay(self, pn: int) -> bool | None:
         """None: replay; True: newest so far; False: older but not seen (reordered)."""
@@ -72,7 +73,7 @@ class ReceiveWindow(ConnectionFields):
             self.stats.skipped += d.base - self._rcv_next
             for seq in [s for s in self._buffer if s < d.base]:
                 self._buffer_bytes -= len(self._buffer.pop(seq).payload)
-            self._drop_partial()
+            self._partial = None
             self._rcv_next = d.base
             self._rebuild_ranges()
         if d.seq < self._rcv_next or d.seq in self._buffer:
@@ -157,34 +158,30 @@ class ReceiveWindow(ConnectionFields):
                 ranges.append([seq, seq + 1])
         self._ranges = ranges or None
 
-    def _drop_partial(self) -> None:
-        self._partial = None
-        self._partial_count = 0
-        self._partial_bytes = 0
-
     def _reassemble(self, frag: wire.Data) -> None:
-        if frag.frag_count == 1 and not self._partial:  # a whole message: the common case
+        partial = self._partial
+        if frag.frag_count == 1 and partial is None:  # a whole message: the common case
             self.stats.messages_delivered += 1
             self._emit(MessageReceived(frag.payload))
             return
         if frag.frag_index == 0:
-            if self._partial:
+            if partial is not None:
                 self.stats.bad_fragment += 1
-                self._drop_partial()
-            self._partial_count = frag.frag_count
-        elif frag.frag_index != len(self._partial or ()) or frag.frag_count != self._partial_count:
+            partial = self._partial = Reassembly(frag.frag_count)
+        elif (
+            partial is None
+            or frag.frag_index != len(partial.fragments)
+            or frag.frag_count != partial.count
+        ):
             self.stats.bad_fragment += 1
-            self._drop_partial()
+            self._partial = None
             return
-        if self._partial is None:
-            self._partial = []
-        self._partial.append(frag.payload)
-        self._partial_bytes += len(frag.payload)
-        if len(self._partial) == self._partial_count:
-            message = b"".join(self._partial)
-            self._drop_partial()
+        partial.fragments.append(frag.payload)
+        partial.size += len(frag.payload)
+        if len(partial.fragments) == partial.count:
+            self._partial = None
             self.stats.messages_delivered += 1
-            self._emit(MessageReceived(message))
+            self._emit(MessageReceived(b"".join(partial.fragments)))
 
     def _ack_frame(self) -> wire.Ack:
         ranges = self._ranges or ()

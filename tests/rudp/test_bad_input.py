@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from rudp import RudpConfig, RudpConnection, RudpStats
 from rudp import packet as wire
+from rudp.events import MessageReceived
 
 from .sim import KEY
 
@@ -88,6 +89,26 @@ def test_absurd_fragment_counts_and_reflection() -> None:
     assert not b.receive_datagram(_forge(b, _data(0), pn=9, sender=2), 0.0)  # our own id
     assert _drops(b.stats) == {"bad_fragment": 4, "reflected": 1}
     assert _events(b) == []
+
+
+def test_a_message_broken_off_is_dropped_and_the_next_one_delivered() -> None:
+    """Reassembly keeps only the message in progress: a new first fragment drops it (one
+    bad_fragment), a fragment out of its place drops it too, and nothing is kept between
+    messages."""
+    b = _conn()
+    frames = [
+        _data(0, 0, 3, b"a0"),
+        _data(1, 1, 3, b"a1"),
+        _data(2, 0, 2, b"b0"),  # a new message before "a" ended: "a" is dropped
+        _data(3, 1, 2, b"b1"),
+        _data(4, 1, 2, b"c1"),  # a second fragment with no first: dropped
+        _data(5, 0, 1, b"d"),
+    ]
+    for pn, frame in enumerate(frames):
+        assert b.receive_datagram(_forge(b, frame, pn=pn), 0.0)
+    received = [e.data for e in _events(b) if isinstance(e, MessageReceived)]
+    assert received == [b"b0b1", b"d"] and b.stats.bad_fragment == 2
+    assert b._partial is None and b.buffered_bytes == 0
 
 
 def test_replays_are_dropped_and_counted() -> None:
