@@ -28,7 +28,7 @@ import asyncio
 import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from mdeci.broker.addresses import addr_text
 from mdeci.broker.errors import SessionKeyError
@@ -38,6 +38,7 @@ from quicdata.aio import QuicDataPeer, QuicDataServer
 from quicdata.binding import ProofKeys, ServerCertificate
 from quicdata.connection import DEFAULT_CONFIG, QuicDataClosed, QuicDataConfig
 from rudp.aio import PeerUnreachable, RudpEndpoint, RudpPeer
+from rudp.sparse import Sparse
 
 MIN_KEY_BYTES = 16  # what RudpConnection accepts
 Address = tuple[str, int]
@@ -384,8 +385,10 @@ class UserLink:
     sends: set[asyncio.Future[None]] | None = None  # only while sends are in flight
     # Bytes of replies sent and not yet acknowledged by the user's RUDP (see _admit).
     reply_bytes: int = 0
-    listing_bytes: int = 16384  # the size of this user's last `subs` (see _admit)
-    refusing: bool = False  # over the cap: its requests are answered 503, logged once
+    sparse: dict[str, Any] | None = None  # the two below, once set (rudp.sparse)
+    # Rarely set (a user who lists, a user over the cap), so not a slot of every link.
+    listing_bytes = Sparse(16384)  # the size of this user's last `subs` (see _admit)
+    refusing = Sparse(False)  # over the cap: its requests are answered 503, logged once
 
     @property
     def uri(self) -> str:

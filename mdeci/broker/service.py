@@ -519,7 +519,8 @@ class BrokerService:
         cap = self.broker.config.max_unacked_reply_bytes
         held = link.reply_bytes + link.peer.backlog + reserved.get(link, 0)
         if held <= cap:
-            link.refusing = False
+            if link.refusing:
+                link.refusing = False
             cost = link.listing_bytes if isinstance(frame, List) else SMALL_REPLY
             reserved[link] = reserved.get(link, 0) + cost
             return frame

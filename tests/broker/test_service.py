@@ -240,10 +240,12 @@ async def test_reinvite_with_the_same_key_from_a_new_address_sends_nothing_twice
         assert moved.fields["prev_addr"] == f"{old_addr[0]}:{old_addr[1]}"
         assert moved.fields["addr"] == f"{agent.addr[0]}:{agent.addr[1]}"
         # Delivery keeps the session's own address, not a text of it per session; the
-        # link reads its user and key from its session and peer (seven slots, not nine).
+        # link reads its user and key from its session and peer, and keeps what is rarely
+        # set only once set (six slots, not nine).
         link = service._users[ALICE]
         assert broker.core._links[ALICE].addr is link.session.media_addr
-        assert (link.uri, link.key) == (ALICE, agent.key) and sys.getsizeof(link) <= 88
+        assert (link.uri, link.key) == (ALICE, agent.key) and sys.getsizeof(link) <= 80
+        assert link.sparse is None and (link.listing_bytes, link.refusing) == (16384, False)
         await publish(service, "m3")
         # Not nseq 2 again: the next notify is the new one.
         assert (await agent.next_notify()).nseq == 3
