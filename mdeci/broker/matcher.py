@@ -55,10 +55,8 @@ def filter_cost(expr: Expr) -> int:
 class CompiledSubscription(Subscription):
     """A stored subscription with its pattern and filter compiled, in one object: a
     broker holds one per session, and a wrapper around the row cost 64 bytes more, a
-    matcher object for a pattern without wildcards (matched by its text) 48 more.
-
-    Equal to the :class:`Subscription` it was compiled from is not asked of it (it is
-    never compared): it is the cache's entry."""
+    matcher object for a pattern without wildcards (matched by its text) 48 more. It is
+    the cache's entry, never compared with the row it came from."""
 
     #: The compiled pattern; None when it has no wildcard (``subject`` is its text).
     matcher: SubjectMatcher | None = field(kw_only=True)
