@@ -280,7 +280,7 @@ class SessionManager:
     def __init__(self, key_confirm_timeout: float = 10.0) -> None:
         self.key_confirm_timeout = key_confirm_timeout
         self._sessions: dict[str, UserSession] = {}
-        self._holders: dict[int, str] = {}  # kx_tag -> uri, for live sessions
+        self._holders: dict[int, str] = {}  # public_tag(kx) -> uri, for live sessions
         self._answers: dict[tuple[str, str], _Answer] = {}  # (Call-ID, From tag)
         self._answer_kx: dict[bytes, int] = {}  # kx of the answers waiting -> how many
         # RFC 3264 §8: the o= version of answers whose dialog is no session's current
@@ -326,8 +326,9 @@ class SessionManager:
     def keeps_keys(self, uri: str, dialog_id: DialogId | None, kx: bytes) -> bool:
         """A re-INVITE of ``uri``'s session offering the value its keys came from."""
         s = self._sessions.get(uri)
-        same = s is not None and dialog_id is not None and s.dialog_id == dialog_id
-        return same and s is not None and s.kx == public_tag(kx)
+        if s is None or dialog_id is None or s.dialog_id != dialog_id:
+            return False
+        return s.kx == public_tag(kx)
 
     def kx_holder(self, kx: bytes) -> str | None:
         """The user whose live or answered session was agreed with ``kx``, if any."""
