@@ -216,7 +216,7 @@ IV_MASK = (1 << IV_BITS) - 1
 
 @functools.lru_cache(maxsize=AEAD_CONTEXTS)
 def _aead(key_iv: int) -> AESGCM:
-    return AESGCM(_mac_key(key_iv))
+    return AESGCM(_key(key_iv))
 
 
 def key_iv(secret: bytes, sender: int, protection: Protection) -> int:
@@ -230,8 +230,14 @@ def key_iv(secret: bytes, sender: int, protection: Protection) -> int:
     return int.from_bytes(material, "big")
 
 
-def _mac_key(key_iv: int) -> bytes:
+def _key(key_iv: int) -> bytes:
+    """The key of ``key_iv`` (AES-256-GCM's, or the reference's HMAC key)."""
     return (key_iv >> IV_BITS).to_bytes(KEY_SIZE, "big")
+
+
+def _nonce(key_iv: int, pn: int) -> bytes:
+    """The AEAD nonce of packet ``pn``: the IV xor the packet number."""
+    return ((key_iv ^ pn) & IV_MASK).to_bytes(IV_SIZE, "big")
 
 
 def protect(key_iv: int, aead: bool, header: bytes, pn: int, payload: bytes) -> bytes:
@@ -239,9 +245,8 @@ def protect(key_iv: int, aead: bool, header: bytes, pn: int, payload: bytes) -> 
     the nonce the IV xor ``pn``; else HMAC-SHA-256 over the clear frames)."""
     if not aead:
         data = header + payload
-        return data + hmac.digest(_mac_key(key_iv), data, "sha256")[:TAG_SIZE]
-    nonce = ((key_iv ^ pn) & IV_MASK).to_bytes(IV_SIZE, "big")
-    return header + _aead(key_iv).encrypt(nonce, payload, header)
+        return data + hmac.digest(_key(key_iv), data, "sha256")[:TAG_SIZE]
+    return header + _aead(key_iv).encrypt(_nonce(key_iv, pn), payload, header)
 
 
 def unprotect(key_iv: int, aead: bool, datagram: bytes, pn: int) -> bytes | None:
@@ -249,13 +254,12 @@ def unprotect(key_iv: int, aead: bool, datagram: bytes, pn: int) -> bytes | None
     verify."""
     header = datagram[:HEADER_SIZE]
     if not aead:
-        expected = hmac.digest(_mac_key(key_iv), datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
+        expected = hmac.digest(_key(key_iv), datagram[:-TAG_SIZE], "sha256")[:TAG_SIZE]
         if not hmac.compare_digest(expected, datagram[-TAG_SIZE:]):
             return None
         return datagram[HEADER_SIZE:-TAG_SIZE]
-    nonce = ((key_iv ^ pn) & IV_MASK).to_bytes(IV_SIZE, "big")
     try:
-        return _aead(key_iv).decrypt(nonce, datagram[HEADER_SIZE:], header)
+        return _aead(key_iv).decrypt(_nonce(key_iv, pn), datagram[HEADER_SIZE:], header)
     except InvalidTag:
         return None
 
