@@ -314,11 +314,11 @@ class DigestServer:
         """Check one credentials value against ``method`` and ``request_uri``.
 
         The checks, in the order RFC 7616 §3.4 and RFC 3261 §22.4 imply:
-        realm is ours; the algorithm is one we offer; the nonce is ours and
-        unexpired (else ``stale=true``); ``uri`` names the
+        realm is ours; the algorithm is one we offer; ``uri`` names the
         Request-URI; qop is ``auth`` (or absent when RFC 2069 answers are
-        allowed); the nonce-count grew; the response matches HA1 from the
-        store. Raises :class:`AuthHeaderError` if ``value`` is malformed.
+        allowed); the response matches HA1 from the store; then the nonce is
+        ours, unexpired and its count grew (else ``stale=true``: the password
+        was right). Raises :class:`AuthHeaderError` if ``value`` is malformed.
         """
         creds = parse_credentials(value)
 
@@ -329,9 +329,6 @@ class DigestServer:
             return again("credentials for another realm")
         if creds.algorithm not in self.config.algorithms:
             return again(f"algorithm {creds.algorithm} not offered")
-        issued = self._nonce_time(creds.nonce)
-        if issued is None or issued > now + 1.0:
-            return again("nonce not issued by us")
         if not self._same_uri(creds.uri, request_uri) and not any(
             self._same_uri(creds.uri, uri) for uri in self.config.retarget_uris
         ):
@@ -361,13 +358,19 @@ class DigestServer:
         # Same answer for unknown user and wrong password: say nothing about which.
         if expected is None or not hmac.compare_digest(expected, creds.response):
             return again("wrong credentials")
-        # Only now, with a proven password, may the (stale) nonce be refreshed:
-        # RFC 7616 §3.3 sets stale=true when the digest was valid but the nonce old.
+        # Only now, with a proven password, is the nonce judged: RFC 7616 §3.3 sets
+        # stale=true when the digest was valid but the nonce is not (old, not ours, its
+        # count used), so a client that sent credentials ahead with a nonce we forgot
+        # (a restart, another node, an evicted count) retries at once and is no failed
+        # login; a replayer learns nothing it could answer.
+        issued = self._nonce_time(creds.nonce)
+        if issued is None or issued > now + 1.0:
+            return again("nonce not issued by us", stale=True)
         if now - issued > self.config.nonce_lifetime:
             self._uses.pop(creds.nonce, None)
             return again("stale nonce", stale=True)
         if not self._count(creds.nonce, issued, creds.nc_value if creds.qop else None, now):
-            return again("nonce-count replayed")
+            return again("nonce-count replayed", stale=True)
         return AuthOk(username=creds.username, realm=creds.realm, algorithm=creds.algorithm)
 
     @staticmethod
@@ -471,6 +474,7 @@ class DigestClient:
         if chosen is None:
             raise AuthUnsupportedError(f"no usable Digest challenge in {name}")
         if not chosen.stale and self._answered(request, chosen):
+            self.refused(response)
             raise AuthRejectedError(
                 f"credentials for realm {chosen.realm!r} refused", status=response.status
             )
@@ -478,15 +482,43 @@ class DigestClient:
         self._nonces[(proxy, chosen.realm)] = _ClientNonce(chosen)
         return self.authorize(request.method, request.uri, realm=chosen.realm, proxy=proxy)
 
+    def refused(self, response: Response) -> None:
+        """``response``, a 401/407 without ``stale``, refused our answer: nothing goes
+        ahead again for its realms (:meth:`preemptive`) until a new challenge is
+        answered; a wrong password sent ahead on every request would cost its user a
+        failed login at the server each time."""
+        proxy = response.status == 407
+        for value in response.headers.get_raw(CHALLENGE_HEADER[proxy]):
+            try:
+                challenge = parse_challenge(value, proxy=proxy)
+            except (AuthHeaderError, AuthUnsupportedError):
+                continue
+            if not challenge.stale:
+                self._nonces.pop((proxy, challenge.realm), None)
+
     def _answered(self, request: Request, challenge: Challenge) -> bool:
+        """Whether ``request`` answered a challenge of that realm with the first use of
+        its nonce: a refusal then means the password, and retrying would loop. Credentials
+        sent ahead (:meth:`preemptive`, a later count) earn one retry: the server may
+        have forgotten or never issued that nonce (a restart, another node)."""
         for value in request.headers.get_raw(CREDENTIALS_HEADER[challenge.proxy]):
             try:
                 creds = parse_credentials(value)
             except AuthHeaderError:
                 continue
             if creds.realm == challenge.realm and creds.username == self.username:
-                return True
+                return creds.nc_value <= 1
         return False
+
+    def preemptive(self, method: str, uri: str) -> tuple[str, str] | None:
+        """Credentials to send with a new request before any challenge to it, from the
+        last challenge seen (RFC 3261 §22.1: the same protection space; RFC 7616 §3.4.5:
+        the next nonce-count), or None: no challenge yet, or one without ``qop``, whose
+        nonce is good once. Saves the round trip of a challenge per request."""
+        for (proxy, realm), entry in self._nonces.items():
+            if entry.challenge.qop:
+                return self.authorize(method, uri, realm=realm, proxy=proxy)
+        return None
 
     def authorize(
         self, method: str, uri: str, *, realm: str | None = None, proxy: bool = False

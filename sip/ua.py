@@ -79,10 +79,11 @@ class UaConfig:
     ``unbounded_sources``: (host, port) sources exempt from that bound: the proxy in
     front of this UA, which relays its requests and probes it with OPTIONS smaller than
     the 200 (a source we talk to already, not a third party a spoofer could aim at).
-    ``pad_to``: a request we send over UDP without credentials (not ACK or CANCEL) is
-    padded to this many bytes with a ``Padding`` header (unknown to SIP elements, hence
-    ignored), so that such a server's challenge or refusal fits (0: no padding); the
-    retry with credentials, and TCP and TLS, go without it.
+    ``pad_to``: a new request we send over UDP (not ACK or CANCEL), with or without
+    credentials sent ahead, is padded to this many bytes with a ``Padding`` header
+    (unknown to SIP elements, hence ignored), so that such a server's challenge or
+    refusal fits (0: no padding); the retry answering a challenge, and TCP and TLS, go
+    without it.
     """
 
     aor: str

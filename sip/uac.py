@@ -33,9 +33,14 @@ PADDING = "Padding"
 
 
 class Authenticator(Protocol):
-    """Answers a 401/407 challenge: returns the request to retry, or None to give up."""
+    """Answers a 401/407 challenge: returns the request to retry, or None to give up;
+    and gives the credentials a new request carries before any challenge, if any."""
 
     def authorize(self, request: Request, challenge: Response) -> Request | None: ...
+
+    def preemptive(self, method: str, uri: str) -> tuple[str, str] | None: ...
+
+    def refused(self, challenge: Response) -> None: ...
 
 
 class DigestAuthenticator:
@@ -58,6 +63,14 @@ class DigestAuthenticator:
         headers.add(name, value)
         headers.set("CSeq", f"{request.cseq.seq + 1} {request.method}")
         return Request(method=request.method, uri=request.uri, headers=headers, body=request.body)
+
+    def preemptive(self, method: str, uri: str) -> tuple[str, str] | None:
+        """(header, value) from the last challenge (sip.auth.DigestClient.preemptive)."""
+        return self.client.preemptive(method, uri)
+
+    def refused(self, challenge: Response) -> None:
+        """The retry got ``challenge``: see sip.auth.DigestClient.refused."""
+        self.client.refused(challenge)
 
 
 @dataclass(slots=True)
@@ -256,16 +269,21 @@ class UacCore:
             headers.add(name, value)
         if body:
             headers.add("Content-Type", content_type)
-        return self._padded(Request(method=method, uri=uri, headers=headers, body=body))
+        return self._finished(Request(method=method, uri=uri, headers=headers, body=body))
 
-    def _padded(self, request: Request) -> Request:
-        """``request`` padded to ``pad_to`` bytes (sip.ua.UaConfig says why): over UDP only,
-        where a server bounds its unauthenticated answers by the request's size."""
-        if (
-            request.method in ("ACK", "CANCEL")
-            or "Authorization" in request.headers
-            or request.top_via.transport.lower() != "udp"
-        ):
+    def _finished(self, request: Request) -> Request:
+        """A new ``request`` with the credentials of the last challenge, sent ahead (a
+        registrar and a broker of one realm challenge every REGISTER and INVITE: this
+        saves that round trip), and padded to ``pad_to`` bytes (sip.ua.UaConfig says why):
+        over UDP only, where a server bounds its unauthenticated answers by the request's
+        size, and credentials sent ahead may still draw a challenge."""
+        if request.method in ("ACK", "CANCEL"):
+            return request  # neither is challenged (§22.1)
+        if self.authenticator is not None:
+            ahead = self.authenticator.preemptive(request.method, request.uri)
+            if ahead is not None:
+                request.headers.add(*ahead)
+        if request.top_via.transport.lower() != "udp":
             return request
         short = self.config.pad_to - len(serialize(request)) - len(PADDING + ": \r\n")
         if short > 0:
@@ -281,7 +299,7 @@ class UacCore:
         extra: list[tuple[str, str]] | None = None,
     ) -> Request:
         """A request within ``dialog`` (§12.2.1.1), with our Contact for ``transport``."""
-        return self._padded(
+        return self._finished(
             dialog.create_request(
                 method,
                 via=self.via(transport),
@@ -319,6 +337,12 @@ class UacCore:
             retry.headers.remove_first("Via")
             retry.headers.prepend("Via", self.via(transport))
         return retry
+
+    def retry_answered(self, response: Response) -> None:
+        """The final answer to the retry :meth:`retry` made: a challenge again means our
+        credentials were refused, and none go ahead until the next challenge."""
+        if response.status in (401, 407) and self.authenticator is not None:
+            self.authenticator.refused(response)
 
     # ------------------------------------------------------------ registration
 

@@ -75,6 +75,7 @@ class Requests:
         retry = self.uac.retry(request, response, transport)
         if retry is not None:
             request, response = retry, await self._send_once(retry, dest, transport)
+            self.uac.retry_answered(response)
         return request, response
 
     async def _send_once(self, request: Request, dest: Address, transport: str) -> Response:

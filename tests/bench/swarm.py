@@ -58,6 +58,7 @@ class Session:
     target: str  # the broker's Contact: the Request-URI of in-dialog requests
     cseq: int
     version: int  # of our SDP origin
+    digest: DigestClient  # its last challenge: the credentials sent ahead
     keys: OfferKeys
     key: bytes  # the RUDP session secret
     media: Address  # the broker's media address
@@ -162,6 +163,7 @@ class Swarm:
         branch: str,
         extra: str = "",
         body: bytes = b"",
+        pad: bool = True,
     ) -> bytes:
         aor = f"sip:{user}@{self.domain}"
         head = (
@@ -176,10 +178,10 @@ class Swarm:
             f"{extra}" + ("Content-Type: application/sdp\r\n" if body else "")
         )
         tail = f"Content-Length: {len(body)}\r\n\r\n"
-        # Padded as the agent's UA pads (UaConfig.pad_to): the broker answers a request
-        # without credentials over UDP with at most its own size.
+        # Padded as the agent's UA pads a new request (UaConfig.pad_to): the broker
+        # answers an unproven request over UDP with at most its own size.
         short = PAD_TO - len(head) - len(tail) - len(body) - len(PADDING + ": \r\n")
-        if method not in ("ACK", "CANCEL") and "Authorization:" not in extra and short > 0:
+        if method not in ("ACK", "CANCEL") and pad and short > 0:
             head += f"{PADDING}: {'x' * short}\r\n"
         return (head + tail).encode() + body
 
@@ -209,7 +211,7 @@ class Swarm:
         method: str,
         uri: str,
         user: str,
-        password: str,
+        client: DigestClient,
         dest: Address,
         *,
         to: str,
@@ -217,27 +219,32 @@ class Swarm:
         body: bytes = b"",
         dialog: tuple[str, str, int] | None = None,
     ) -> tuple[Response, str, str, int]:
-        """The request, then its retry with Digest after the 401; the final response,
-        Call-ID, From tag and CSeq of the retry. ``dialog``: (Call-ID, From tag, last
-        CSeq) of an in-dialog request; None: a new Call-ID."""
+        """The request, with ``client``'s credentials sent ahead once it saw a challenge,
+        then its retry with Digest after a 401, as the agent's UA does
+        (sip.uac.UacCore); the final response, Call-ID, From tag and CSeq of the last
+        request. ``dialog``: (Call-ID, From tag, last CSeq) of an in-dialog request;
+        None: a new Call-ID."""
         call_id, tag, last = dialog or (secrets.token_hex(8), secrets.token_hex(4), 0)
         response = Response(0, "")
-        auth = ""
+        ahead = client.preemptive(method, uri)
+        sent = Headers()
+        if ahead is not None:
+            sent.add(*ahead)
         for cseq in (last + 1, last + 2):
             branch = "z9hG4bK" + secrets.token_hex(8)
+            auth = "".join(f"{name}: {value}\r\n" for name, value in sent)
             data = self._request(
                 method, uri, user, to=to, call_id=call_id, from_tag=tag, cseq=cseq,
-                branch=branch, extra=extra + auth, body=body,
+                branch=branch, extra=extra + auth, body=body, pad=cseq == last + 1,
             )  # fmt: skip
             response = await self._exchange(data, branch, dest)
             if method == "INVITE":
                 self._ack(response, uri, user, call_id, tag, cseq, branch, dest)
             if response.status != 401:
                 return response, call_id, tag, cseq
-            # The UAC side of Digest, as the agent's stacks answer it.
-            client = DigestClient(user, password, secrets.token_bytes)
-            name, value = client.respond(response, Request(method, uri, Headers()))
-            auth = f"{name}: {value}\r\n"
+            name, value = client.respond(response, Request(method, uri, sent))
+            sent = Headers()
+            sent.add(name, value)
         raise SwarmError(
             f"{method} of {user}: {response.status} {response.reason}", response.status
         )
@@ -268,8 +275,9 @@ class Swarm:
         """REGISTER, INVITE with a key offer, ACK, then subscribe to ``subject`` over RUDP
         under the derived key. Raises SwarmError, PeerUnreachable."""
         aor = f"sip:{user}@{self.domain}"
+        client = DigestClient(user, password, secrets.token_bytes)
         reg, *_ = await self._authenticated(
-            "REGISTER", f"sip:{self.domain}", user, password, broker,
+            "REGISTER", f"sip:{self.domain}", user, client, broker,
             to=f"<{aor}>", extra="Expires: 3600\r\n",
         )  # fmt: skip
         if reg.status != 200:
@@ -277,7 +285,7 @@ class Swarm:
         keys = OfferKeys(user, self.domain, password)
         offer = build_offer(user, 1, 1, self.host, self.rudp.local_addr[1], keys.public).encode()
         answer, call_id, tag, cseq = await self._authenticated(
-            "INVITE", self.broker_aor, user, password, broker,
+            "INVITE", self.broker_aor, user, client, broker,
             to=f"<{self.broker_aor}>", body=offer,
         )  # fmt: skip
         if answer.status != 200:
@@ -294,8 +302,9 @@ class Swarm:
         to, contact = answer.headers.get("To") or "", answer.headers.get("Contact") or ""
         target = contact.strip().removeprefix("<").partition(">")[0] or self.broker_aor
         return Session(
-            user, call_id, tag, to, target, cseq, 1, keys, key, (media.addr, media.port), peer
-        )
+            user, call_id, tag, to, target, cseq, 1, client, keys, key,
+            (media.addr, media.port), peer,
+        )  # fmt: skip
 
     async def reinvite(
         self, session: Session, password: str, broker: Address, *, in_dialog: bool = True
@@ -315,7 +324,7 @@ class Swarm:
         else:
             target, to, dialog = self.broker_aor, f"<{self.broker_aor}>", None
         answer, call_id, tag, cseq = await self._authenticated(
-            "INVITE", target, session.user, password, broker, to=to, body=offer,
+            "INVITE", target, session.user, session.digest, broker, to=to, body=offer,
             dialog=dialog,
         )  # fmt: skip
         if in_dialog:

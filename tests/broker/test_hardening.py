@@ -86,6 +86,41 @@ async def test_failed_logins_are_logged_and_locked(
         await running.close()
 
 
+async def test_credentials_go_ahead_and_a_restarted_broker_logs_no_failed_login(
+    tmp_path: Path,
+    store: BrokerStore,
+    clock: FakeClock,
+    sink: WaitingSink,
+    devices: list[Device],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After one challenge, the device's REGISTER refresh and INVITE carry credentials
+    ahead and are answered at once (one request each, not a challenged one and its
+    retry). A restarted broker (a new nonce secret) finds the password right on a nonce
+    it never issued: 401 stale=true, answered at once, and no failed login."""
+    caplog.set_level(logging.WARNING, logger="mdeci.broker")
+    first = await start_broker(tmp_path, store, clock, sink)
+    try:
+        alice = await open_device(devices, "alice", "127.0.0.2")
+        await asyncio.wait_for(alice.ua.register(first.sip_addr, 600), GUARD)
+        received = first.endpoint.ua.stats.received
+        before = received["udp"]
+        await asyncio.wait_for(alice.ua.register(first.sip_addr, 600), GUARD)
+        await alice.call(first)
+        await sink.wait_for("session_started", ALICE)
+        assert received["udp"] - before == 3  # REGISTER, INVITE, the 2xx's ACK
+    finally:
+        await first.close()
+    second = await start_broker(tmp_path, store, clock, sink)
+    try:
+        await asyncio.wait_for(alice.ua.register(second.sip_addr, 600), GUARD)
+        assert second.endpoint.ua.stats.received["udp"] == 2  # stale 401, then 200
+        assert second.endpoint.digest.failures == 0
+    finally:
+        await second.close()
+    assert _fields(caplog, "auth_failed") == []
+
+
 def _fields(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, object]]:
     return [
         r.mdeci_fields  # type: ignore[attr-defined]

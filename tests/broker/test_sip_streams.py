@@ -95,7 +95,9 @@ async def test_session_over_a_stream_transport(
                 break
         assert event.reason == "bye received"
         assert ua.stats.received.get("udp", 0) == 0
-        assert ua.stats.received.get(transport, 0) >= 6
+        # The first INVITE's 401 and 200, then (credentials sent ahead) the re-INVITE's
+        # 200, the second INVITE's 200 and the broker's BYE.
+        assert ua.stats.received.get(transport, 0) >= 5
     finally:
         await ua.close()
         await rudp.close()

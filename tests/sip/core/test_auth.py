@@ -251,6 +251,37 @@ def test_preemptive_reuse_counts_up_and_is_accepted() -> None:
         assert isinstance(server.verify(with_header(req, name, value), 1.0 + n), AuthOk)
 
 
+def test_preemptive_credentials_follow_the_last_challenge() -> None:
+    server, _ = make_server()
+    client = DigestClient("alice", "secret", source(3))
+    assert client.preemptive("REGISTER", "sip:example.org") is None  # nothing seen yet
+    assert isinstance(round_trip(server, client, register(), 1.0), AuthOk)
+    got = client.preemptive("INVITE", "sip:broker@example.org")
+    assert got is not None
+    name, value = got
+    assert (name, parse_credentials(value).nc) == ("Authorization", "00000002")
+    invite = server.verify_value(value, "INVITE", "sip:broker@example.org", 2.0)
+    assert invite == AuthOk("alice", REALM, "SHA-256")
+
+
+def test_preemptive_credentials_refused_earn_one_retry_not_a_loop() -> None:
+    """A server that refuses credentials sent ahead without saying stale (it lost
+    the nonce): the client answers its fresh challenge once; a refusal of that
+    answer is the password's, and the client gives up."""
+    server, _ = make_server()
+    client = DigestClient("alice", "secret", source(3))
+    assert isinstance(round_trip(server, client, register(), 1.0), AuthOk)
+    name, value = client.authorize("REGISTER", "sip:example.org")
+    ahead = with_header(register(), name, value)
+    name, fresh = client.respond(challenge_response(server.challenge(2.0)), ahead)
+    assert parse_credentials(fresh).nc == "00000001"
+    retry = with_header(register(), name, fresh)
+    with pytest.raises(AuthRejectedError):
+        client.respond(challenge_response(server.challenge(2.0)), retry)
+    # Refused credentials are not sent ahead again: the next request goes without.
+    assert client.preemptive("REGISTER", "sip:example.org") is None
+
+
 def test_ha1_store_and_unknown_user() -> None:
     store = MemoryCredentialStore()
     store.add_ha1("bob", REALM, "sha-256", compute_ha1("bob", REALM, "pw", "SHA-256"))
@@ -324,7 +355,9 @@ def test_replayed_nonce_count_is_rejected() -> None:
     assert isinstance(server.verify_value(value, "REGISTER", "sip:example.org", 2.0), AuthOk)
     replay = server.verify_value(value, "REGISTER", "sip:example.org", 3.0)
     assert isinstance(replay, AuthChallenge)
-    assert replay.reason == "nonce-count replayed"
+    # Stale: the hash is right, only its count is spent (a client whose requests
+    # crossed retries at once; a replayer cannot answer the fresh nonce).
+    assert (replay.reason, replay.stale) == ("nonce-count replayed", True)
     # A lower count after a higher one is also a replay.
     _, v2 = client.authorize("REGISTER", "sip:example.org")
     _, v3 = client.authorize("REGISTER", "sip:example.org")
@@ -370,14 +403,22 @@ def test_forged_nonce_and_uri_mismatch() -> None:
     ch = server.challenge(1.0)
     _, value = client.respond(challenge_response(ch), register())
     creds = parse_credentials(value)
+    # A nonce changed under the answer breaks the response: a wrong password, not stale.
     forged = value.replace(creds.nonce, "A" * 48)
     got = server.verify_value(forged, "REGISTER", "sip:example.org", 1.0)
     assert isinstance(got, AuthChallenge)
-    assert got.reason == "nonce not issued by us"
-    other_server = DigestServer(DigestConfig(realm=REALM), MemoryCredentialStore(), source(1))
+    assert (got.reason, got.stale) == ("wrong credentials", False)
+    # The right password on a nonce this server never issued (another secret: a
+    # restart, another node): stale, so the client retries at once on a fresh one.
+    other_store = MemoryCredentialStore()
+    other_store.add_password("alice", REALM, "secret")
+    other_server = DigestServer(DigestConfig(realm=REALM), other_store, source(1))
     got = other_server.verify_value(value, "REGISTER", "sip:example.org", 1.0)
     assert isinstance(got, AuthChallenge)
-    assert got.reason == "nonce not issued by us"
+    assert (got.reason, got.stale) == ("nonce not issued by us", True)
+    sent = with_header(register(), "Authorization", value)
+    _, again = client.respond(challenge_response(got), sent)
+    assert isinstance(other_server.verify_value(again, "REGISTER", "sip:example.org", 1.0), AuthOk)
     with pytest.raises(AuthHeaderError):
         server.verify_value(value, "REGISTER", "sip:other.org", 1.0)
     # Same URI spelled differently (case of the scheme) is the same target.

@@ -43,12 +43,13 @@ def alice(password: str | None = None, **kw: object) -> UacCore:
     return core
 
 
-def registrar(auth: bool = False) -> Registrar:
+def registrar(auth: bool = False, seed: int = 2) -> Registrar:
+    """``seed`` draws the Digest server's nonce secret."""
     digest = None
     if auth:
         store = MemoryCredentialStore()
         store.add_password("alice", "example.org", "secret")
-        digest = DigestServer(DigestConfig(realm="example.org"), store, source(2).randbytes)
+        digest = DigestServer(DigestConfig(realm="example.org"), store, source(seed).randbytes)
     config = RegistrarConfig(domains=("example.org",), max_expires=3600)
     return Registrar(config, MemoryBindingStore(), source(3).randbytes, auth=digest)
 
@@ -152,6 +153,43 @@ def test_digest_retry_has_credentials_next_cseq_and_a_new_branch() -> None:
     assert refresh.cseq.seq == retry.cseq.seq + 1
 
 
+def test_after_a_challenge_new_requests_carry_credentials_ahead() -> None:
+    """The refresh goes through without a challenge (one round trip, not two), padded
+    as any new request over UDP; the INVITE to the same realm carries them too."""
+    core, server = alice(password="secret"), registrar(auth=True)
+    reg, request = core.register_request(REGISTRAR, 600, "udp")
+    assert "Authorization" not in request.headers  # nothing to answer yet
+    retry = core.retry(request, ask(server, request, 0.0), "udp")
+    assert retry is not None and "Padding" not in retry.headers
+    assert isinstance(core.register_answered(reg, ask(server, retry, 0.0), 0.0), Registered)
+    reg, refresh = core.register_request(REGISTRAR, 600, "udp")
+    assert "nc=00000002" in (refresh.headers.get("Authorization") or "")
+    assert len(serialize(refresh)) == core.config.pad_to
+    assert isinstance(core.register_answered(reg, ask(server, refresh, 1.0), 1.0), Registered)
+    invite = core.build_request("INVITE", "sip:broker@example.org", to="<sip:broker@example.org>")
+    assert "nc=00000003" in (invite.headers.get("Authorization") or "")
+    ack = core.build_request("ACK", "sip:broker@example.org", to="<sip:broker@example.org>")
+    assert "Authorization" not in ack.headers
+
+
+def test_credentials_ahead_that_a_server_forgot_are_retried_once() -> None:
+    """A restarted registrar (new nonce secret) refuses the nonce sent ahead as stale:
+    the client answers the fresh challenge and is registered."""
+    core, server = alice(password="secret"), registrar(auth=True)
+    reg, request = core.register_request(REGISTRAR, 600, "udp")
+    retry = core.retry(request, ask(server, request, 0.0), "udp")
+    assert retry is not None
+    assert isinstance(core.register_answered(reg, ask(server, retry, 0.0), 0.0), Registered)
+    restarted = registrar(auth=True, seed=5)  # another nonce secret
+    reg, refresh = core.register_request(REGISTRAR, 600, "udp")
+    challenge = ask(restarted, refresh, 1.0)
+    assert challenge.status == 401
+    assert "stale=true" in (challenge.headers.get("WWW-Authenticate") or "")
+    again = core.retry(refresh, challenge, "udp")
+    assert again is not None
+    assert isinstance(core.register_answered(reg, ask(restarted, again, 1.0), 1.0), Registered)
+
+
 def test_digest_retry_gives_up_on_wrong_password() -> None:
     core, server = alice(password="wrong"), registrar(auth=True)
     reg, request = core.register_request(REGISTRAR, 600, "udp")
@@ -160,6 +198,9 @@ def test_digest_retry_gives_up_on_wrong_password() -> None:
     refused = ask(server, retry, 0.0)
     assert refused.status in (401, 403)
     assert core.retry(retry, refused, "udp") is None  # the same credentials are refused
+    core.retry_answered(refused)
+    _, again = core.register_request(REGISTRAR, 600, "udp")
+    assert "Authorization" not in again.headers  # no refused password sent ahead
     result = core.register_answered(reg, refused, 0.0)
     assert isinstance(result, Refused) and result.status == refused.status
     assert core.registration is None

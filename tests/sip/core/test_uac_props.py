@@ -216,10 +216,12 @@ def test_registration_invariants_for_any_sequence(
     sequence: list[tuple[tuple[str, int], int, tuple[str, int], float]],
 ) -> None:
     core = alice(password="secret")
-    challenger = registrar(auth=True)
     last_cseq: dict[str, int] = {}
     now = 0.0
-    for dest, expires, (kind, value), wait in sequence:
+    for step, (dest, expires, (kind, value), wait) in enumerate(sequence):
+        # A registrar with a nonce secret of its own each time: credentials sent ahead
+        # from an earlier challenge are stale to it, and it challenges.
+        challenger = registrar(auth=True, seed=100 + step)
         now += wait
         before = core.registration
         before_granted = before.granted if before is not None else None
