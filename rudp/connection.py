@@ -100,7 +100,8 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
             raise PeerUnreachable("peer is disconnected; call reset()", data)
         if len(data) > self.config.max_message_size:
             raise MessageTooLarge(f"{len(data)} > {self.config.max_message_size} bytes")
-        if self._next_seq + self._sizes.max_fragments > MAX_U32 or self._next_pn > PN_LIMIT:
+        exhausted = self.stats.packets_sent > PN_LIMIT  # the next packet number
+        if self._next_seq + self._sizes.max_fragments > MAX_U32 or exhausted:
             raise PeerUnreachable("sequence space exhausted; re-key the session", data)
         message_id = self._next_message_id
         self._next_message_id += 1
@@ -356,10 +357,10 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
 
     def _packet(self, frames: list[bytes], now: float) -> bytes:
         """One datagram of encoded ``frames``, numbered with the next packet number."""
-        pn = self._next_pn
-        self._next_pn += 1
+        stats = self.stats
+        pn = stats.packets_sent  # the packets sent so far number the next one
+        stats.packets_sent = pn + 1
         self._last_sent = now
-        self.stats.packets_sent += 1
         return wire.seal_encoded(
             self._send_key_iv, self._send_aead, self.cid, self.sender_id, pn, frames
         )
@@ -405,7 +406,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
                 frames.clear()
                 used = 0
             # Every frame of a packet gets the number the packet is sent with.
-            frames.append(self._data_frame(item, now, self._next_pn))
+            frames.append(self._data_frame(item, now, self.stats.packets_sent))
             used += size
 
         if self._resend is not None:
@@ -444,7 +445,7 @@ class RudpConnection(LossRecovery, ReceiveWindow, PathValidation):
                     used = 0
                 seq = item.seq
                 inflight[seq] = item
-                pn = self._next_pn  # every frame of a packet gets its number
+                pn = self.stats.packets_sent  # every frame of a packet gets its number
                 item.transmissions = 1
                 item.sent_at = now
                 item.pn = pn

@@ -73,7 +73,7 @@ class RudpStats:
     connections never move are :class:`~rudp.sparse.Sparse`: ``sparse`` holds the ones
     that moved."""
 
-    packets_sent: int = 0
+    packets_sent: int = 0  # also the connection's next packet number (never reused)
     packets_received: int = 0
     data_sent: int = 0
     messages_sent: int = 0

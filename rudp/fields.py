@@ -138,7 +138,7 @@ class ConnectionFields:
         "_peer_keys_of",
         "_peer_sender",
         "_ping_now",
-        "_pn_bitmap",
+        "_pn_missing",
         "_probe",
         "_probe_pn",
         "_probed",
@@ -207,7 +207,6 @@ class ConnectionFields:
         self._sizes = sizes_of(config)
         self._events: deque[Event] | None = None  # built by _emit, dropped once drained
         # sender
-        self._next_pn = 0
         self._next_seq = 0
         self._snd_una = 0  # oldest unacknowledged (or unsent) sequence number
         self._next_message_id = 0
@@ -255,7 +254,7 @@ class ConnectionFields:
         self._unacked_in_order = 0
         self._peer_sender: int | None = None
         self._highest_pn = -1
-        self._pn_bitmap = 0
+        self._pn_missing = 0  # the replay window (ReceiveWindow._commit_replay)
 
     def _transition(self, event: str) -> None:
         self.state = TRANSITIONS[(self.state, event)]

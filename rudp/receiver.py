@@ -40,21 +40,26 @@ class ReceiveWindow(ConnectionFields):
         if pn > self._highest_pn:
             return True
         offset = self._highest_pn - pn
-        if offset >= self.config.replay_window or (self._pn_bitmap >> offset) & 1:
+        if offset >= self.config.replay_window or not (self._pn_missing >> offset) & 1:
             return None
         return False
 
     def _commit_replay(self, pn: int) -> None:
-        mask = (1 << self.config.replay_window) - 1
-        if pn > self._highest_pn:
-            shift = pn - self._highest_pn if self._highest_pn >= 0 else 0
-            if shift >= self.config.replay_window:
-                self._pn_bitmap = 1  # a jump past the window forgets it (bounded shift)
+        """Record ``pn`` as seen. The window keeps the numbers *not* seen yet (bit k: the
+        newest minus k): on an idle path that loses nothing it stays 0, where a bitmap of
+        those seen would hold ``replay_window`` bits of ones per connection."""
+        window = self.config.replay_window
+        offset = self._highest_pn - pn
+        if offset < 0:  # the newest: the numbers skipped on the way may still arrive
+            shift = -offset
+            if shift >= window:
+                self._pn_missing = (1 << window) - 2  # the whole window, bounded shift
             else:
-                self._pn_bitmap = ((self._pn_bitmap << shift) | 1) & mask
+                skipped = ((1 << (shift - 1)) - 1) << 1
+                self._pn_missing = ((self._pn_missing << shift) | skipped) & ((1 << window) - 1)
             self._highest_pn = pn
-        else:
-            self._pn_bitmap |= 1 << (self._highest_pn - pn)
+        elif offset < window:
+            self._pn_missing &= ~(1 << offset)
 
     def _data_ok(self, d: wire.Data) -> bool:
         """False (counted in ``bad_fragment``) when a DATA frame's fields are absurd."""
