@@ -511,10 +511,10 @@ class DigestClient:
         return False
 
     def preemptive(self, method: str, uri: str) -> tuple[str, str] | None:
-        """Credentials to send with a new request before any challenge to it, from the
-        last challenge seen (RFC 3261 §22.1: the same protection space; RFC 7616 §3.4.5:
-        the next nonce-count), or None: no challenge yet, or one without ``qop``, whose
-        nonce is good once. Saves the round trip of a challenge per request."""
+        """Credentials to send with a new request before any challenge to it, answering
+        the challenge kept for the first realm we answered (RFC 3261 §22.1: the same
+        protection space; RFC 7616 §3.4.5: the next nonce-count), or None: none kept, or
+        one without ``qop``, whose nonce is good once. Saves a challenge's round trip."""
         for (proxy, realm), entry in self._nonces.items():
             if entry.challenge.qop:
                 return self.authorize(method, uri, realm=realm, proxy=proxy)
