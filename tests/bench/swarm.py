@@ -4,8 +4,9 @@ benchmark.
 A :class:`sip.aio.ua.UserAgent` per agent costs a socket and a transaction layer each;
 ten thousand of them would measure this process, not the broker. Here one UDP socket
 speaks SIP for every agent: each agent sends a real digest REGISTER and a real INVITE
-whose offer carries its X25519 value (``build_offer``), answers the 401 challenges,
-ACKs the 2xx, derives the RUDP session secret from the answer exactly as the agent does
+whose offer carries its X25519 value (``build_offer``), answers the 401 challenge (the
+INVITE carries the REGISTER's credentials ahead, as the agent's UA sends them), ACKs
+the 2xx, derives the RUDP session secret from the answer exactly as the agent does
 (:class:`tests.keyx.OfferKeys`), and subscribes over a real RUDP peer of one shared
 :class:`rudp.aio.RudpEndpoint`. Requests are retransmitted as a UAC would (T1 doubling,
 bounded), so a datagram the busy broker drops costs time, not the run.
