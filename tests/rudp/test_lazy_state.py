@@ -229,10 +229,11 @@ def test_an_idle_connection_holds_under_its_budget() -> None:
 
 # After two hours of keepalives (480 PINGs each way), every counter of packets is past
 # the small ints Python shares (0-256) and holds an int object of its own (28 bytes
-# each): 1,267 measured with the replay window keeping the numbers not seen (0 on a path
-# that loses nothing) and the next packet number read off the packets sent; 1,435 with a
-# window of the numbers seen (a bit each, up to 1,024) and a counter of its own.
-LONG_IDLE_BYTES = 1280
+# each): 1,267 measured alone, 1,292 in the whole suite, with the replay window keeping
+# the numbers not seen (0 on a path that loses nothing) and the next packet number read
+# off the packets sent; 1,435 with a window of the numbers seen (a bit each, up to
+# 1,024) and a counter of its own.
+LONG_IDLE_BYTES = 1340
 
 
 def test_an_idle_connection_stays_under_its_budget_for_hours() -> None:
