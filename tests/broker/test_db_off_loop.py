@@ -44,6 +44,10 @@ def _hold_queue_table(store: BrokerStore) -> Connection:
     """A transaction of another connection holding the queue table exclusively."""
     conn = store.engine.connect()
     conn.begin()
+    # The store's connections end after 5 s idle in a transaction, as long as the
+    # broker's statement waits for this lock: the holder would race the refusal it
+    # provokes. It stays until the test closes it.
+    conn.execute(sa.text("SET LOCAL idle_in_transaction_session_timeout = 0"))
     conn.execute(sa.text("LOCK TABLE queued_notifications IN ACCESS EXCLUSIVE MODE"))
     return conn
 
