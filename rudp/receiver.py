@@ -56,7 +56,10 @@ class ReceiveWindow(ConnectionFields):
                 self._pn_missing = (1 << window) - 2  # the whole window, bounded shift
             else:
                 skipped = ((1 << (shift - 1)) - 1) << 1
-                self._pn_missing = ((self._pn_missing << shift) | skipped) & ((1 << window) - 1)
+                missing = (self._pn_missing << shift) | skipped
+                if missing >> window:  # bits slid out: drop them (in order: 0, nothing to do)
+                    missing &= (1 << window) - 1
+                self._pn_missing = missing
             self._highest_pn = pn
         elif offset < window:
             self._pn_missing &= ~(1 << offset)

@@ -474,7 +474,7 @@ class DigestClient:
         if chosen is None:
             raise AuthUnsupportedError(f"no usable Digest challenge in {name}")
         if not chosen.stale and self._answered(request, chosen):
-            self.refused(response)
+            self._nonces.pop((proxy, chosen.realm), None)  # nothing goes ahead (refused)
             raise AuthRejectedError(
                 f"credentials for realm {chosen.realm!r} refused", status=response.status
             )

@@ -197,10 +197,10 @@ def test_digest_retry_gives_up_on_wrong_password() -> None:
     assert retry is not None
     refused = ask(server, retry, 0.0)
     assert refused.status in (401, 403)
-    assert core.retry(retry, refused, "udp") is None  # the same credentials are refused
     core.retry_answered(refused)
     _, again = core.register_request(REGISTRAR, 600, "udp")
     assert "Authorization" not in again.headers  # no refused password sent ahead
+    assert core.retry(retry, refused, "udp") is None  # the same credentials are refused
     result = core.register_answered(reg, refused, 0.0)
     assert isinstance(result, Refused) and result.status == refused.status
     assert core.registration is None
